@@ -1,0 +1,153 @@
+"""Exact tests of the chain kernels (STYLE rule 7: exact before statistical).
+
+Expected values come from outside the code under test: the TMC paper's
+published Tables 2 and 3, the issue's hand-computed expected lengths, the
+closed form of Leviathan et al. for context-free rows, and the literal
+exact-rational implementations in ``reference.py``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tmc import asps_kernel, block_kernel, chain_output_law, paper_toy_model, sps_kernel
+from tmc.demo import PAPER_DRAFT_COLUMNS, PAPER_OUTPUT_ROWS, paper_joint_table
+from tmc.enumeration import enumerate_drafts
+from tmc.toy import ToyModel
+from verification.strategies import toy_models
+
+from .reference import asps_literal, block_literal, rational_rows, sps_literal, to_float
+
+KERNELS = {"sps": sps_kernel, "asps": asps_kernel, "block": block_kernel}
+
+# Published entries (rows: output; columns: draft aa, ab, ac, b, c).
+PAPER_TABLE_2 = {
+    "aa": [0.1, 0, 0, 0, 0],
+    "ab": [0, 0.1, 0, 0, 0],
+    "ac": [0.02, 0.02, 0.06, 0, 0],
+    "aτ": [0, 0, 0, 0, 0],
+    "b": [0.04, 0.04, 0.02, 0.3, 0],
+    "c": [0.04, 0.04, 0.02, 0, 0.2],
+}
+PAPER_TABLE_3 = {
+    "aa": [0.1, 0, 0, 0, 0],
+    "ab": [0, 0.1, 0, 0, 0],
+    "ac": [0, 0, 0.1, 0, 0],
+    "aτ": [0, 0, 0, 0, 0],
+    "b": [0.05, 0.05, 0, 0.3, 0],
+    "c": [0.05, 0.05, 0, 0, 0.2],
+}
+
+
+@pytest.mark.parametrize(
+    ("kernel", "published"), [(sps_kernel, PAPER_TABLE_2), (asps_kernel, PAPER_TABLE_3)], ids=["sps", "asps"]
+)
+def test_joint_table_equals_paper(kernel, published):
+    table = paper_joint_table(kernel)
+    for out in PAPER_OUTPUT_ROWS:
+        for col, expected in zip(PAPER_DRAFT_COLUMNS, published[out]):
+            assert table.get((out, col), 0.0) == pytest.approx(expected, abs=1e-12), (out, col)
+
+
+@pytest.mark.parametrize(("name", "expected"), [("sps", 2.56), ("asps", 2.60), ("block", 2.60)])
+def test_paper_toy_expected_length(name, expected):
+    law = chain_output_law(paper_toy_model(), 2, KERNELS[name])
+    assert law.expected_length == pytest.approx(expected, abs=1e-12)
+    assert law.completion_error <= 1e-12
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 5])
+def test_sps_length_matches_leviathan_closed_form(n):
+    # Context-free rows: E[len] = (1 - α^{n+1}) / (1 - α), α = Σ min(p, q).
+    q = np.array([0.5, 0.25, 0.125, 0.125])
+    p = np.array([0.125, 0.375, 0.25, 0.25])
+    model = ToyModel(4, {}, {}, q, p)
+    alpha = np.minimum(p, q).sum()
+    law = chain_output_law(model, n, sps_kernel)
+    assert law.expected_length == pytest.approx((1 - alpha ** (n + 1)) / (1 - alpha), abs=1e-12)
+
+
+def _drafts(model: ToyModel, n: int):
+    return list(enumerate_drafts(model, n))
+
+
+@settings(max_examples=60)
+@given(model=toy_models(depth=3), n=st.integers(0, 3), data=st.data())
+def test_kernels_equal_literal_rational_references(model, n, data):
+    drafts = _drafts(model, n)
+    d = drafts[data.draw(st.integers(0, len(drafts) - 1))]
+    q, p = rational_rows(d.q_rows), rational_rows(d.p_rows)
+    for fn, ref_fn in ((sps_kernel, sps_literal), (asps_kernel, asps_literal), (block_kernel, block_literal)):
+        got = fn(d.ref, d.q_rows, d.p_rows)
+        want = np.array(to_float(ref_fn(d.ref, q, p)))
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-12, err_msg=fn.__name__)
+
+
+@settings(max_examples=60)
+@given(model=toy_models(depth=4), n=st.integers(0, 4))
+def test_kernel_contract_and_asps_equals_block(model, n):
+    for d in _drafts(model, n):
+        kernels = {k: fn(d.ref, d.q_rows, d.p_rows) for k, fn in KERNELS.items()}
+        for name, kern in kernels.items():
+            assert kern.shape == (n + 1, model.vocab)
+            assert (kern >= 0).all(), name
+            assert kern.sum() == pytest.approx(1.0, abs=1e-12), name
+            for k, tok in enumerate(d.ref):
+                assert kern[k, tok] == 0.0, (name, k)
+        np.testing.assert_allclose(kernels["asps"], kernels["block"], rtol=0, atol=1e-12)
+
+
+@settings(max_examples=60)
+@given(model=toy_models(depth=4), n=st.integers(1, 4))
+def test_completion_identity_and_asps_dominates_sps(model, n):
+    laws = {k: chain_output_law(model, n, fn) for k, fn in KERNELS.items()}
+    for name, law in laws.items():
+        assert law.completion_error <= 1e-12, name
+    # Thm 5.6 / B.9: ASpS expected length >= SpS's; block has the same law as ASpS.
+    assert laws["asps"].expected_length >= laws["sps"].expected_length - 1e-12
+    assert laws["block"].expected_length == pytest.approx(laws["asps"].expected_length, abs=1e-12)
+
+
+@settings(max_examples=60)
+@given(model=toy_models(depth=4), n=st.integers(1, 4))
+def test_asps_continuing_mass_dominates_sps_at_every_prefix(model, n):
+    # Thm 5.5 / B.8: the mass that has accepted ref[:k] (the bonus row of the
+    # kernel truncated to ref[:k]) is at least as large under ASpS.
+    for d in _drafts(model, n):
+        for k in range(n + 1):
+            q, p = d.q_rows[:k], d.p_rows[: k + 1]
+            assert asps_kernel(d.ref[:k], q, p)[k].sum() >= sps_kernel(d.ref[:k], q, p)[k].sum() - 1e-12
+
+
+@settings(max_examples=60)
+@given(model=toy_models(depth=1))
+def test_asps_equals_sps_for_one_draft_token(model):
+    # The paper (§2 and Thm B.8's base case): with one reference token the
+    # maximal coupling cannot be improved, so ASpS is SpS.
+    for d in _drafts(model, 1):
+        np.testing.assert_allclose(
+            asps_kernel(d.ref, d.q_rows, d.p_rows), sps_kernel(d.ref, d.q_rows, d.p_rows), atol=1e-12
+        )
+
+
+def test_asps_strictly_longer_than_sps_on_paper_toy():
+    sps = chain_output_law(paper_toy_model(), 2, sps_kernel).expected_length
+    asps = chain_output_law(paper_toy_model(), 2, asps_kernel).expected_length
+    assert asps - sps == pytest.approx(0.04, abs=1e-12)
+
+
+def test_completion_identity_flags_biased_kernel():
+    # Negative control: on rejection, resample from p instead of the residual.
+    def biased(ref, q_rows, p_rows):
+        k = sps_kernel(ref, q_rows, p_rows)
+        q, p = np.asarray(q_rows), np.asarray(p_rows)
+        if len(ref):
+            reject = k[0].sum()
+            k[0] = reject * p[0]
+        return k
+
+    law = chain_output_law(paper_toy_model(), 2, biased)
+    assert law.completion_error > 1e-3

@@ -1,0 +1,289 @@
+"""Chain verifiers: SpS, ASpS and block verification, as exact kernels and samplers.
+
+Notation (DESIGN.md §3): ``p`` is the target model, ``q`` the draft.  A step
+verifies ``n`` draft tokens ``ref`` with ``q_rows[i] = q(· | prefix + ref[:i])``
+(shape ``(n, V)``) and ``p_rows[i] = p(· | prefix + ref[:i])`` (shape
+``(n + 1, V)``).  A *kernel* is the exact output law of one step, an array
+``K`` of shape ``(n + 1, V)``: ``K[k, b]`` is the probability that the step
+emits ``ref[:k] + [b]``.  For every lossless verifier here ``K.sum() == 1``
+and ``K[k, ref[k]] == 0`` for ``k < n``.
+
+References:
+
+* SpS — Leviathan et al. 2023 / Chen et al. 2023; TMC paper eq. (1).
+* ASpS — Accelerated Speculative Sampling, TMC paper §5.1 (the recursive
+  neighbour distributions) and Algorithm 1.  With ``w_k`` the continuing
+  mass after ``k`` accepted tokens (``P_N_s`` in Algorithm 1) the algorithm
+  emits ``E_k = (w_k p_k − q_k)_+`` at step ``k`` and rescales everything
+  emitted so far by ``r(a)/q(a) = (1 − w_{k+1}) / D_k`` with
+  ``D_k = Σ (q_k − w_k p_k)_+``.  The degenerate step ``D_k = 0`` (then
+  ``q_k = p_k`` and ``w_k = 1``) uses ``r = q`` as DESIGN.md §4 prescribes,
+  i.e. a factor of 1.
+* Block verification — Sun et al. 2024, "Block verification accelerates
+  speculative decoding": running weight ``a_i = min(1, a_{i−1} p(y_i)/q(y_i))``,
+  residual ``(a_i p_i − q_i)_+`` with mass ``h_i``, stop at ``i`` with
+  probability ``h_i / (h_i + 1 − a_i)`` (``a_n`` at the end of the block),
+  scanning backwards from ``i = n``; ``τ = 0`` when no stop fires.
+
+Numerics: long chains multiply many ratios, so the running weights are kept
+as logarithms and the products of rescaling factors are summed in log space
+(the paper works in log space too).  ``w p − q`` is formed as
+``(p − q) − (1 − w) p`` when ``w ≥ 1/2``, so nearly equal draft and target
+rows (where the interesting mass is a tiny difference) keep full relative
+accuracy.  The kernels stay non-negative and normalised to ~1e-12 for
+``n = 64``, ``V = 32000`` with probabilities down to 1e-30.
+
+Noise layout of the samplers (each is a pure function of its uniforms):
+
+* ``sps``: ``n + 1`` uniforms; ``u[i]`` is the accept test of ``ref[i]``,
+  ``u[n]`` draws the corrected or bonus token.
+* ``block``: ``n + 1`` uniforms; ``u[i − 1]`` is the stop test ``η_i`` of
+  position ``i``, ``u[n]`` draws the final token.
+* ``asps``: 1 uniform, an inverse-CDF draw from the flattened kernel (as in
+  Algorithm 1, which samples ``(gen_len, last_token)`` from ``P_N``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from tmc.noise import categorical, check_uniforms
+from tmc.validate import check_chain
+
+FloatArray = NDArray[np.float64]
+_LOG_HALF = math.log(0.5)
+
+
+def _log(x: float) -> float:
+    return math.log(x) if x > 0.0 else -math.inf
+
+
+def _one_minus_exp(log_x: float) -> float:
+    """``1 − exp(log_x)`` without cancellation for ``log_x`` near 0."""
+    return -math.expm1(log_x)
+
+
+def _scaled_excess(log_w: float, p_row: FloatArray, q_row: FloatArray) -> FloatArray:
+    """``w · p − q`` elementwise, accurate for ``w`` near 1 and for tiny ``w``."""
+    if log_w >= _LOG_HALF:
+        # p − q is exact for close values (Sterbenz); (1 − w) p carries the rest.
+        return (p_row - q_row) - _one_minus_exp(log_w) * p_row
+    return math.exp(log_w) * p_row - q_row
+
+
+def _log_ratio(p_tok: float, q_tok: float) -> float:
+    """``log(p / q)`` with full relative accuracy when ``p`` and ``q`` are close."""
+    if p_tok >= 0.5 * q_tok:
+        # p − q is exact here (Sterbenz), so log1p keeps the tiny log ratio exact.
+        return math.log1p((p_tok - q_tok) / q_tok)
+    return _log(p_tok) - math.log(q_tok)
+
+
+def _next_log_weight(log_w: float, p_tok: float, q_tok: float) -> float:
+    """``log min(1, w · p(y) / q(y))``: the weight after accepting ``y``."""
+    return min(0.0, log_w + _log_ratio(p_tok, q_tok))
+
+
+def _residual(p_row: FloatArray, q_row: FloatArray, drafted: int) -> FloatArray:
+    """Unnormalised SpS residual ``(p − q)_+``.
+
+    If rounding leaves it all zero while a rejection still has (tiny)
+    probability, fall back to ``p`` without the drafted token, which keeps the
+    output a valid draw; the mass involved is at the level of float rounding.
+    """
+    res = np.maximum(p_row - q_row, 0.0)
+    if res.sum() > 0.0:
+        return res
+    fallback = p_row.copy()
+    fallback[drafted] = 0.0
+    return fallback if fallback.sum() > 0.0 else p_row.copy()
+
+
+# --------------------------------------------------------------------- SpS
+
+
+def sps_kernel(ref: ArrayLike | Sequence[int], q_rows: ArrayLike, p_rows: ArrayLike) -> FloatArray:
+    """Exact output law ``(n + 1, V)`` of standard speculative sampling.
+
+    ``K[k] = Π_{j<k} α_j · (1 − α_k) · (p_k − q_k)_+ / Σ (p_k − q_k)_+`` with
+    ``α_j = min(1, p_j(ref[j]) / q_j(ref[j]))`` and ``K[n] = Π α_j · p_n``.
+    """
+    toks, q, p = check_chain(ref, q_rows, p_rows)
+    n = toks.shape[0]
+    kernel = np.zeros_like(p)
+    log_reach = 0.0  # log P(ref[:k] all accepted)
+    for k in range(n):
+        a = int(toks[k])
+        log_acc = _next_log_weight(0.0, p[k, a], q[k, a])
+        reject = _one_minus_exp(log_acc)
+        if reject > 0.0:
+            res = _residual(p[k], q[k], a)
+            kernel[k] = math.exp(log_reach) * reject * res / res.sum()
+        log_reach += log_acc
+    kernel[n] = math.exp(log_reach) * p[n]
+    return kernel
+
+
+def sps_sample_from_uniforms(
+    ref: ArrayLike | Sequence[int], q_rows: ArrayLike, p_rows: ArrayLike, u: ArrayLike
+) -> list[int]:
+    """One SpS step driven by ``n + 1`` explicit uniforms (layout in the module doc)."""
+    toks, q, p = check_chain(ref, q_rows, p_rows)
+    n = toks.shape[0]
+    uu = check_uniforms("u", u, n + 1)
+    for k in range(n):
+        a = int(toks[k])
+        if uu[k] < p[k, a] / q[k, a]:
+            continue
+        return [int(t) for t in toks[:k]] + [categorical(_residual(p[k], q[k], a), uu[n])]
+    return [int(t) for t in toks] + [categorical(p[n], uu[n])]
+
+
+def sps_sample(
+    ref: ArrayLike | Sequence[int], q_rows: ArrayLike, p_rows: ArrayLike, rng: np.random.Generator
+) -> list[int]:
+    """One SpS step: the emitted tokens (accepted drafts plus one corrected or bonus token)."""
+    n = len(np.asarray(ref).reshape(-1))
+    return sps_sample_from_uniforms(ref, q_rows, p_rows, rng.random(n + 1))
+
+
+# -------------------------------------------------------------------- ASpS
+
+
+def asps_kernel(ref: ArrayLike | Sequence[int], q_rows: ArrayLike, p_rows: ArrayLike) -> FloatArray:
+    """Exact output law ``(n + 1, V)`` of ASpS (TMC paper Algorithm 1).
+
+    Algorithm 1 rescales the whole of ``P_N`` at every step; here the
+    per-step factors are accumulated as log suffix sums instead, which gives
+    the same array in ``O(n V)`` time without underflow of intermediate
+    products.
+    """
+    toks, q, p = check_chain(ref, q_rows, p_rows)
+    n = toks.shape[0]
+    kernel = np.zeros_like(p)
+    log_factor = np.zeros(n)  # log of the rescaling applied at step j
+    log_w = 0.0  # log P_N_s
+    for j in range(n):
+        a = int(toks[j])
+        emitted = np.maximum(_scaled_excess(log_w, p[j], q[j]), 0.0)
+        # D_j = Σ(q − w p)_+ = (1 − w) + Σ(w p − q)_+ for normalised rows.
+        mass_d = _one_minus_exp(log_w) + float(emitted.sum())
+        # Whenever the step is not degenerate and its factor is positive,
+        # q(a) > w p(a), so nothing is emitted at the drafted token itself.
+        emitted[a] = 0.0
+        log_w_next = _next_log_weight(log_w, p[j, a], q[j, a])
+        if mass_d > 0.0:
+            log_factor[j] = _log(_one_minus_exp(log_w_next)) - math.log(mass_d)
+        kernel[j] = emitted
+        log_w = log_w_next
+    if n:
+        suffix = np.cumsum(log_factor[::-1])[::-1]
+        kernel[:n] *= np.exp(suffix)[:, None]
+    kernel[n] = math.exp(log_w) * p[n]
+    return kernel
+
+
+def asps_sample_from_uniforms(
+    ref: ArrayLike | Sequence[int], q_rows: ArrayLike, p_rows: ArrayLike, u: ArrayLike
+) -> list[int]:
+    """One ASpS step driven by a single uniform (``u`` of shape ``(1,)``)."""
+    kernel = asps_kernel(ref, q_rows, p_rows)
+    uu = check_uniforms("u", u, 1)
+    flat = categorical(kernel.reshape(-1), uu[0])
+    k, b = divmod(flat, kernel.shape[1])
+    toks = np.asarray(ref).reshape(-1)
+    return [int(t) for t in toks[:k]] + [int(b)]
+
+
+def asps_sample(
+    ref: ArrayLike | Sequence[int], q_rows: ArrayLike, p_rows: ArrayLike, rng: np.random.Generator
+) -> list[int]:
+    """One ASpS step: the emitted tokens (accepted drafts plus one corrected or bonus token)."""
+    return asps_sample_from_uniforms(ref, q_rows, p_rows, rng.random(1))
+
+
+# ------------------------------------------------------------------- block
+
+
+def _block_forward(
+    toks: NDArray[np.int64], q: FloatArray, p: FloatArray
+) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """Forward pass of block verification.
+
+    Returns ``(residuals, log_stop, log_keep)``: ``residuals[i]`` is
+    ``(a_i p_i − q_i)_+`` (shape ``(n, V)``), ``log_stop[i]`` the log
+    probability that the backward scan stops at position ``i`` (index ``n``
+    is the end of the block, stop probability ``a_n``) and ``log_keep[i]``
+    the log probability that it passes position ``i`` (``1 −`` stop).
+    Position 0 never needs a test: it is where the scan ends by default.
+    """
+    n = toks.shape[0]
+    residuals = np.zeros_like(q)
+    log_stop = np.full(n + 1, -math.inf)
+    log_keep = np.zeros(n + 1)
+    log_a = 0.0  # a_0 = 1
+    for i in range(n):
+        res = np.maximum(_scaled_excess(log_a, p[i], q[i]), 0.0)
+        h = float(res.sum())
+        denom = h + _one_minus_exp(log_a)  # h_i + 1 − a_i
+        residuals[i] = res
+        if i > 0 and denom > 0.0:
+            log_stop[i] = _log(h) - math.log(denom)
+            log_keep[i] = _log(_one_minus_exp(log_a)) - math.log(denom)
+        y = int(toks[i])
+        log_a = _next_log_weight(log_a, p[i, y], q[i, y])
+    log_stop[n] = log_a
+    log_keep[n] = _log(_one_minus_exp(log_a))
+    log_stop[0] = 0.0
+    return residuals, log_stop, log_keep
+
+
+def block_kernel(ref: ArrayLike | Sequence[int], q_rows: ArrayLike, p_rows: ArrayLike) -> FloatArray:
+    """Exact output law ``(n + 1, V)`` of block verification (Sun et al. 2024).
+
+    ``P(τ = k) = stop_k · Π_{j>k} (1 − stop_j)`` with ``stop_0 = 1``; the
+    step emits ``ref[:k]`` then a token from ``(a_k p_k − q_k)_+`` (or from
+    ``p_n`` when ``k = n``).
+    """
+    toks, q, p = check_chain(ref, q_rows, p_rows)
+    n = toks.shape[0]
+    residuals, log_stop, log_keep = _block_forward(toks, q, p)
+    # log Π_{j>k} (1 − stop_j) for k = 0..n
+    keep_after = np.append(np.cumsum(log_keep[:0:-1])[::-1], 0.0)
+    log_tau = log_stop + keep_after
+    kernel = np.zeros_like(p)
+    for k in range(n):
+        h = float(residuals[k].sum())
+        if h > 0.0 and log_tau[k] > -math.inf:
+            kernel[k] = residuals[k] * math.exp(log_tau[k]) / h
+    kernel[n] = math.exp(log_tau[n]) * p[n]
+    return kernel
+
+
+def block_sample_from_uniforms(
+    ref: ArrayLike | Sequence[int], q_rows: ArrayLike, p_rows: ArrayLike, u: ArrayLike
+) -> list[int]:
+    """One block-verification step driven by ``n + 1`` uniforms (layout in the module doc)."""
+    toks, q, p = check_chain(ref, q_rows, p_rows)
+    n = toks.shape[0]
+    uu = check_uniforms("u", u, n + 1)
+    residuals, log_stop, _ = _block_forward(toks, q, p)
+    tau = 0
+    for i in range(n, 0, -1):
+        if uu[i - 1] < math.exp(log_stop[i]):
+            tau = i
+            break
+    final = p[n] if tau == n else residuals[tau]
+    return [int(t) for t in toks[:tau]] + [categorical(final, uu[n])]
+
+
+def block_sample(
+    ref: ArrayLike | Sequence[int], q_rows: ArrayLike, p_rows: ArrayLike, rng: np.random.Generator
+) -> list[int]:
+    """One block-verification step: the emitted tokens."""
+    n = len(np.asarray(ref).reshape(-1))
+    return block_sample_from_uniforms(ref, q_rows, p_rows, rng.random(n + 1))

@@ -1,0 +1,89 @@
+"""The built-in demo: the TMC paper's toy example and a random toy model.
+
+``tmc demo`` prints the joint (draft, output) tables of SpS and ASpS on the
+paper's toy example in the layout of its Tables 2 and 3, the exact expected
+output lengths of SpS, ASpS and block verification with a chain of 2, and the
+same comparison on a random V = 4, n = 4 model.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+
+from tmc.chain import asps_kernel, block_kernel, sps_kernel
+from tmc.enumeration import ChainKernel, chain_joint_law, chain_output_law
+from tmc.report import format_table
+from tmc.toy import Path, ToyModel, paper_toy_model
+
+LETTERS = "abc"
+#: Columns and rows of the paper's Tables 2–3: drafts that start with ``a``
+#: are shown in full, the others by their first token; outputs are shown to
+#: two tokens, ``aτ`` being the output ``a`` alone.
+PAPER_DRAFT_COLUMNS = ["aa", "ab", "ac", "b", "c"]
+PAPER_OUTPUT_ROWS = ["aa", "ab", "ac", "aτ", "b", "c"]
+
+
+def _draft_column(draft: Path) -> str:
+    word = "".join(LETTERS[t] for t in draft)
+    return word if word.startswith("a") else word[:1]
+
+
+def _output_row(output: Path) -> str:
+    word = "".join(LETTERS[t] for t in output)
+    if word.startswith("a"):
+        return word[:2] if len(word) >= 2 else "aτ"
+    return word[:1]
+
+
+def paper_joint_table(kernel_fn: ChainKernel) -> dict[tuple[str, str], float]:
+    """Joint (output row, draft column) probabilities in the paper's layout, n = 2."""
+    table: dict[tuple[str, str], float] = defaultdict(float)
+    for (draft, output), prob in chain_joint_law(paper_toy_model(), 2, kernel_fn).items():
+        table[(_output_row(output), _draft_column(draft))] += prob
+    return dict(table)
+
+
+def _render_joint(name: str, kernel_fn: ChainKernel) -> str:
+    table = paper_joint_table(kernel_fn)
+    rows = [
+        [out] + [f"{table.get((out, col), 0.0):.3f}" for col in PAPER_DRAFT_COLUMNS]
+        for out in PAPER_OUTPUT_ROWS
+    ]
+    return format_table(["output \\ draft"] + PAPER_DRAFT_COLUMNS, rows, title=name)
+
+
+def _lengths(model: ToyModel, n: int) -> list[list[str]]:
+    out = []
+    for label, fn in (("SpS", sps_kernel), ("ASpS", asps_kernel), ("block", block_kernel)):
+        law = chain_output_law(model, n, fn)
+        out.append([label, f"{law.expected_length:.6f}", f"{law.completion_error:.1e}"])
+    return out
+
+
+def run_demo(seed: int = 0) -> str:
+    """Return the demo's text."""
+    parts = [
+        "TMC paper toy example (vocabulary {a, b, c}, chain of n = 2 draft tokens)",
+        "",
+        _render_joint("SpS joint law (paper Table 2)", sps_kernel),
+        "",
+        _render_joint("ASpS joint law (paper Table 3)", asps_kernel),
+        "",
+        format_table(
+            ["verifier", "E[tokens/step]", "completion err"],
+            _lengths(paper_toy_model(), 2),
+            title="Exact expected output length (accepted + corrected/bonus token)",
+        ),
+        "",
+    ]
+    model = ToyModel.random(4, 4, np.random.default_rng(seed), name=f"random(V=4, seed={seed})")
+    parts.append(
+        format_table(
+            ["verifier", "E[tokens/step]", "completion err"],
+            _lengths(model, 4),
+            title=f"Random toy model V = 4, n = 4 (seed {seed}), all 256 draft chains enumerated",
+        )
+    )
+    return "\n".join(parts)

@@ -1,0 +1,126 @@
+"""Exact output laws of chain verifiers by enumerating every draft chain.
+
+For a toy model (:class:`tmc.toy.ToyModel`) the draft chain ``d`` of length
+``n`` is drawn autoregressively from ``q`` with probability ``w_d``.  A
+chain verifier's kernel gives the law of the step's output given ``d``; the
+*averaged output law* is ``K̄(s) = Σ_d w_d K_d(s)`` over output strings ``s``
+(accepted draft tokens plus the corrected or bonus token).
+
+The **completion identity** (DESIGN.md §4) is the exact test of losslessness
+used everywhere in this project: after a lossless step, continuing from its
+output with the target must give the target's law at any length ``L`` at
+least as long as every output, i.e. for every path ``t`` of length ``L``::
+
+    Σ_{s ≤ t} K̄(s) · P(t | s) = P(t).
+
+It is evaluated by one pass over the tree of paths:
+``M(σ + a) = M(σ) p(a | σ) + K̄(σ + a)`` and ``M(t) = P(t)`` at depth ``L``.
+An output ``s`` with ``P(s) = 0`` is itself a violation of size ``K̄(s)``.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from itertools import product
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from tmc.toy import Path, ToyModel
+
+FloatArray = NDArray[np.float64]
+ChainKernel = Callable[[ArrayLike | Sequence[int], ArrayLike, ArrayLike], FloatArray]
+
+
+@dataclass(frozen=True)
+class DraftChain:
+    """One draft chain with its probability and the rows along it."""
+
+    ref: Path  # the n draft tokens
+    weight: float  # probability that the draft model produces ref
+    q_rows: FloatArray  # (n, V) draft rows along ref
+    p_rows: FloatArray  # (n + 1, V) target rows along ref
+
+
+@dataclass(frozen=True)
+class ChainLaw:
+    """Exact averaged output law of a chain verifier on a toy model."""
+
+    output_law: dict[Path, float]  # K̄(s) for each output string s with K̄(s) > 0
+    expected_length: float  # E[len(s)]: tokens emitted per step
+    completion_error: float  # worst violation of the completion identity
+    n_drafts: int  # number of draft chains with positive probability
+
+
+def enumerate_drafts(model: ToyModel, n: int, prefix: Path = ()) -> Iterator[DraftChain]:
+    """Every draft chain of length ``n`` with positive draft probability."""
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    for ref in product(range(model.vocab), repeat=n):
+        q_rows, p_rows = model.chain_rows(ref, prefix)
+        weight = float(np.prod(q_rows[np.arange(n), list(ref)])) if n else 1.0
+        if weight > 0.0:
+            yield DraftChain(ref, weight, q_rows, p_rows)
+
+
+def kernel_outputs(ref: Path, kernel: FloatArray) -> Iterator[tuple[Path, float]]:
+    """``(output string, probability)`` for each positive cell of a chain kernel."""
+    for k, b in zip(*np.nonzero(kernel)):
+        yield tuple(ref[: int(k)]) + (int(b),), float(kernel[k, b])
+
+
+def chain_joint_law(
+    model: ToyModel, n: int, kernel_fn: ChainKernel, prefix: Path = ()
+) -> dict[tuple[Path, Path], float]:
+    """Joint law of (draft chain, output string): ``w_d · K_d(s)``."""
+    joint: dict[tuple[Path, Path], float] = {}
+    for d in enumerate_drafts(model, n, prefix):
+        for s, prob in kernel_outputs(d.ref, kernel_fn(d.ref, d.q_rows, d.p_rows)):
+            joint[(d.ref, s)] = d.weight * prob
+    return joint
+
+
+def completion_error(
+    model: ToyModel, output_law: dict[Path, float], length: int, prefix: Path = ()
+) -> float:
+    """Worst violation of the completion identity over all paths of ``length``.
+
+    ``length`` must be at least the longest output.  Outputs with target
+    probability 0 count as violations of their own mass.
+    """
+    longest = max((len(s) for s in output_law), default=0)
+    if length < longest:
+        raise ValueError(f"length {length} is shorter than the longest output ({longest})")
+    worst = 0.0
+    for s, mass in output_law.items():
+        if model.target_path_prob(s, prefix) == 0.0:
+            worst = max(worst, mass)
+
+    def walk(node: Path, m: float, prob: float) -> float:
+        if len(node) == length:
+            return abs(m - prob)
+        row = model.p(tuple(prefix) + node)
+        err = 0.0
+        for a in range(model.vocab):
+            child = node + (a,)
+            err = max(err, walk(child, m * row[a] + output_law.get(child, 0.0), prob * row[a]))
+        return err
+
+    return max(worst, walk((), output_law.get((), 0.0), 1.0))
+
+
+def chain_output_law(
+    model: ToyModel, n: int, kernel_fn: ChainKernel, prefix: Path = ()
+) -> ChainLaw:
+    """Averaged output law, expected length and completion error of a chain verifier."""
+    law: dict[Path, float] = defaultdict(float)
+    count = 0
+    for d in enumerate_drafts(model, n, prefix):
+        count += 1
+        for s, prob in kernel_outputs(d.ref, kernel_fn(d.ref, d.q_rows, d.p_rows)):
+            law[s] += d.weight * prob
+    out = dict(law)
+    expected = sum(len(s) * m for s, m in out.items())
+    return ChainLaw(out, expected, completion_error(model, out, n + 1, prefix), count)

@@ -1,0 +1,196 @@
+"""Toy draft/target model pairs on a small vocabulary.
+
+A toy model gives the draft law ``q(· | prefix)`` and the target law
+``p(· | prefix)`` for every prefix, as explicit probability rows.  Rows are
+stored per prefix (a tuple of token ids); a default row, if given, serves
+every prefix that is not listed.  This is what the exact enumerations in
+:mod:`tmc.enumeration` run on.
+
+The dictionary form (also the JSON file format of ``tmc acceptance``)::
+
+    {"vocab": 3,
+     "draft":  {"": [0.5, 0.3, 0.2], "0": [0.4, 0.4, 0.2], "*": [...]},
+     "target": {"": [0.3, 0.4, 0.3], "*": [...]}}
+
+keys are the prefix tokens joined by commas (``""`` for the root, ``"0,2"``)
+and ``"*"`` is the default row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from itertools import product
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from tmc.validate import check_prob_rows
+
+Path = tuple[int, ...]
+FloatArray = NDArray[np.float64]
+
+
+def _parse_key(key: str, vocab: int, where: str) -> Path | None:
+    if key == "*":
+        return None
+    if key == "":
+        return ()
+    try:
+        path = tuple(int(t) for t in key.split(","))
+    except ValueError:
+        raise ValueError(f"{where}: prefix key {key!r} is not comma-separated token ids") from None
+    if any(t < 0 or t >= vocab for t in path):
+        raise ValueError(f"{where}: prefix key {key!r} has a token outside [0, {vocab})")
+    return path
+
+
+def _rows_from_mapping(
+    name: str, rows: Mapping[str, Any], vocab: int
+) -> tuple[dict[Path, FloatArray], FloatArray | None]:
+    table: dict[Path, FloatArray] = {}
+    default: FloatArray | None = None
+    for key, row in rows.items():
+        arr = check_prob_rows(f"{name}[{key!r}]", np.asarray(row, dtype=np.float64)[None, :])[0]
+        if arr.shape != (vocab,):
+            raise ValueError(f"{name}[{key!r}] has {arr.shape[0]} entries; vocab is {vocab}")
+        path = _parse_key(key, vocab, name)
+        if path is None:
+            default = arr
+        else:
+            table[path] = arr
+    return table, default
+
+
+def _key(path: Path) -> str:
+    return ",".join(str(t) for t in path)
+
+
+@dataclass(frozen=True)
+class ToyModel:
+    """A draft/target pair given by explicit rows (``q`` draft, ``p`` target)."""
+
+    vocab: int  # vocabulary size V; tokens are 0..V-1
+    draft_rows: Mapping[Path, FloatArray]  # q(· | prefix) for listed prefixes
+    target_rows: Mapping[Path, FloatArray]  # p(· | prefix) for listed prefixes
+    draft_default: FloatArray | None = None  # q row for any prefix not listed
+    target_default: FloatArray | None = None  # p row for any prefix not listed
+    name: str = field(default="toy")  # label used in reports
+
+    def q(self, prefix: Path) -> FloatArray:
+        """Draft row ``q(· | prefix)``."""
+        return self._row("draft", self.draft_rows, self.draft_default, prefix)
+
+    def p(self, prefix: Path) -> FloatArray:
+        """Target row ``p(· | prefix)``."""
+        return self._row("target", self.target_rows, self.target_default, prefix)
+
+    @staticmethod
+    def _row(
+        which: str, rows: Mapping[Path, FloatArray], default: FloatArray | None, prefix: Path
+    ) -> FloatArray:
+        row = rows.get(tuple(prefix), default)
+        if row is None:
+            raise ValueError(f"toy model has no {which} row for prefix {prefix!r} and no default '*'")
+        return row
+
+    def chain_rows(self, ref: Path, prefix: Path = ()) -> tuple[FloatArray, FloatArray]:
+        """``(q_rows, p_rows)`` of shapes ``(n, V)`` and ``(n + 1, V)`` along ``ref``."""
+        ctx = [tuple(prefix) + tuple(ref[:i]) for i in range(len(ref) + 1)]
+        q_rows = np.array([self.q(c) for c in ctx[:-1]]).reshape(len(ref), self.vocab)
+        p_rows = np.array([self.p(c) for c in ctx])
+        return q_rows, p_rows
+
+    def target_path_prob(self, path: Path, prefix: Path = ()) -> float:
+        """``P(path | prefix)`` under the target: product of conditionals."""
+        prob = 1.0
+        for i, tok in enumerate(path):
+            prob *= float(self.p(tuple(prefix) + tuple(path[:i]))[tok])
+        return prob
+
+    # ---------------------------------------------------------- construction
+
+    @classmethod
+    def from_dict(cls, obj: Mapping[str, Any], name: str = "toy") -> ToyModel:
+        """Build from the dictionary / JSON form described in the module doc."""
+        if not isinstance(obj.get("vocab"), int) or obj["vocab"] < 1:
+            raise ValueError("toy model needs an integer 'vocab' >= 1")
+        vocab = int(obj["vocab"])
+        for part in ("draft", "target"):
+            if not isinstance(obj.get(part), Mapping):
+                raise ValueError(f"toy model needs a '{part}' object mapping prefix keys to rows")
+        d_rows, d_def = _rows_from_mapping("draft", obj["draft"], vocab)
+        t_rows, t_def = _rows_from_mapping("target", obj["target"], vocab)
+        return cls(vocab, d_rows, t_rows, d_def, t_def, name)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Inverse of :meth:`from_dict`."""
+
+        def rows(table: Mapping[Path, FloatArray], default: FloatArray | None) -> dict[str, Any]:
+            out: dict[str, Any] = {_key(k): [float(x) for x in v] for k, v in table.items()}
+            if default is not None:
+                out["*"] = [float(x) for x in default]
+            return out
+
+        return {
+            "vocab": self.vocab,
+            "draft": rows(self.draft_rows, self.draft_default),
+            "target": rows(self.target_rows, self.target_default),
+        }
+
+    @classmethod
+    def random(
+        cls,
+        vocab: int,
+        depth: int,
+        rng: np.random.Generator,
+        zero_prob: float = 0.2,
+        concentration: float = 1.0,
+        name: str = "random",
+    ) -> ToyModel:
+        """Independent random rows for every prefix of length ``<= depth``.
+
+        Each entry is set to an exact zero with probability ``zero_prob``
+        (keeping at least one positive entry per row); the rest are Dirichlet
+        draws with the given ``concentration``.
+        """
+        d_rows: dict[Path, FloatArray] = {}
+        t_rows: dict[Path, FloatArray] = {}
+        for length in range(depth + 1):
+            for prefix in product(range(vocab), repeat=length):
+                d_rows[prefix] = random_row(vocab, rng, zero_prob, concentration)
+                t_rows[prefix] = random_row(vocab, rng, zero_prob, concentration)
+        return cls(vocab, d_rows, t_rows, name=name)
+
+
+def random_row(
+    vocab: int, rng: np.random.Generator, zero_prob: float = 0.2, concentration: float = 1.0
+) -> FloatArray:
+    """A random probability row with exact zeros (at least one entry positive)."""
+    row = rng.dirichlet(np.full(vocab, concentration))
+    zeros = rng.random(vocab) < zero_prob
+    zeros[rng.integers(vocab)] = False
+    row[zeros] = 0.0
+    out: FloatArray = row / row.sum()
+    return out
+
+
+def paper_toy_model() -> ToyModel:
+    """The TMC paper's toy example (Tables 1–3), Σ = {a, b, c} as tokens 0, 1, 2.
+
+    Given by the paper: draft root (0.5, 0.3, 0.2), target root (0.3, 0.4, 0.3),
+    draft after ``a`` (0.4, 0.4, 0.2) (Table 2's 0.2/0.2/0.1 of 0.5), target
+    after ``a`` uniform (0.1/0.1/0.1 of 0.3).  Every other row — draft and
+    target after ``b``, after ``c``, and at depth 2 — is uniform, as the
+    project's issue #2 completes the rows the paper leaves open.
+    """
+    uniform = [1 / 3, 1 / 3, 1 / 3]
+    return ToyModel.from_dict(
+        {
+            "vocab": 3,
+            "draft": {"": [0.5, 0.3, 0.2], "0": [0.4, 0.4, 0.2], "*": uniform},
+            "target": {"": [0.3, 0.4, 0.3], "0": uniform, "*": uniform},
+        },
+        name="paper-toy",
+    )

@@ -1,0 +1,1 @@
+"""Statistical correctness checks for speculative-sampling verifiers (DESIGN.md §5)."""

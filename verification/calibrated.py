@@ -1,0 +1,123 @@
+"""Calibrated goodness-of-fit checks of a sampler against its exact law.
+
+In the spirit of TensorFlow Probability's statistical testing: a check states
+its false-fail rate ``alpha`` (probability of failing a correct sampler) and
+the smallest discrepancy it is guaranteed, up to ``beta``, to detect; the
+sample size is computed from those *before* sampling.
+
+The test is Pearson's chi-square on the exact law's cells, with cells of
+expected count below ``min_expected`` merged into one bin.  Any sample that
+lands on a cell of exact probability 0 fails the check outright.
+
+Power: if the sampler's true law ``p'`` is at total variation ``ε`` from the
+exact law ``p`` on the (merged) bins, Cauchy–Schwarz gives
+``Σ (p'_i − p_i)² / p_i ≥ (Σ |p'_i − p_i|)² = 4 ε²``, so the statistic is
+asymptotically non-central chi-square with non-centrality at least
+``λ = 4 N ε²``.  The sample size is the least ``N`` for which that
+distribution exceeds the ``1 − alpha`` critical value with probability at
+least ``1 − beta``.  (This relies on the usual asymptotic chi-square
+approximation, which ``min_expected`` keeps sound.)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+from scipy import optimize, stats
+
+
+@dataclass(frozen=True)
+class GofResult:
+    """Outcome of one calibrated goodness-of-fit check."""
+
+    passed: bool  # p_value >= alpha and no sample on a zero-probability cell
+    statistic: float  # Pearson chi-square statistic on the merged bins
+    dof: int  # degrees of freedom (merged bins - 1)
+    p_value: float  # upper tail probability of the statistic under the exact law
+    alpha: float  # false-fail rate the check was run at
+    samples: int  # number of samples
+    impossible: int  # samples that fell on exact-probability-0 cells
+
+
+def merge_bins(probs: NDArray[np.float64], samples: int, min_expected: float = 5.0) -> NDArray[np.int64]:
+    """Bin label per positive cell: cells with expected count < ``min_expected`` share one bin.
+
+    If the merged small bin is itself below ``min_expected`` it is folded into
+    the smallest regular bin.  Returns labels ``0..B-1`` for each positive cell.
+    """
+    expected = probs * samples
+    labels = np.zeros(probs.shape[0], dtype=np.int64)
+    big = np.flatnonzero(expected >= min_expected)
+    labels[big] = np.arange(big.shape[0])
+    small = expected < min_expected
+    if small.any():
+        if expected[small].sum() >= min_expected or big.shape[0] == 0:
+            labels[small] = big.shape[0]
+        else:
+            labels[small] = labels[big[np.argmin(expected[big])]]
+    return labels
+
+
+def _critical(dof: int, alpha: float) -> float:
+    return float(stats.chi2.isf(alpha, dof))
+
+
+def required_samples(n_bins: int, tv: float, alpha: float, beta: float = 1e-3) -> int:
+    """Least N that detects total variation ``tv`` with power ``1 − beta`` at level ``alpha``."""
+    if not 0.0 < tv <= 1.0:
+        raise ValueError(f"tv must be in (0, 1], got {tv}")
+    dof = max(n_bins - 1, 1)
+    crit = _critical(dof, alpha)
+
+    def miss(lam: float) -> float:
+        return float(stats.ncx2.cdf(crit, dof, lam)) - beta
+
+    hi = 1.0
+    while miss(hi) > 0.0:
+        hi *= 2.0
+    lam = float(optimize.brentq(miss, 0.0, hi, xtol=1e-6))
+    return int(math.ceil(lam / (4.0 * tv * tv)))
+
+
+def detectable_tv(n_bins: int, samples: int, alpha: float, beta: float = 1e-3) -> float:
+    """Smallest total variation detected with power ``1 − beta`` by ``samples`` draws."""
+    lo, hi = 1e-6, 1.0
+    for _ in range(60):
+        mid = math.sqrt(lo * hi)
+        if required_samples(n_bins, mid, alpha, beta) <= samples:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def chi_square_check(
+    counts: NDArray[np.int64],
+    probs: NDArray[np.float64],
+    alpha: float,
+    min_expected: float = 5.0,
+) -> GofResult:
+    """Pearson chi-square of ``counts`` against the exact law ``probs`` (same cells)."""
+    counts = np.asarray(counts, dtype=np.int64)
+    probs = np.asarray(probs, dtype=np.float64)
+    if counts.shape != probs.shape:
+        raise ValueError(f"counts shape {counts.shape} differs from probs shape {probs.shape}")
+    samples = int(counts.sum())
+    zero = probs <= 0.0
+    impossible = int(counts[zero].sum())
+    pos = np.flatnonzero(~zero)
+    labels = merge_bins(probs[pos], samples, min_expected)
+    n_bins = int(labels.max()) + 1 if pos.size else 0
+    obs = np.bincount(labels, weights=counts[pos], minlength=n_bins)
+    exp = np.bincount(labels, weights=probs[pos], minlength=n_bins) * samples
+    if n_bins <= 1:
+        stat, dof, p_value = 0.0, 0, 1.0
+    else:
+        stat = float(((obs - exp) ** 2 / exp).sum())
+        dof = n_bins - 1
+        p_value = float(stats.chi2.sf(stat, dof))
+    passed = impossible == 0 and p_value >= alpha
+    return GofResult(passed, stat, dof, p_value, alpha, samples, impossible)
