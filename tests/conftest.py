@@ -1,6 +1,7 @@
 """Shared pytest configuration: hypothesis profiles ``dev`` and ``ci``.
 
-Select with ``HYPOTHESIS_PROFILE=ci`` (what ``.ci/run`` does): derandomised,
+``ci`` is chosen when the ``CI`` environment variable is set (CI runs
+``.ci/run`` with ``CI=true``) or with ``HYPOTHESIS_PROFILE=ci``: derandomised,
 no deadline, no example database, and the reproduce blob printed on failure.
 """
 
@@ -21,4 +22,4 @@ settings.register_profile(
 settings.register_profile(
     "dev", deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
 )
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))

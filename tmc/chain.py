@@ -139,8 +139,8 @@ def sps_sample_from_uniforms(
         a = int(toks[k])
         if uu[k] < p[k, a] / q[k, a]:
             continue
-        return [int(t) for t in toks[:k]] + [categorical(_residual(p[k], q[k], a), uu[n])]
-    return [int(t) for t in toks] + [categorical(p[n], uu[n])]
+        return [int(t) for t in toks[:k]] + [categorical(_residual(p[k], q[k], a), float(uu[n]))]
+    return [int(t) for t in toks] + [categorical(p[n], float(uu[n]))]
 
 
 def sps_sample(
@@ -193,7 +193,7 @@ def asps_sample_from_uniforms(
     """One ASpS step driven by a single uniform (``u`` of shape ``(1,)``)."""
     kernel = asps_kernel(ref, q_rows, p_rows)
     uu = check_uniforms("u", u, 1)
-    flat = categorical(kernel.reshape(-1), uu[0])
+    flat = categorical(kernel.reshape(-1), float(uu[0]))
     k, b = divmod(flat, kernel.shape[1])
     toks = np.asarray(ref).reshape(-1)
     return [int(t) for t in toks[:k]] + [int(b)]
@@ -278,7 +278,7 @@ def block_sample_from_uniforms(
             tau = i
             break
     final = p[n] if tau == n else residuals[tau]
-    return [int(t) for t in toks[:tau]] + [categorical(final, uu[n])]
+    return [int(t) for t in toks[:tau]] + [categorical(final, float(uu[n]))]
 
 
 def block_sample(

@@ -1,0 +1,1 @@
+"""Executable checks of the papers' theorems (DESIGN.md §2; a later issue)."""
