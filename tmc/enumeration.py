@@ -23,15 +23,17 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from itertools import product
+from itertools import permutations, product
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from tmc.multidraft import Draw, DraftTree, multidraft_kernel, tree_kernel_outputs
 from tmc.toy import Path, ToyModel
 
 FloatArray = NDArray[np.float64]
 ChainKernel = Callable[[ArrayLike | Sequence[int], ArrayLike, ArrayLike], FloatArray]
+TreeKernel = Callable[[DraftTree, ArrayLike], FloatArray]
 
 
 @dataclass(frozen=True)
@@ -45,13 +47,16 @@ class DraftChain:
 
 
 @dataclass(frozen=True)
-class ChainLaw:
-    """Exact averaged output law of a chain verifier on a toy model."""
+class OutputLaw:
+    """Exact averaged output law of a verifier on a toy model."""
 
     output_law: dict[Path, float]  # K̄(s) for each output string s with K̄(s) > 0
     expected_length: float  # E[len(s)]: tokens emitted per step
     completion_error: float  # worst violation of the completion identity
-    n_drafts: int  # number of draft chains with positive probability
+    n_drafts: int  # number of draft chains / trees with positive probability
+
+
+ChainLaw = OutputLaw  # the chain case keeps its own name in the public API
 
 
 def enumerate_drafts(model: ToyModel, n: int, prefix: Path = ()) -> Iterator[DraftChain]:
@@ -113,7 +118,7 @@ def completion_error(
 
 def chain_output_law(
     model: ToyModel, n: int, kernel_fn: ChainKernel, prefix: Path = ()
-) -> ChainLaw:
+) -> OutputLaw:
     """Averaged output law, expected length and completion error of a chain verifier."""
     law: dict[Path, float] = defaultdict(float)
     count = 0
@@ -121,6 +126,104 @@ def chain_output_law(
         count += 1
         for s, prob in kernel_outputs(d.ref, kernel_fn(d.ref, d.q_rows, d.p_rows)):
             law[s] += d.weight * prob
+    return _summarise(model, law, n + 1, count, prefix)
+
+
+def _summarise(
+    model: ToyModel, law: dict[Path, float], length: int, count: int, prefix: Path
+) -> OutputLaw:
     out = dict(law)
     expected = sum(len(s) * m for s, m in out.items())
-    return ChainLaw(out, expected, completion_error(model, out, n + 1, prefix), count)
+    return OutputLaw(out, expected, completion_error(model, out, length, prefix), count)
+
+
+# ------------------------------------------------------------------ trees
+
+
+def child_options(model: ToyModel, path: Path, width: int, draw: Draw) -> list[tuple[tuple[int, ...], float]]:
+    """Every ordered tuple of children a node at ``path`` can get, with its probability.
+
+    ``iid``: ``width`` i.i.d. draws from ``q``.  ``swor``: ``min(width, |supp q|)``
+    distinct draws, each from ``q`` renormalised without the earlier ones.
+    ``topk``: the ``width`` most likely tokens under ``q`` (ties to the lower
+    id), probability 1.
+    """
+    q = model.q(path)
+    if draw == Draw.TOPK:
+        order = sorted(range(model.vocab), key=lambda t: (-q[t], t))
+        return [(tuple(order[:width]), 1.0)]
+    if draw == Draw.IID:
+        combos = product(range(model.vocab), repeat=width)
+        out = [(c, float(np.prod([q[t] for t in c]))) for c in combos]
+        return [(c, w) for c, w in out if w > 0.0]
+    support = [t for t in range(model.vocab) if q[t] > 0.0]
+    options = []
+    for combo in permutations(support, min(width, len(support))):
+        weight, left = 1.0, 1.0
+        for t in combo:
+            weight *= q[t] / left
+            left -= q[t]
+        options.append((combo, weight))
+    return options
+
+
+def enumerate_draft_trees(
+    model: ToyModel, widths: Sequence[int], draw: Draw | str, prefix: Path = ()
+) -> Iterator[tuple[float, DraftTree]]:
+    """Every draft tree of the given shape with its probability under the draft.
+
+    ``widths[d]`` is the number of children of every node at depth ``d``
+    (the root is depth 0).  Nodes are numbered breadth first.
+    """
+    kind = Draw(draw)
+    if any(w < 1 for w in widths):
+        raise ValueError(f"widths must be positive, got {list(widths)}")
+
+    def grow(
+        queue: list[tuple[int, Path]], parents: list[int], tokens: list[int], weight: float
+    ) -> Iterator[tuple[float, DraftTree]]:
+        if not queue:
+            rows = {node: model.q(tuple(prefix) + path) for node, path in _expanded(parents, tokens, len(widths))}
+            yield weight, DraftTree(tuple(parents), tuple(tokens), (kind,) * len(tokens), rows, model.vocab)
+            return
+        (node, path), rest = queue[0], queue[1:]
+        if len(path) == len(widths):
+            yield from grow(rest, parents, tokens, weight)
+            return
+        for combo, prob in child_options(model, tuple(prefix) + path, widths[len(path)], kind):
+            first = len(tokens)
+            kids = [(first + i, path + (t,)) for i, t in enumerate(combo)]
+            yield from grow(rest + kids, parents + [node] * len(combo), tokens + list(combo), weight * prob)
+
+    yield from grow([(-1, ())], [], [], 1.0)
+
+
+def _expanded(parents: list[int], tokens: list[int], depth: int) -> list[tuple[int, Path]]:
+    paths: dict[int, Path] = {-1: ()}
+    for i, (par, tok) in enumerate(zip(parents, tokens)):
+        paths[i] = paths[par] + (tok,)
+    return [(node, path) for node, path in paths.items() if len(path) < depth]
+
+
+def tree_p_rows(model: ToyModel, tree: DraftTree, prefix: Path = ()) -> FloatArray:
+    """Target rows ``(N + 1, V)``: the root, then each node's path."""
+    rows = [model.p(tuple(prefix))] + [model.p(tuple(prefix) + tree.path(i)) for i in range(tree.size)]
+    return np.array(rows)
+
+
+def tree_output_law(
+    model: ToyModel,
+    widths: Sequence[int],
+    draw: Draw | str,
+    kernel_fn: TreeKernel = multidraft_kernel,
+    prefix: Path = (),
+) -> OutputLaw:
+    """Averaged output law, expected length and completion error of a tree verifier."""
+    law: dict[Path, float] = defaultdict(float)
+    count = 0
+    for weight, tree in enumerate_draft_trees(model, widths, draw, prefix):
+        count += 1
+        kernel = kernel_fn(tree, tree_p_rows(model, tree, prefix))
+        for s, prob in tree_kernel_outputs(tree, kernel).items():
+            law[s] += weight * prob
+    return _summarise(model, law, len(widths) + 1, count, prefix)

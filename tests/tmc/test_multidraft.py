@@ -1,0 +1,193 @@
+"""Multi-draft tree verification: validation, exact laws, chains, samplers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tmc import paper_toy_model, sps_kernel
+from tmc.enumeration import enumerate_draft_trees, enumerate_drafts, tree_output_law, tree_p_rows
+from tmc.multidraft import (
+    Draw,
+    DraftTree,
+    multidraft_kernel,
+    multidraft_sample,
+    multidraft_sample_from_uniforms,
+    tree_kernel_outputs,
+)
+from tmc.toy import ToyModel
+from verification.calibrated import chi_square_check, required_samples
+from verification.strategies import toy_models
+
+Q = np.array([0.5, 0.3, 0.2])
+UNIFORM = np.full(3, 1 / 3)
+
+
+# ------------------------------------------------------------- validation
+
+BAD_TREES = [
+    ("parent after child", dict(parents=[1, -1], tokens=[0, 1], draws="iid", q_rows={-1: Q, 1: Q}), r"node 0 has parent 1"),
+    ("self parent", dict(parents=[0], tokens=[0], draws="iid", q_rows={-1: Q}), r"node 0 has parent 0"),
+    ("parent below -1", dict(parents=[-2], tokens=[0], draws="iid", q_rows={-1: Q}), r"node 0 has parent -2"),
+    ("token out of range", dict(parents=[-1], tokens=[3], draws="iid", q_rows={-1: Q}), r"token 3 outside the vocabulary"),
+    ("sampled child with q = 0", dict(parents=[-1], tokens=[2], draws="swor", q_rows={-1: [0.5, 0.5, 0.0]}), r"drawn 'swor' .* where q = 0"),
+    ("iid child with q = 0", dict(parents=[-1], tokens=[2], draws="iid", q_rows={-1: [0.5, 0.5, 0.0]}), r"where q = 0"),
+    ("duplicate top-k siblings", dict(parents=[-1, -1], tokens=[1, 1], draws="topk", q_rows={}), r"repeat a token"),
+    ("duplicate swor siblings", dict(parents=[-1, -1], tokens=[1, 1], draws="swor", q_rows={-1: Q}), r"repeat a token"),
+    ("mixed sibling draws", dict(parents=[-1, -1], tokens=[0, 1], draws=["iid", "topk"], q_rows={-1: Q}), r"mix draw kinds"),
+    ("missing draft row", dict(parents=[-1, 0], tokens=[0, 1], draws="iid", q_rows={-1: Q}), r"no q_rows\[0\]"),
+    ("unknown draw kind", dict(parents=[-1], tokens=[0], draws="beam", q_rows={-1: Q}), r"'beam' is not a valid Draw"),
+    ("NaN draft row", dict(parents=[-1], tokens=[0], draws="iid", q_rows={-1: [np.nan, 0.5, 0.5]}), r"q_rows\[-1\] row 0 contains NaN"),
+    ("unnormalised draft row", dict(parents=[-1], tokens=[0], draws="iid", q_rows={-1: [0.5, 0.5, 0.5]}), r"q_rows\[-1\] row 0 sums to"),
+    ("draft row of a non-node", dict(parents=[-1], tokens=[0], draws="iid", q_rows={-1: Q, 5: Q}), r"q_rows key 5 is not a node"),
+    ("length mismatch", dict(parents=[-1, -1], tokens=[0], draws=["iid"], q_rows={-1: Q}), r"one entry per node"),
+]
+
+
+@pytest.mark.parametrize(("case", "kwargs", "match"), BAD_TREES, ids=[b[0] for b in BAD_TREES])
+def test_invalid_tree_rejected(case, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        DraftTree.build(vocab=3, **kwargs)
+
+
+def test_p_rows_shape_must_match_tree():
+    tree = DraftTree.build([-1], [0], "iid", {-1: Q}, 3)
+    with pytest.raises(ValueError, match=r"p_rows has shape \(3, 3\); expected \(N \+ 1, V\) = \(2, 3\)"):
+        multidraft_kernel(tree, np.tile(UNIFORM, (3, 1)))
+    with pytest.raises(ValueError, match=r"p_rows row 1 has a negative entry"):
+        multidraft_kernel(tree, [UNIFORM, [-0.1, 0.6, 0.5]])
+
+
+def test_empty_tree_emits_one_target_token():
+    tree = DraftTree.build([], [], "iid", {}, 3)
+    np.testing.assert_allclose(multidraft_kernel(tree, [[0.2, 0.3, 0.5]]), [[0.2, 0.3, 0.5]])
+
+
+def test_vocabulary_of_one_accepts_everything():
+    tree = DraftTree.build([-1, 0], [0, 0], "iid", {-1: [1.0], 0: [1.0]}, 1)
+    np.testing.assert_allclose(multidraft_kernel(tree, np.ones((3, 1))), [[0.0], [0.0], [1.0]])
+
+
+def test_greedy_target_accepts_the_argmax_child():
+    # Temperature 0: p one-hot at token 2; the top-k children are 0 and 2.
+    tree = DraftTree.build([-1, -1], [0, 2], "topk", {}, 3)
+    kern = multidraft_kernel(tree, [[0.0, 0.0, 1.0], UNIFORM, [1.0, 0.0, 0.0]])
+    expected = np.zeros((3, 3))
+    expected[2, 0] = 1.0  # accept node 1 (token 2), bonus token 0
+    np.testing.assert_allclose(kern, expected, atol=1e-15)
+
+
+def test_every_child_rejected_emits_from_residual():
+    # Target puts no mass on either drafted child.
+    tree = DraftTree.build([-1, -1], [0, 1], "topk", {}, 3)
+    kern = multidraft_kernel(tree, [[0.0, 0.0, 1.0], UNIFORM, UNIFORM])
+    np.testing.assert_allclose(kern[0], [0.0, 0.0, 1.0])
+    assert kern[1:].sum() == 0.0
+
+
+# ------------------------------------------------------- exact properties
+
+
+@settings(max_examples=60)
+@given(model=toy_models(depth=4), n=st.integers(0, 4))
+def test_chain_tree_equals_sps_kernel(model, n):
+    for d in enumerate_drafts(model, n):
+        tree = DraftTree.chain(d.ref, d.q_rows)
+        np.testing.assert_allclose(
+            multidraft_kernel(tree, d.p_rows), sps_kernel(d.ref, d.q_rows, d.p_rows), rtol=0, atol=1e-14
+        )
+
+
+@pytest.mark.parametrize(
+    ("draw", "expected"),
+    # Hand computation on the paper's root rows q = (.5, .3, .2), p = (.3, .4, .3):
+    # iid: 0.8 + 0.2 * (q(b) + q(c)) = 0.9; swor: 0.8 + 0.2 * (0.6 * 5/6 + 0.4) = 0.98;
+    # topk (children a, b): p(a) + (1 - p(a)) * 4/7 = 0.7.  Plus one token each.
+    [("iid", 1.9), ("swor", 1.98), ("topk", 1.7)],
+)
+def test_two_root_children_hand_computed(draw, expected):
+    law = tree_output_law(paper_toy_model(), [2], draw)
+    assert law.expected_length == pytest.approx(expected, abs=1e-12)
+
+
+@settings(max_examples=40)
+@given(
+    model=toy_models(max_vocab=3, depth=2),
+    widths=st.sampled_from([[1], [2], [3], [2, 1], [1, 2], [2, 2]]),
+    draw=st.sampled_from(list(Draw)),
+)
+def test_tree_verification_is_lossless(model, widths, draw):
+    law = tree_output_law(model, widths, draw)
+    assert law.completion_error <= 1e-12
+    assert sum(law.output_law.values()) == pytest.approx(1.0, abs=1e-12)
+
+
+@settings(max_examples=40)
+@given(model=toy_models(max_vocab=3, depth=2), widths=st.sampled_from([[2], [2, 1], [3, 1]]))
+def test_kernel_contract_on_every_tree(model, widths):
+    for draw in Draw:
+        for _, tree in enumerate_draft_trees(model, widths, draw):
+            kern = multidraft_kernel(tree, tree_p_rows(model, tree))
+            assert (kern >= 0).all() and kern.sum() == pytest.approx(1.0, abs=1e-12)
+            if draw != Draw.IID:
+                # distinct children: an accepted child is never also the emitted correction
+                for node in range(-1, tree.size):
+                    for kid in tree.children(node):
+                        assert kern[node + 1, tree.tokens[kid]] == 0.0
+
+
+def test_wrong_proposal_law_is_biased():
+    # Negative control: a tree drawn without replacement but verified as if
+    # drawn i.i.d. breaks the completion identity.
+    model = paper_toy_model()
+
+    def lying_kernel(tree, p_rows):
+        relabelled = DraftTree(tree.parents, tree.tokens, (Draw.IID,) * tree.size, tree.q_rows, tree.vocab)
+        return multidraft_kernel(relabelled, p_rows)
+
+    law = tree_output_law(model, [2], "swor", kernel_fn=lying_kernel)
+    assert law.completion_error > 1e-3
+
+
+# ------------------------------------------------------------- samplers
+
+
+def _paper_tree(draw):
+    model = paper_toy_model()
+    weight, tree = next(iter(enumerate_draft_trees(model, [2, 1], draw)))
+    return tree, tree_p_rows(model, tree)
+
+
+def test_sampler_replays_its_uniforms():
+    tree, p_rows = _paper_tree("iid")
+    for seed in range(10):
+        got = multidraft_sample(tree, p_rows, np.random.default_rng(seed))
+        want = multidraft_sample_from_uniforms(tree, p_rows, np.random.default_rng(seed).random(tree.size + 1))
+        assert got == want
+
+
+# Calibrated: false-fail budget 1e-9 over these checks; detects TV >= 0.05
+# with probability >= 1 - 1e-3 on the merged cells.
+SAMPLER_CASES = ["iid", "swor", "topk"]
+ALPHA = 1e-9 / len(SAMPLER_CASES)
+
+
+@pytest.mark.parametrize("draw", SAMPLER_CASES)
+def test_sampler_matches_kernel(draw):
+    model = ToyModel.random(3, 2, np.random.default_rng(4), zero_prob=0.0)
+    trees = list(enumerate_draft_trees(model, [2, 1], draw))
+    tree = trees[len(trees) // 2][1]
+    p_rows = tree_p_rows(model, tree)
+    exact = tree_kernel_outputs(tree, multidraft_kernel(tree, p_rows))
+    cells = sorted(exact)
+    index = {s: i for i, s in enumerate(cells)}
+    probs = np.array([exact[s] for s in cells] + [0.0])  # last cell: anything impossible
+    n = required_samples(len(cells), 0.05, ALPHA)
+    rng = np.random.default_rng(99)
+    counts = np.zeros(len(probs), dtype=np.int64)
+    for _ in range(n):
+        counts[index.get(tuple(multidraft_sample(tree, p_rows, rng)), len(cells))] += 1
+    result = chi_square_check(counts, probs, ALPHA)
+    assert result.passed, result
