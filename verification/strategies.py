@@ -1,4 +1,4 @@
-"""Hypothesis strategies for draft/target toy models (DESIGN.md §5).
+"""Hypothesis strategies: draft/target toy models and tree distributions (DESIGN.md §5).
 
 Rows are drawn as small integer weights normalised to 1, which produces
 exact zeros and exact ties naturally.  A model-wide *relation* between the
@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from numpy.typing import NDArray
 
 from tmc.toy import Path, ToyModel
+from tmc.tree import TreeDistribution, TreeSpace
 
 FloatArray = NDArray[np.float64]
 RELATIONS = ("independent", "identical", "near_tie", "greedy", "tiny", "disjoint")
@@ -72,3 +73,53 @@ def toy_models(
             d_rows[prefix] = q
             t_rows[prefix] = draw(_target_row(rel, q))
     return ToyModel(vocab, d_rows, t_rows, name=f"hypothesis-{rel}")
+
+
+# ------------------------------------------------------ tree distributions
+
+Rows = dict[Path, dict[int, float]]
+
+# Unnormalised weights: exact zeros (pruned children) or values bounded away
+# from 0, so normalised probabilities are >= 0.05 / 4 and never mere rounding.
+WEIGHTS = st.one_of(st.just(0.0), st.floats(0.05, 1.0), st.floats(0.05, 1.0))
+
+spaces = st.builds(TreeSpace.full, st.integers(1, 3), st.integers(1, 3))
+
+
+@st.composite
+def weight_rows(draw: st.DrawFn, *, n_children: int, leaf_only: bool) -> list[float]:
+    """Normalised ``[P(a_1|s), ..., P(a_k|s), P(tau|s)]`` for one node."""
+    if leaf_only:
+        kids = draw(st.lists(WEIGHTS, min_size=n_children, max_size=n_children).filter(any))
+        return [w / sum(kids) for w in kids] + [0.0]
+    row = draw(st.lists(WEIGHTS, min_size=n_children + 1, max_size=n_children + 1).filter(any))
+    return [w / sum(row) for w in row]
+
+
+@st.composite
+def conditional_rows(draw: st.DrawFn, space: TreeSpace, *, leaf_only: bool = False) -> Rows:
+    """Child conditionals ``{node: {a: P(a|node)}}`` for every internal node of a finite space."""
+    rows: Rows = {}
+    for node in space.paths():
+        kids = space.children(node)
+        if kids:
+            probs = draw(weight_rows(n_children=len(kids), leaf_only=leaf_only))
+            rows[node] = {a: p for a, p in zip(kids, probs) if p > 0.0}
+    return rows
+
+
+def from_rows(space: TreeSpace, rows: Rows) -> TreeDistribution:
+    """Distribution with the given child conditionals."""
+    return TreeDistribution.from_conditionals(space, lambda s: rows[s])
+
+
+@st.composite
+def spaces_and_rows(draw: st.DrawFn, *, leaf_only: bool = False) -> tuple[TreeSpace, Rows]:
+    space = draw(spaces)
+    return space, draw(conditional_rows(space, leaf_only=leaf_only))
+
+
+@st.composite
+def tree_distributions(draw: st.DrawFn, *, leaf_only: bool = False) -> TreeDistribution:
+    space, rows = draw(spaces_and_rows(leaf_only=leaf_only))
+    return from_rows(space, rows)

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from tests.tmc.test_tree import (
+from verification.strategies import (
     Rows,
     conditional_rows,
     from_rows,

@@ -18,11 +18,11 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from tests.tmc.test_tree import (
+from tests.tmc.test_tree import product_of_conditionals
+from verification.strategies import (
     Rows,
     conditional_rows,
     from_rows,
-    product_of_conditionals,
     tree_distributions,
 )
 from tmc.order import total_variation

@@ -2,8 +2,8 @@
 
 Expected values come from hand computation (written out next to each
 example) or from a second method (products of the drawn conditionals).  The
-hypothesis strategies for random tree distributions live here and are
-imported by test_order.py and test_prefix.py.
+hypothesis strategies for random tree distributions are in
+verification/strategies.py.
 """
 
 from __future__ import annotations
@@ -15,56 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tmc.tree import Path, TreeDistribution, TreeSpace, is_prefix, tail_mass_beyond
-
-Rows = dict[Path, dict[int, float]]
-
-# -- strategies --------------------------------------------------------------
-
-# Unnormalised weights: exact zeros (pruned children) or values bounded away
-# from 0, so normalised probabilities are >= 0.05 / 4 and never mere rounding.
-WEIGHTS = st.one_of(st.just(0.0), st.floats(0.05, 1.0), st.floats(0.05, 1.0))
-
-spaces = st.builds(TreeSpace.full, st.integers(1, 3), st.integers(1, 3))
-
-
-@st.composite
-def weight_rows(draw: st.DrawFn, *, n_children: int, leaf_only: bool) -> list[float]:
-    """Normalised ``[P(a_1|s), ..., P(a_k|s), P(tau|s)]`` for one node."""
-    if leaf_only:
-        kids = draw(st.lists(WEIGHTS, min_size=n_children, max_size=n_children).filter(any))
-        return [w / sum(kids) for w in kids] + [0.0]
-    row = draw(st.lists(WEIGHTS, min_size=n_children + 1, max_size=n_children + 1).filter(any))
-    return [w / sum(row) for w in row]
-
-
-@st.composite
-def conditional_rows(draw: st.DrawFn, space: TreeSpace, *, leaf_only: bool = False) -> Rows:
-    """Child conditionals ``{node: {a: P(a|node)}}`` for every internal node of a finite space."""
-    rows: Rows = {}
-    for node in space.paths():
-        kids = space.children(node)
-        if kids:
-            probs = draw(weight_rows(n_children=len(kids), leaf_only=leaf_only))
-            rows[node] = {a: p for a, p in zip(kids, probs) if p > 0.0}
-    return rows
-
-
-def from_rows(space: TreeSpace, rows: Rows) -> TreeDistribution:
-    """Distribution with the given child conditionals."""
-    return TreeDistribution.from_conditionals(space, lambda s: rows[s])
-
-
-@st.composite
-def spaces_and_rows(draw: st.DrawFn, *, leaf_only: bool = False) -> tuple[TreeSpace, Rows]:
-    space = draw(spaces)
-    return space, draw(conditional_rows(space, leaf_only=leaf_only))
-
-
-@st.composite
-def tree_distributions(draw: st.DrawFn, *, leaf_only: bool = False) -> TreeDistribution:
-    space, rows = draw(spaces_and_rows(leaf_only=leaf_only))
-    return from_rows(space, rows)
-
+from verification.strategies import Rows, from_rows, spaces_and_rows, tree_distributions
 
 def product_of_conditionals(rows: Rows, path: Path) -> float:
     """P(s) = prod_i P(s_i | s_{1:i-1}) (remark after Thm A.6), straight from the rows."""
