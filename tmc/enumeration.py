@@ -29,7 +29,9 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from tmc.multidraft import Draw, DraftTree, multidraft_kernel, tree_kernel_outputs
+from tmc.prefix import PrefixKernel
 from tmc.toy import Path, ToyModel
+from tmc.tree import TreeDistribution, TreeSpace
 
 FloatArray = NDArray[np.float64]
 ChainKernel = Callable[[ArrayLike | Sequence[int], ArrayLike, ArrayLike], FloatArray]
@@ -120,13 +122,20 @@ def chain_output_law(
     model: ToyModel, n: int, kernel_fn: ChainKernel, prefix: Path = ()
 ) -> OutputLaw:
     """Averaged output law, expected length and completion error of a chain verifier."""
+    law, count = _averaged_chain_law(model, n, kernel_fn, prefix)
+    return _summarise(model, law, n + 1, count, prefix)
+
+
+def _averaged_chain_law(
+    model: ToyModel, n: int, kernel_fn: ChainKernel, prefix: Path
+) -> tuple[dict[Path, float], int]:
     law: dict[Path, float] = defaultdict(float)
     count = 0
     for d in enumerate_drafts(model, n, prefix):
         count += 1
         for s, prob in kernel_outputs(d.ref, kernel_fn(d.ref, d.q_rows, d.p_rows)):
             law[s] += d.weight * prob
-    return _summarise(model, law, n + 1, count, prefix)
+    return dict(law), count
 
 
 def _summarise(
@@ -227,3 +236,36 @@ def tree_output_law(
         for s, prob in tree_kernel_outputs(tree, kernel).items():
             law[s] += weight * prob
     return _summarise(model, law, len(widths) + 1, count, prefix)
+
+
+# ------------------------------------------- verifiers as prefix samplers
+
+
+def target_tree_distribution(model: ToyModel, depth: int) -> TreeDistribution:
+    """The target ``p`` as a leaf-only tree distribution on the full tree of ``depth``."""
+    space = TreeSpace.full(model.vocab, depth)
+
+    def cond(path: Path) -> dict[int, float]:
+        row = model.p(path)
+        return {a: float(row[a]) for a in range(model.vocab) if row[a] > 0.0}
+
+    return TreeDistribution.from_conditionals(space, cond)
+
+
+def speculative_prefix_kernel(model: ToyModel, n: int, kernel_fn: ChainKernel, depth: int) -> PrefixKernel:
+    """One speculative step as an exact prefix sampler on the tree of ``depth`` (Thm 5.7).
+
+    From a prefix ``σ`` the draft proposes ``min(n, depth − len(σ) − 1)``
+    tokens and the verifier emits its output after ``σ``; at depth ``depth``
+    (a leaf) the prefix is returned unchanged.  Composing it with itself is
+    speculative decoding run for several steps (Def A.26).
+    """
+
+    def kernel(prefix: Path) -> dict[Path, float]:
+        room = depth - len(prefix)
+        if room <= 0:
+            return {prefix: 1.0}
+        law, _ = _averaged_chain_law(model, min(n, room - 1), kernel_fn, prefix)
+        return {prefix + s: m for s, m in law.items()}
+
+    return kernel
