@@ -82,3 +82,42 @@ def render(report: dict[str, Any]) -> str:
 def write_json(report: dict[str, Any], path: str) -> None:
     with open(path, "w", encoding="utf-8") as fh:
         json.dump(report, fh, indent=2)
+
+
+def _timed(fn: Any) -> tuple[Any, float]:
+    start = timeit.default_timer()
+    out = fn()
+    return out, timeit.default_timer() - start
+
+
+def run_exact_bench(seed: int = 0) -> dict[str, Any]:
+    """Wall time of the exact computations named in issue #3 (one core, one run each)."""
+    from tmc.acceptance import tree_outcomes
+    from tmc.enumeration import chain_output_law, tree_output_law
+    from tmc.lp import chain_optimal_length, optimal_length
+    from tmc.toy import ToyModel
+
+    rng = np.random.default_rng(seed)
+    rows: list[dict[str, Any]] = []
+    chain_model = ToyModel.random(4, 6, rng, zero_prob=0.0)
+    for name, fn in (("sps", sps_kernel), ("asps", asps_kernel)):
+        law, secs = _timed(partial(chain_output_law, chain_model, 6, fn))
+        rows.append({"task": f"E[len] {name}, all chains V=4 n=6", "cases": law.n_drafts, "value": law.expected_length, "seconds": secs})
+    tree_model = ToyModel.random(3, 3, rng, zero_prob=0.0)
+    for draw in ("iid", "swor", "topk"):
+        law, secs = _timed(partial(tree_output_law, tree_model, [2, 2, 1], draw))
+        rows.append({"task": f"E[len] multidraft, trees V=3 widths 2,2,1 {draw}", "cases": law.n_drafts, "value": law.expected_length, "seconds": secs})
+    lp_model = ToyModel.random(3, 3, rng, zero_prob=0.0)
+    res, secs = _timed(partial(chain_optimal_length, lp_model, 3))
+    rows.append({"task": "LP limit, chains V=3 n=3", "cases": res.n_variables, "value": res.expected_length, "seconds": secs})
+    for draw in ("iid", "swor"):
+        outcomes = tree_outcomes(lp_model, [2, 1], draw)
+        res, secs = _timed(partial(optimal_length, lp_model, outcomes))
+        rows.append({"task": f"LP limit, trees V=3 widths 2,1 {draw}", "cases": res.n_variables, "value": res.expected_length, "seconds": secs})
+    return {"hardware": hardware(), "results": rows}
+
+
+def render_exact(report: dict[str, Any]) -> str:
+    rows = [[r["task"], r["cases"], f"{r['value']:.6f}", f"{r['seconds']:.3f}"] for r in report["results"]]
+    head = ["computation", "drafts / LP vars", "value", "seconds"]
+    return format_table(head, rows, title=f"Exact enumeration and LP timings ({report['hardware']})")
