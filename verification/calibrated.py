@@ -5,9 +5,11 @@ its false-fail rate ``alpha`` (probability of failing a correct sampler) and
 the smallest discrepancy it is guaranteed, up to ``beta``, to detect; the
 sample size is computed from those *before* sampling.
 
-The test is Pearson's chi-square on the exact law's cells, with cells of
-expected count below ``min_expected`` merged into one bin.  Any sample that
-lands on a cell of exact probability 0 fails the check outright.
+The test is Pearson's chi-square (or the G-test, its likelihood-ratio twin)
+on the exact law's cells, with cells of expected count below
+``min_expected`` merged into one bin.  Any sample that lands on a cell of
+exact probability 0 fails the check outright.  One false-fail budget is
+split over many checks with :func:`bonferroni` or :func:`holm`.
 
 Power: if the sampler's true law ``p'`` is at total variation ``ε`` from the
 exact law ``p`` on the (merged) bins, Cauchy–Schwarz gives
@@ -22,6 +24,7 @@ approximation, which ``min_expected`` keeps sound.)
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,6 +43,7 @@ class GofResult:
     alpha: float  # false-fail rate the check was run at
     samples: int  # number of samples
     impossible: int  # samples that fell on exact-probability-0 cells
+    statistic_kind: str = "pearson"  # "pearson" or "g"
 
 
 def merge_bins(probs: NDArray[np.float64], samples: int, min_expected: float = 5.0) -> NDArray[np.int64]:
@@ -99,12 +103,23 @@ def chi_square_check(
     probs: NDArray[np.float64],
     alpha: float,
     min_expected: float = 5.0,
+    statistic: str = "pearson",
 ) -> GofResult:
-    """Pearson chi-square of ``counts`` against the exact law ``probs`` (same cells)."""
+    """Goodness of fit of ``counts`` against the exact law ``probs`` (same cells).
+
+    ``statistic`` is ``"pearson"`` (chi-square) or ``"g"`` (G-test); both are
+    asymptotically chi-square with (merged bins − 1) degrees of freedom.
+    """
+    if statistic not in ("pearson", "g"):
+        raise ValueError(f"statistic must be 'pearson' or 'g', got {statistic!r}")
+    if not 0.0 < alpha < 1.0:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
     counts = np.asarray(counts, dtype=np.int64)
     probs = np.asarray(probs, dtype=np.float64)
     if counts.shape != probs.shape:
         raise ValueError(f"counts shape {counts.shape} differs from probs shape {probs.shape}")
+    if (counts < 0).any():
+        raise ValueError("counts must be non-negative")
     samples = int(counts.sum())
     zero = probs <= 0.0
     impossible = int(counts[zero].sum())
@@ -113,11 +128,39 @@ def chi_square_check(
     n_bins = int(labels.max()) + 1 if pos.size else 0
     obs = np.bincount(labels, weights=counts[pos], minlength=n_bins)
     exp = np.bincount(labels, weights=probs[pos], minlength=n_bins) * samples
-    if n_bins <= 1:
+    if n_bins <= 1 or samples == 0:
         stat, dof, p_value = 0.0, 0, 1.0
     else:
-        stat = float(((obs - exp) ** 2 / exp).sum())
+        if statistic == "pearson":
+            stat = float(((obs - exp) ** 2 / exp).sum())
+        else:
+            seen = obs > 0
+            stat = float(2.0 * (obs[seen] * np.log(obs[seen] / exp[seen])).sum())
         dof = n_bins - 1
         p_value = float(stats.chi2.sf(stat, dof))
     passed = impossible == 0 and p_value >= alpha
-    return GofResult(passed, stat, dof, p_value, alpha, samples, impossible)
+    return GofResult(passed, stat, dof, p_value, alpha, samples, impossible, statistic)
+
+
+def bonferroni(alpha: float, checks: int) -> float:
+    """Per-check false-fail rate that keeps the family's at most ``alpha``."""
+    if checks < 1:
+        raise ValueError(f"checks must be >= 1, got {checks}")
+    return alpha / checks
+
+
+def holm(p_values: Sequence[float], alpha: float) -> list[bool]:
+    """Holm's step-down procedure: which hypotheses are rejected (family rate ``alpha``).
+
+    Sort the p-values; reject while ``p_(i) < alpha / (m − i)``, stop at the
+    first that is not.  Uniformly more powerful than Bonferroni at the same
+    family-wise false-fail rate.
+    """
+    m = len(p_values)
+    order = np.argsort(np.asarray(p_values, dtype=np.float64), kind="stable")
+    rejected = [False] * m
+    for rank, idx in enumerate(order):
+        if p_values[idx] >= alpha / (m - rank):
+            break
+        rejected[int(idx)] = True
+    return rejected
