@@ -28,7 +28,7 @@ from itertools import permutations, product
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from tmc.multidraft import Draw, DraftTree, multidraft_kernel, tree_kernel_outputs
+from tmc.multidraft import Draw, DraftTree, multidraft_kernel, swor_sequence_prob, tree_kernel_outputs
 from tmc.prefix import PrefixKernel
 from tmc.toy import Path, ToyModel
 from tmc.tree import TreeDistribution, TreeSpace
@@ -166,14 +166,7 @@ def child_options(model: ToyModel, path: Path, width: int, draw: Draw) -> list[t
         out = [(c, float(np.prod([q[t] for t in c]))) for c in combos]
         return [(c, w) for c, w in out if w > 0.0]
     support = [t for t in range(model.vocab) if q[t] > 0.0]
-    options = []
-    for combo in permutations(support, min(width, len(support))):
-        weight, left = 1.0, 1.0
-        for t in combo:
-            weight *= q[t] / left
-            left -= q[t]
-        options.append((combo, weight))
-    return options
+    return [(combo, swor_sequence_prob(q, combo)) for combo in permutations(support, min(width, len(support)))]
 
 
 def enumerate_draft_trees(

@@ -73,6 +73,7 @@ from scipy import sparse
 from scipy.optimize import linprog
 
 from tmc.enumeration import enumerate_drafts
+from tmc.multidraft import swor_sequence_prob
 from tmc.toy import Path, ToyModel
 from tmc.validate import check_prob_rows
 
@@ -167,11 +168,7 @@ def one_level_draft_law(
         )
     law: dict[tuple[int, ...], float] = {}
     for tup in permutations(support, k):
-        weight, left = 1.0, 1.0
-        for tok in tup:
-            weight *= float(q[tok]) / left
-            left -= float(q[tok])
-        law[tup] = weight
+        law[tup] = swor_sequence_prob(q, tup)
     return law
 
 

@@ -157,6 +157,23 @@ def _validate_siblings(tree: DraftTree, node: int, kids: list[int]) -> None:
             )
 
 
+def swor_sequence_prob(q_row: FloatArray, tokens: Sequence[int]) -> float:
+    """Probability of drawing ``tokens`` in this order without replacement from ``q_row``.
+
+    Each draw is from ``q`` renormalised over the tokens not yet drawn.  The
+    remaining mass is summed from the unused entries rather than obtained by
+    subtracting from 1, which would cancel catastrophically when what is left
+    is tiny (e.g. 1e-12 after the likely tokens are drawn).
+    """
+    unused = np.ones(q_row.shape[0], dtype=bool)
+    prob = 1.0
+    for tok in tokens:
+        left = float(q_row[unused].sum())
+        prob *= float(q_row[tok]) / left
+        unused[tok] = False
+    return prob
+
+
 def proposal_laws(tree: DraftTree, node: int) -> list[FloatArray]:
     """The law each child of ``node`` was actually drawn from, in order."""
     kids = tree.children(node)

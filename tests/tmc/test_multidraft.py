@@ -191,3 +191,14 @@ def test_sampler_matches_kernel(draw):
         counts[index.get(tuple(multidraft_sample(tree, p_rows, rng)), len(cells))] += 1
     result = chi_square_check(counts, probs, ALPHA)
     assert result.passed, result
+
+
+def test_swor_draft_weights_sum_to_one_with_tiny_leftover_mass():
+    # Regression (found by `tmc suite`): computing the remaining mass as
+    # 1 - q(x1) - q(x2) cancels catastrophically when what is left is ~1e-12,
+    # which made the without-replacement draft law sum to 1 + 3e-5.
+    q = np.array([2.6e-12, 0.157632396, 0.842367604 - 2.6e-12])
+    model = ToyModel(3, {}, {}, q / q.sum(), np.array([0.2, 0.7, 0.1]))
+    trees = list(enumerate_draft_trees(model, [3], "swor"))
+    assert sum(w for w, _ in trees) == pytest.approx(1.0, abs=1e-14)
+    assert tree_output_law(model, [3], "swor").completion_error <= 1e-12
