@@ -1,0 +1,537 @@
+"""Example verifiers for the bias audit: lossless references and BIASED ones.
+
+Notation (DESIGN.md §3): ``p`` is the target model, ``q`` the draft.  Chain
+verifiers take ``(ref, q_rows, p_rows, rng)`` like :func:`tmc.sps_sample`;
+tree verifiers take ``(tree, p_rows, rng)`` like
+:func:`tmc.multidraft.multidraft_sample`, where ``p_rows[0]`` is the target
+row at the root and ``p_rows[i + 1]`` the row after node ``i``'s path.
+
+**How the audit finds a kernel.**  Every example is a :class:`ChainVerifier`
+or :class:`TreeVerifier`: a frozen record holding the sampler, the exact
+kernel when one can be written (``None`` otherwise), the ground-truth label
+``biased`` and, for trees, the draft draw kinds the verifier is meant to be
+paired with.  The record is itself callable with the sampler's convention,
+so ``tmc audit verification.examples:TUTORIAL_TREE_WALK --kind tree`` and a
+plain function such as ``tmc.sps_sample`` are audited through one entry
+point: a record with a kernel is audited exactly, anything else by
+calibrated sampling.  Wrap your own verifier in a record to give it a kernel.
+
+The BIASED examples reproduce verifiers that look plausible but do not
+preserve the target law:
+
+* :data:`TUTORIAL_TREE_WALK` — the nanoGPT tree-speculation tutorial
+  (``002_2ce1e914bdf19cc9.txt``, "Accept/Reject: Walking the Tree"): every
+  node of a top-k tree gets an independent test ``u < min(1, p/q)`` with the
+  draft softmax ``q`` of its parent, the longest accepted root path wins
+  (first found in DFS order), a bonus token comes from ``p`` at its end, and
+  if no first-level child passes, a token from ``norm((p − q)_+)`` at the root.
+* :data:`WETAP_BEAM` — WETAP's verifier (``004_4d052269d5cf7467.txt``,
+  Algorithm 1 lines 27–51, eq. (9)): deterministic threshold test
+  ``min(1, P(beam)/Q(beam)) > τ`` on cumulative beam probabilities, deepest
+  layer first, the accepted node with the largest cumulative target
+  probability, then one token from ``p`` after it.
+* :data:`GREEDY_MATCH` — exact-match ("greedy") verification used with a
+  sampled target: keep draft tokens while they equal ``argmax p``, then emit
+  ``argmax p``.  Lossless only when every target row is one-hot.
+* :data:`IID_RULE_ON_SWOR` and :data:`IID_RULE_ON_TOPK` — SpecInfer's
+  residual rule, which assumes every child was drawn i.i.d. from ``q``, run on
+  trees drawn without replacement, or deterministically (top-k).  The same
+  rule on i.i.d. drafts (:data:`IID_RULE_ON_IID`) is lossless: the bias is in
+  the pairing, not in the rule.
+
+The lossless references wrap :mod:`tmc.chain` (SpS, ASpS, block) and
+:mod:`tmc.multidraft` (residual verification with the recorded proposal law).
+
+Where the papers leave a detail open, the choice made here is stated in the
+docstring of the function that makes it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from tmc.chain import (
+    asps_kernel,
+    asps_sample,
+    block_kernel,
+    block_sample,
+    sps_kernel,
+    sps_sample,
+)
+from tmc.multidraft import ROOT, Draw, DraftTree, multidraft_kernel, multidraft_sample
+from tmc.noise import categorical, check_uniforms
+from tmc.validate import check_chain, check_prob_rows
+
+FloatArray = NDArray[np.float64]
+ChainSampleFn = Callable[[ArrayLike | Sequence[int], ArrayLike, ArrayLike, np.random.Generator], list[int]]
+ChainKernelFn = Callable[[ArrayLike | Sequence[int], ArrayLike, ArrayLike], FloatArray]
+TreeSampleFn = Callable[[DraftTree, ArrayLike, np.random.Generator], list[int]]
+TreeKernelFn = Callable[[DraftTree, ArrayLike], FloatArray]
+
+ALL_DRAWS: tuple[Draw, ...] = (Draw.IID, Draw.SWOR, Draw.TOPK)
+
+
+@dataclass(frozen=True)
+class ChainVerifier:
+    """A chain verifier: sampler, optional exact kernel and ground-truth label."""
+
+    name: str  # short identifier used in reports
+    sample: ChainSampleFn  # one step: (ref, q_rows, p_rows, rng) -> emitted tokens
+    kernel: ChainKernelFn | None = None  # exact (n + 1, V) output law, None if unknown
+    biased: bool = False  # ground truth: True if the output law is not the target's
+    source: str = ""  # where the rule comes from (paper, section)
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("name must be a non-empty string")
+        if not callable(self.sample):
+            raise ValueError(f"sample of verifier {self.name!r} is not callable")
+        if self.kernel is not None and not callable(self.kernel):
+            raise ValueError(f"kernel of verifier {self.name!r} is not callable")
+
+    @property
+    def kind(self) -> Literal["chain"]:
+        return "chain"
+
+    def __call__(
+        self, ref: ArrayLike | Sequence[int], q_rows: ArrayLike, p_rows: ArrayLike, rng: np.random.Generator
+    ) -> list[int]:
+        return self.sample(ref, q_rows, p_rows, rng)
+
+
+@dataclass(frozen=True)
+class TreeVerifier:
+    """A tree verifier: sampler, optional exact kernel, ground truth and draft draw kinds."""
+
+    name: str  # short identifier used in reports
+    sample: TreeSampleFn  # one step: (tree, p_rows, rng) -> emitted tokens
+    kernel: TreeKernelFn | None = None  # exact (N + 1, V) output law, None if unknown
+    biased: bool = False  # ground truth: True if the output law is not the target's
+    draws: tuple[Draw, ...] = ALL_DRAWS  # how the drafts it is paired with are drawn
+    source: str = ""  # where the rule comes from (paper, section)
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("name must be a non-empty string")
+        if not callable(self.sample):
+            raise ValueError(f"sample of verifier {self.name!r} is not callable")
+        if self.kernel is not None and not callable(self.kernel):
+            raise ValueError(f"kernel of verifier {self.name!r} is not callable")
+        if not self.draws or any(not isinstance(d, Draw) for d in self.draws):
+            raise ValueError(f"draws of verifier {self.name!r} must be a non-empty tuple of Draw")
+
+    @property
+    def kind(self) -> Literal["tree"]:
+        return "tree"
+
+    def __call__(self, tree: DraftTree, p_rows: ArrayLike, rng: np.random.Generator) -> list[int]:
+        return self.sample(tree, p_rows, rng)
+
+
+Verifier = ChainVerifier | TreeVerifier
+
+
+# ------------------------------------------------------------ tree helpers
+
+
+def _check_tree_p_rows(tree: DraftTree, p_rows: ArrayLike) -> FloatArray:
+    p = check_prob_rows("p_rows", p_rows)
+    if p.shape != (tree.size + 1, tree.vocab):
+        raise ValueError(
+            f"p_rows has shape {p.shape}; expected (N + 1, V) = ({tree.size + 1}, {tree.vocab})"
+        )
+    return p
+
+
+def _draft_row(tree: DraftTree, node: int) -> FloatArray:
+    """The draft softmax ``q(· | node)``; these verifiers need it even for top-k children."""
+    row = tree.q_rows.get(node)
+    if row is None:
+        raise ValueError(f"tree has no q_rows[{node}]: this verifier needs the draft row of every expanded node")
+    return row
+
+
+def _depths(tree: DraftTree) -> list[int]:
+    """Depth of each node (1 for the root's children); parents precede children."""
+    depth: list[int] = []
+    for par in tree.parents:
+        depth.append(1 if par == ROOT else depth[par] + 1)
+    return depth
+
+
+def _clamped_ratio(num: float, den: float) -> float:
+    """``min(1, num / den)`` with the float semantics of the original code.
+
+    ``num / 0`` with ``num > 0`` is ``inf`` and clamps to 1; ``0 / 0`` is NaN
+    and fails every ``u < ratio`` test, so it counts as 0.
+    """
+    if num <= 0.0:
+        return 0.0
+    if den <= 0.0:
+        return 1.0
+    return min(1.0, num / den)
+
+
+def _positive_residual(p_row: FloatArray, q_row: FloatArray) -> FloatArray:
+    """``norm((p − q)_+)``; ``p`` itself when no mass is left (then reached with probability 0)."""
+    res = np.maximum(p_row - q_row, 0.0)
+    total = float(res.sum())
+    if total > 0.0:
+        out: FloatArray = res / total
+        return out
+    return p_row
+
+
+# ------------------------------------------------- BIASED: tutorial walk
+
+
+def _tutorial_accept_probs(tree: DraftTree, p: FloatArray) -> FloatArray:
+    """Per-node acceptance probability ``min(1, p_parent(x) / q_parent(x))``."""
+    acc = np.zeros(tree.size)
+    for i, (par, tok) in enumerate(zip(tree.parents, tree.tokens)):
+        acc[i] = _clamped_ratio(float(p[par + 1, tok]), float(_draft_row(tree, par)[tok]))
+    return acc
+
+
+def _tutorial_root_fallback(tree: DraftTree, p: FloatArray) -> FloatArray:
+    """Law of the token emitted when no first-level child passes.
+
+    Every first-level child stores a token from ``norm((p_root − q_root)_+)``
+    (they share ``q_root``); the tutorial returns one of them.  A tree with no
+    children at all emits from ``p``.
+    """
+    root: FloatArray = p[0]
+    if not tree.children(ROOT):
+        return root
+    return _positive_residual(p[0], _draft_row(tree, ROOT))
+
+
+def tutorial_tree_walk_kernel(tree: DraftTree, p_rows: ArrayLike) -> FloatArray:
+    """Exact output law ``(N + 1, V)`` of the tutorial's tree walk.  BIASED.
+
+    Every node passes independently with probability ``a_i``; the walk
+    selects the deepest node reachable through passed nodes, the first one in
+    DFS (pre-)order on ties, because the tutorial replaces its best path only
+    by a strictly longer one.  Processing the children of a node in order,
+    a later subtree wins only when it reaches strictly deeper, which gives the
+    law of the selected node by one bottom-up pass.
+    """
+    p = _check_tree_p_rows(tree, p_rows)
+    acc = _tutorial_accept_probs(tree, p)
+    depth = {ROOT: 0, **dict(enumerate(_depths(tree)))}
+    chosen: dict[int, dict[int, float]] = {}  # node -> law of the selected node, given node passed
+    for node in [*range(tree.size - 1, -1, -1), ROOT]:
+        law: dict[int, float] = {node: 1.0}
+        for kid in tree.children(node):
+            law = _merge_subtree(law, chosen[kid], float(acc[kid]), depth)
+        chosen[node] = law
+    kernel = np.zeros_like(p)
+    for node, prob in chosen[ROOT].items():
+        row = _tutorial_root_fallback(tree, p) if node == ROOT else p[node + 1]
+        kernel[node + 1] += prob * row
+    return kernel
+
+
+def _merge_subtree(
+    current: dict[int, float], subtree: dict[int, float], accept: float, depth: dict[int, int]
+) -> dict[int, float]:
+    """Law of the selection after also walking one more child subtree (passed w.p. ``accept``)."""
+    out: dict[int, float] = defaultdict(float)
+    for x, px in current.items():
+        out[x] += px * (1.0 - accept)
+        for y, py in subtree.items():
+            winner = y if depth[y] > depth[x] else x
+            out[winner] += px * accept * py
+    return dict(out)
+
+
+def tutorial_tree_walk_from_uniforms(tree: DraftTree, p_rows: ArrayLike, u: ArrayLike) -> list[int]:
+    """One step of the tutorial's tree walk driven by ``N + 1`` uniforms.  BIASED.
+
+    ``u[i]`` is node ``i``'s independent accept test, ``u[N]`` draws the final
+    (bonus or fallback) token.
+    """
+    p = _check_tree_p_rows(tree, p_rows)
+    uu = check_uniforms("u", u, tree.size + 1)
+    passed = uu[: tree.size] < _tutorial_accept_probs(tree, p)
+    best, best_depth = ROOT, 0
+
+    def visit(node: int, depth: int) -> None:
+        nonlocal best, best_depth
+        for kid in tree.children(node):
+            if passed[kid]:
+                if depth + 1 > best_depth:
+                    best, best_depth = kid, depth + 1
+                visit(kid, depth + 1)
+
+    visit(ROOT, 0)
+    row = _tutorial_root_fallback(tree, p) if best == ROOT else p[best + 1]
+    return list(tree.path(best)) + [categorical(row, float(uu[tree.size]))]
+
+
+def tutorial_tree_walk_sample(tree: DraftTree, p_rows: ArrayLike, rng: np.random.Generator) -> list[int]:
+    """One step of the tutorial's independent-per-node tree walk.  BIASED (see module doc)."""
+    return tutorial_tree_walk_from_uniforms(tree, p_rows, rng.random(tree.size + 1))
+
+
+# ---------------------------------------------------- BIASED: WETAP beam
+
+
+def _log_or_ninf(x: float) -> float:
+    return math.log(x) if x > 0.0 else -math.inf
+
+
+def wetap_select(tree: DraftTree, p_rows: ArrayLike, tau: float) -> int:
+    """The node WETAP's deep-to-shallow beam verification stops at (``-1``: none).
+
+    Algorithm 1 lines 29–46: from the deepest layer up, a node passes when
+    ``min(1, P/Q) > τ`` with ``P``, ``Q`` the cumulative target and draft
+    probabilities of its whole beam (root child down to the node itself,
+    eq. (9)); the first layer with a passing node ends the scan.  Line 37's
+    update ``if x_j > η`` is garbled in the paper; the prose says the passing
+    token "with most cumulative probability" is selected, which we read as the
+    largest cumulative *target* probability ``P`` (ties: the earlier node).
+    ``P/Q`` follows float semantics: ``Q = 0 < P`` passes, ``P = 0`` never does.
+    """
+    p = _check_tree_p_rows(tree, p_rows)
+    _check_tau(tau)
+    depth = _depths(tree)
+    log_p: list[float] = []
+    log_q: list[float] = []
+    for par, tok in zip(tree.parents, tree.tokens):
+        base_p = 0.0 if par == ROOT else log_p[par]
+        base_q = 0.0 if par == ROOT else log_q[par]
+        log_p.append(base_p + _log_or_ninf(float(p[par + 1, tok])))
+        log_q.append(base_q + _log_or_ninf(float(_draft_row(tree, par)[tok])))
+    for layer in range(max(depth, default=0), 0, -1):
+        passing = [
+            i for i in range(tree.size) if depth[i] == layer and _beam_passes(log_p[i], log_q[i], tau)
+        ]
+        if passing:
+            return max(passing, key=lambda i: (log_p[i], -i))
+    return ROOT
+
+
+def _beam_passes(log_p: float, log_q: float, tau: float) -> bool:
+    if log_p == -math.inf:
+        return False
+    ratio = 1.0 if log_q == -math.inf else min(1.0, math.exp(min(log_p - log_q, 0.0)))
+    return ratio > tau
+
+
+def _check_tau(tau: float) -> None:
+    if not (math.isfinite(tau) and 0.0 <= tau <= 1.0):
+        raise ValueError(f"tau must be a threshold in [0, 1], got {tau!r}")
+
+
+def wetap_beam_kernel(tree: DraftTree, p_rows: ArrayLike, tau: float = 0.5) -> FloatArray:
+    """Exact output law ``(N + 1, V)`` of WETAP's beam-threshold verifier.  BIASED.
+
+    The accepted node is a deterministic function of the tree and ``p``; the
+    step then emits one token from ``p`` after it (line 48–49).
+    """
+    p = _check_tree_p_rows(tree, p_rows)
+    node = wetap_select(tree, p, tau)
+    kernel = np.zeros_like(p)
+    kernel[node + 1] = p[node + 1]
+    return kernel
+
+
+def wetap_beam_from_uniforms(tree: DraftTree, p_rows: ArrayLike, u: ArrayLike, tau: float = 0.5) -> list[int]:
+    """One WETAP verification step driven by one uniform (the final token).  BIASED."""
+    p = _check_tree_p_rows(tree, p_rows)
+    uu = check_uniforms("u", u, 1)
+    node = wetap_select(tree, p, tau)
+    return list(tree.path(node)) + [categorical(p[node + 1], float(uu[0]))]
+
+
+def wetap_beam_verifier(tau: float = 0.5) -> TreeVerifier:
+    """WETAP's beam-threshold verifier with threshold ``tau`` as an auditable record.
+
+    The paper gives no value for ``τ``; 0.5 is our default.  Every ``τ < 1``
+    is biased; ``τ = 1`` never accepts and degenerates to plain sampling from
+    ``p`` (lossless, one token per step).
+    """
+    _check_tau(tau)
+
+    def sample(tree: DraftTree, p_rows: ArrayLike, rng: np.random.Generator) -> list[int]:
+        return wetap_beam_from_uniforms(tree, p_rows, rng.random(1), tau)
+
+    def kernel(tree: DraftTree, p_rows: ArrayLike) -> FloatArray:
+        return wetap_beam_kernel(tree, p_rows, tau)
+
+    return TreeVerifier(
+        name=f"wetap_beam(tau={tau:g})",
+        sample=sample,
+        kernel=kernel,
+        biased=tau < 1.0,
+        draws=(Draw.TOPK,),
+        source="WETAP (004_4d052269d5cf7467), Algorithm 1 lines 27-51, eq. (9)",
+    )
+
+
+# --------------------------------------------- BIASED: greedy exact match
+
+
+def greedy_match_kernel(ref: ArrayLike | Sequence[int], q_rows: ArrayLike, p_rows: ArrayLike) -> FloatArray:
+    """Exact output law ``(n + 1, V)`` of exact-match verification.  BIASED unless ``p`` is one-hot.
+
+    Accept ``ref[k]`` iff it equals ``argmax p_rows[k]`` (ties: the lowest
+    id); at the first mismatch emit ``argmax p_rows[k]``, after a full match
+    ``argmax p_rows[n]``.  The step is deterministic given the draft.
+    """
+    toks, _, p = check_chain(ref, q_rows, p_rows)
+    kernel = np.zeros_like(p)
+    for k, tok in enumerate(toks):
+        best = int(np.argmax(p[k]))
+        if int(tok) != best:
+            kernel[k, best] = 1.0
+            return kernel
+    kernel[toks.shape[0], int(np.argmax(p[-1]))] = 1.0
+    return kernel
+
+
+def greedy_match_sample(
+    ref: ArrayLike | Sequence[int], q_rows: ArrayLike, p_rows: ArrayLike, rng: np.random.Generator
+) -> list[int]:
+    """One exact-match step (uses no noise).  BIASED when the target is sampled at temperature > 0."""
+    k, b = divmod(int(np.argmax(greedy_match_kernel(ref, q_rows, p_rows))), np.asarray(p_rows).shape[-1])
+    return [int(t) for t in np.asarray(ref).reshape(-1)[:k]] + [b]
+
+
+# -------------------------------------- BIASED: i.i.d. rule, wrong pairing
+
+
+def iid_rule_kernel(tree: DraftTree, p_rows: ArrayLike) -> FloatArray:
+    """Exact output law ``(N + 1, V)`` of SpecInfer's rule applied whatever the draw kind.
+
+    Residual verification (DESIGN.md §4) with proposal ``q_i = q(· | node)``
+    for every child, i.e. as if all siblings were drawn i.i.d. from the draft
+    softmax.  Lossless on i.i.d. trees; BIASED on trees drawn without
+    replacement or by top-k.
+    """
+    p = _check_tree_p_rows(tree, p_rows)
+    kernel = np.zeros_like(p)
+    stack: list[tuple[int, float]] = [(ROOT, 1.0)]  # (accepted node, probability of reaching it)
+    while stack:
+        node, reach = stack.pop()
+        r = p[node + 1]
+        kids = tree.children(node)
+        q_row = _draft_row(tree, node) if kids else r
+        for kid in kids:
+            accept = _clamped_ratio(float(r[tree.tokens[kid]]), float(q_row[tree.tokens[kid]]))
+            if accept > 0.0:
+                stack.append((kid, reach * accept))
+            reach *= 1.0 - accept
+            if reach == 0.0:
+                break
+            r = _positive_residual(r, q_row)
+        kernel[node + 1] += reach * r
+    return kernel
+
+
+def iid_rule_from_uniforms(tree: DraftTree, p_rows: ArrayLike, u: ArrayLike) -> list[int]:
+    """One step of the i.i.d. rule driven by ``N + 1`` uniforms (layout of :mod:`tmc.multidraft`)."""
+    p = _check_tree_p_rows(tree, p_rows)
+    uu = check_uniforms("u", u, tree.size + 1)
+    node = ROOT
+    while True:
+        r = p[node + 1]
+        kids = tree.children(node)
+        q_row = _draft_row(tree, node) if kids else r
+        for kid in kids:
+            tok = tree.tokens[kid]
+            if uu[kid] < _clamped_ratio(float(r[tok]), float(q_row[tok])):
+                node = kid
+                break
+            r = _positive_residual(r, q_row)
+        else:
+            return list(tree.path(node)) + [categorical(r, float(uu[tree.size]))]
+
+
+def iid_rule_sample(tree: DraftTree, p_rows: ArrayLike, rng: np.random.Generator) -> list[int]:
+    """One step of SpecInfer's i.i.d. rule, ignoring how the children were drawn."""
+    return iid_rule_from_uniforms(tree, p_rows, rng.random(tree.size + 1))
+
+
+# ------------------------------------------------------------ the records
+
+_TUTORIAL = "nanoGPT tree-speculation tutorial (002_2ce1e914bdf19cc9), 'Accept/Reject: Walking the Tree'"
+_SPECINFER = "SpecInfer residual rule with proposal q for every child (DESIGN.md §4)"
+
+TUTORIAL_TREE_WALK = TreeVerifier(
+    name="tutorial_tree_walk",
+    sample=tutorial_tree_walk_sample,
+    kernel=tutorial_tree_walk_kernel,
+    biased=True,
+    draws=(Draw.TOPK,),
+    source=_TUTORIAL,
+)
+WETAP_BEAM = wetap_beam_verifier(0.5)
+GREEDY_MATCH = ChainVerifier(
+    name="greedy_match",
+    sample=greedy_match_sample,
+    kernel=greedy_match_kernel,
+    biased=True,
+    source="exact-match (greedy) verification used with a sampled target",
+)
+IID_RULE_ON_SWOR = TreeVerifier(
+    name="iid_rule_on_swor",
+    sample=iid_rule_sample,
+    kernel=iid_rule_kernel,
+    biased=True,
+    draws=(Draw.SWOR,),
+    source=_SPECINFER + ", drafts drawn without replacement",
+)
+IID_RULE_ON_TOPK = TreeVerifier(
+    name="iid_rule_on_topk",
+    sample=iid_rule_sample,
+    kernel=iid_rule_kernel,
+    biased=True,
+    draws=(Draw.TOPK,),
+    source=_SPECINFER + ", drafts drawn by top-k (draft softmax used as their proposal)",
+)
+IID_RULE_ON_IID = TreeVerifier(
+    name="iid_rule_on_iid",
+    sample=iid_rule_sample,
+    kernel=iid_rule_kernel,
+    biased=False,
+    draws=(Draw.IID,),
+    source=_SPECINFER + ", drafts drawn i.i.d. (SpecInfer: the correct pairing)",
+)
+SPS = ChainVerifier("sps", sps_sample, sps_kernel, False, "tmc.chain: standard speculative sampling")
+ASPS = ChainVerifier("asps", asps_sample, asps_kernel, False, "tmc.chain: ASpS, TMC paper Algorithm 1")
+BLOCK = ChainVerifier("block", block_sample, block_kernel, False, "tmc.chain: block verification")
+MULTIDRAFT = TreeVerifier(
+    name="multidraft",
+    sample=multidraft_sample,
+    kernel=multidraft_kernel,
+    biased=False,
+    draws=ALL_DRAWS,
+    source="tmc.multidraft: residual verification with each node's recorded proposal law",
+)
+
+BIASED_EXAMPLES: tuple[Verifier, ...] = (
+    TUTORIAL_TREE_WALK,
+    WETAP_BEAM,
+    GREEDY_MATCH,
+    IID_RULE_ON_SWOR,
+    IID_RULE_ON_TOPK,
+)
+CORRECT_EXAMPLES: tuple[Verifier, ...] = (SPS, ASPS, BLOCK, MULTIDRAFT, IID_RULE_ON_IID)
+EXAMPLES: tuple[Verifier, ...] = BIASED_EXAMPLES + CORRECT_EXAMPLES
+
+
+def example(name: str) -> Verifier:
+    """The shipped example called ``name``; ``ValueError`` for an unknown name."""
+    for v in EXAMPLES:
+        if v.name == name:
+            return v
+    raise ValueError(f"unknown example {name!r}; known: {', '.join(v.name for v in EXAMPLES)}")
