@@ -5,6 +5,9 @@ Subcommands:
 * ``tmc demo`` — the TMC paper's toy example and a random toy model (exact).
 * ``tmc bench`` — kernel time per step of SpS, ASpS and block verification.
 * ``tmc acceptance`` — exact tokens per step of each verifier vs the LP limit.
+* ``tmc suite`` — exact and calibrated statistical checks of every shipped verifier.
+* ``tmc audit MODULE:FUNCTION`` — search for a draft/target pair that shows bias.
+* ``tmc proofs`` — one executable check per theorem of the papers.
 """
 
 from __future__ import annotations
@@ -24,6 +27,16 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def _cmd_bench(args: argparse.Namespace) -> int:
     from tmc.bench import render, render_exact, run_exact_bench, run_kernel_bench, write_json
 
+    if args.what == "batch":
+        from verification.bench_batch import render as render_batch
+        from verification.bench_batch import run_batch_bench
+
+        print("timing batch vs scalar samplers ...", file=sys.stderr)
+        batch = run_batch_bench()
+        print(render_batch(batch))
+        if args.json:
+            write_json(batch, args.json)
+        return 0
     if args.what == "exact":
         print("timing exact enumerations and LP solves ...", file=sys.stderr)
         exact = run_exact_bench(seed=args.seed)
@@ -88,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=_cmd_demo)
 
     bench = sub.add_parser("bench", help="time the kernels per step, or the exact enumerations and LPs")
-    bench.add_argument("what", nargs="?", choices=["kernels", "exact"], default="kernels")
+    bench.add_argument("what", nargs="?", choices=["kernels", "exact", "batch"], default="kernels")
     bench.add_argument("--n", default="1,4,16,64", help="comma-separated chain lengths")
     bench.add_argument("--vocab", type=int, default=32000, help="vocabulary size V")
     bench.add_argument("--repeat", type=int, default=5, help="best of this many repeats")
@@ -111,11 +124,29 @@ def build_parser() -> argparse.ArgumentParser:
     acc.add_argument("--seed", type=int, default=0, help="seed of --random")
     acc.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     acc.set_defaults(func=_cmd_acceptance)
+
+    for name, (_, text) in DELEGATED.items():
+        sub.add_parser(name, help=text, add_help=False)
     return parser
 
 
+#: Subcommands with their own argument parsers, handed the rest of the command line.
+DELEGATED = {
+    "suite": ("verification.suite", "run the statistical correctness suite"),
+    "audit": ("verification.audit", "audit a verifier for bias: tmc audit MODULE:FUNCTION --kind chain|tree"),
+    "proofs": ("proofs_check", "check every theorem of the papers by computation"),
+}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    import importlib
+
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list and args_list[0] in DELEGATED:
+        module = importlib.import_module(DELEGATED[args_list[0]][0])
+        delegated: int = module.cli_main(args_list[1:])
+        return delegated
+    args = build_parser().parse_args(args_list)
     code: int = args.func(args)
     return code
 
