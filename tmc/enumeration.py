@@ -122,13 +122,14 @@ def chain_output_law(
     model: ToyModel, n: int, kernel_fn: ChainKernel, prefix: Path = ()
 ) -> OutputLaw:
     """Averaged output law, expected length and completion error of a chain verifier."""
-    law, count = _averaged_chain_law(model, n, kernel_fn, prefix)
+    law, count = averaged_chain_law(model, n, kernel_fn, prefix)
     return _summarise(model, law, n + 1, count, prefix)
 
 
-def _averaged_chain_law(
-    model: ToyModel, n: int, kernel_fn: ChainKernel, prefix: Path
+def averaged_chain_law(
+    model: ToyModel, n: int, kernel_fn: ChainKernel, prefix: Path = ()
 ) -> tuple[dict[Path, float], int]:
+    """``(K̄, number of drafts)``: the averaged output law without the completion check."""
     law: dict[Path, float] = defaultdict(float)
     count = 0
     for d in enumerate_drafts(model, n, prefix):
@@ -221,6 +222,18 @@ def tree_output_law(
     prefix: Path = (),
 ) -> OutputLaw:
     """Averaged output law, expected length and completion error of a tree verifier."""
+    law, count = averaged_tree_law(model, widths, draw, kernel_fn, prefix)
+    return _summarise(model, law, len(widths) + 1, count, prefix)
+
+
+def averaged_tree_law(
+    model: ToyModel,
+    widths: Sequence[int],
+    draw: Draw | str,
+    kernel_fn: TreeKernel = multidraft_kernel,
+    prefix: Path = (),
+) -> tuple[dict[Path, float], int]:
+    """``(K̄, number of draft trees)``: the averaged output law without the completion check."""
     law: dict[Path, float] = defaultdict(float)
     count = 0
     for weight, tree in enumerate_draft_trees(model, widths, draw, prefix):
@@ -228,7 +241,7 @@ def tree_output_law(
         kernel = kernel_fn(tree, tree_p_rows(model, tree, prefix))
         for s, prob in tree_kernel_outputs(tree, kernel).items():
             law[s] += weight * prob
-    return _summarise(model, law, len(widths) + 1, count, prefix)
+    return dict(law), count
 
 
 # ------------------------------------------- verifiers as prefix samplers
@@ -258,7 +271,7 @@ def speculative_prefix_kernel(model: ToyModel, n: int, kernel_fn: ChainKernel, d
         room = depth - len(prefix)
         if room <= 0:
             return {prefix: 1.0}
-        law, _ = _averaged_chain_law(model, min(n, room - 1), kernel_fn, prefix)
+        law, _ = averaged_chain_law(model, min(n, room - 1), kernel_fn, prefix)
         return {prefix + s: m for s, m in law.items()}
 
     return kernel

@@ -19,8 +19,7 @@ Two modes, chosen by what the verifier exposes (see
 * **exact** — a :class:`~verification.examples.ChainVerifier` or
   :class:`~verification.examples.TreeVerifier` with a ``kernel``: ``K̄`` by
   enumerating every draft chain (:func:`tmc.enumeration.chain_output_law`)
-  or draft tree (the trees of :func:`tmc.enumeration.enumerate_draft_trees`,
-  each weighted by :func:`draft_tree_weight`).  A case is biased
+  or draft tree (:func:`tmc.enumeration.averaged_tree_law`).  A case is biased
   when its TV exceeds ``tol`` (float rounding, 1e-9).  The kernel is trusted
   to be the sampler's law; the suites test that separately.
 * **sampling** — anything else callable with the sampler convention: each
@@ -70,8 +69,8 @@ from hypothesis import strategies as st
 from hypothesis.errors import NoSuchExample
 from numpy.typing import NDArray
 
-from tmc.enumeration import chain_output_law, enumerate_draft_trees, enumerate_drafts, tree_p_rows
-from tmc.multidraft import ROOT, Draw, DraftTree, proposal_laws, tree_kernel_outputs
+from tmc.enumeration import averaged_tree_law, chain_output_law, enumerate_draft_trees, enumerate_drafts, tree_p_rows
+from tmc.multidraft import Draw, DraftTree
 from tmc.noise import categorical
 from tmc.report import format_table
 from tmc.toy import Path, ToyModel
@@ -275,35 +274,15 @@ def exact_evaluation(verifier: Verifier, case: AuditCase, tol: float = 1e-9) -> 
     return Evaluation(law, completed, target, tv, not tv <= tol)
 
 
-def draft_tree_weight(tree: DraftTree) -> float:
-    """Probability of drawing ``tree``: the product of each child's recorded proposal law.
-
-    Computed from :func:`tmc.multidraft.proposal_laws` (which renormalises the
-    remaining draft mass by summing it) rather than taken from
-    :func:`tmc.enumeration.enumerate_draft_trees`, whose ``swor`` weights
-    divide by ``1 − Σ q(drawn)`` and lose all precision when the drawn
-    tokens hold nearly all the mass (q = [1e-12, 1 − 1e-12]: weight 0.99991).
-    """
-    weight = 1.0
-    for node in [ROOT, *range(tree.size)]:
-        for kid, law in zip(tree.children(node), proposal_laws(tree, node)):
-            weight *= float(law[tree.tokens[kid]])
-    return weight
-
-
 def _drafted_trees(case: AuditCase) -> list[tuple[float, DraftTree]]:
     assert case.draw is not None
-    trees = [tree for _, tree in enumerate_draft_trees(case.model, case.widths, case.draw)]
-    return [(draft_tree_weight(tree), tree) for tree in trees]
+    return list(enumerate_draft_trees(case.model, case.widths, case.draw))
 
 
 def _tree_law(case: AuditCase, kernel_fn: TreeKernelFn) -> dict[Path, float]:
-    """Averaged output law ``K̄`` over every draft tree of the case (exact weights)."""
-    law: dict[Path, float] = defaultdict(float)
-    for weight, tree in _drafted_trees(case):
-        for s, prob in tree_kernel_outputs(tree, kernel_fn(tree, tree_p_rows(case.model, tree))).items():
-            law[s] += weight * prob
-    return dict(law)
+    """Averaged output law ``K̄`` over every draft tree of the case."""
+    assert case.draw is not None
+    return averaged_tree_law(case.model, case.widths, case.draw, kernel_fn)[0]
 
 
 Step = Callable[[np.random.Generator], object]

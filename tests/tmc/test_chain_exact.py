@@ -143,10 +143,8 @@ def test_completion_identity_flags_biased_kernel():
     # Negative control: on rejection, resample from p instead of the residual.
     def biased(ref, q_rows, p_rows):
         k = sps_kernel(ref, q_rows, p_rows)
-        q, p = np.asarray(q_rows), np.asarray(p_rows)
         if len(ref):
-            reject = k[0].sum()
-            k[0] = reject * p[0]
+            k[0] = k[0].sum() * np.asarray(p_rows)[0]
         return k
 
     law = chain_output_law(paper_toy_model(), 2, biased)

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 import tmc
 from tmc.chain import sps_kernel, sps_sample
 from tmc.enumeration import enumerate_draft_trees
-from tmc.multidraft import Draw, multidraft_sample
+from tmc.multidraft import Draw, multidraft_sample, proposal_laws
 from tmc.toy import ToyModel
 from verification.audit import (
     AuditCase,
@@ -29,7 +29,6 @@ from verification.audit import (
     audit_cases,
     cli_main,
     completed_law,
-    draft_tree_weight,
     exact_evaluation,
     search_cells,
     target_law,
@@ -252,10 +251,14 @@ def test_completed_law_and_tv_by_hand():
 def test_draft_tree_weights_stay_exact_when_drawn_tokens_hold_almost_all_mass():
     # Without replacement from q = (1e-12, 1 - 1e-12): the weight of (1, 0) is
     # q(1) * q(0) / q(0) = q(1); dividing by 1 - q(1) instead loses ~1e-4.
+    # Second computation: the product of each child's recorded proposal law.
     q = np.array([1e-12, 1.0]) / (1 + 1e-12)
     model = ToyModel(2, {}, {}, q, q)
-    weights = [draft_tree_weight(tree) for _, tree in enumerate_draft_trees(model, [2], Draw.SWOR)]
-    assert sum(weights) == pytest.approx(1.0, abs=1e-15)
+    trees = list(enumerate_draft_trees(model, [2], Draw.SWOR))
+    for weight, tree in trees:
+        laws = proposal_laws(tree, -1)
+        assert weight == pytest.approx(laws[0][tree.tokens[0]] * laws[1][tree.tokens[1]], rel=1e-15)
+    assert sum(w for w, _ in trees) == pytest.approx(1.0, abs=1e-15)
 
 
 def test_search_cells_go_from_small_to_large():
