@@ -30,10 +30,11 @@ def test_no_torch_import_anywhere_under_tmc():
         assert "import torch" not in text and "from torch" not in text, path
 
 
-def test_mypy_strict_on_tmc():
+def test_mypy_strict_on_the_packages():
     from mypy import api
 
-    stdout, stderr, status = api.run(["--config-file", str(ROOT / "pyproject.toml"), str(ROOT / "tmc")])
+    targets = [str(ROOT / pkg) for pkg in ("tmc", "verification", "proofs_check")]
+    stdout, stderr, status = api.run(["--config-file", str(ROOT / "pyproject.toml"), *targets])
     assert status == 0, stdout + stderr
 
 
@@ -59,6 +60,16 @@ def test_console_script_runs_demo():
         pytest.fail(f"console script {exe} not installed: run pip install -e '.[test]'")
     out = subprocess.run([str(exe), "demo"], capture_output=True, text=True, check=True, env=os.environ)
     assert "Exact expected output length" in out.stdout
+
+
+@pytest.mark.parametrize("command", ["suite", "audit", "proofs"])
+def test_delegated_commands_print_their_help(command, capsys):
+    try:
+        code = main([command, "--help"])
+    except SystemExit as err:  # argparse's own exit
+        code = err.code
+    assert code == 0
+    assert "usage" in capsys.readouterr().out.lower()
 
 
 def test_unknown_command_exits_with_usage():

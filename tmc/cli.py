@@ -143,7 +143,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args_list = list(sys.argv[1:] if argv is None else argv)
     if args_list and args_list[0] in DELEGATED:
-        module = importlib.import_module(DELEGATED[args_list[0]][0])
+        try:
+            module = importlib.import_module(DELEGATED[args_list[0]][0])
+        except ModuleNotFoundError as err:
+            print(
+                f"tmc {args_list[0]}: needs the test extra ({err.name} is missing): pip install -e '.[test]'",
+                file=sys.stderr,
+            )
+            return 2
         delegated: int = module.cli_main(args_list[1:])
         return delegated
     args = build_parser().parse_args(args_list)

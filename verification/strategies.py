@@ -52,8 +52,9 @@ def _target_row(draw: st.DrawFn, relation: str, q: FloatArray) -> FloatArray:
         hot[draw(st.integers(0, vocab - 1))] = 1.0
         return hot
     if relation == "disjoint" and vocab > 1 and (q == 0).any():
-        row = np.where(q == 0, 1.0, 0.0)
-        return row / row.sum()
+        flipped = np.where(q == 0, 1.0, 0.0)
+        other: FloatArray = flipped / flipped.sum()
+        return other
     row2: FloatArray = draw(prob_rows(vocab, tiny=relation == "tiny"))
     return row2
 
