@@ -139,6 +139,16 @@ DELEGATED = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _dispatch(argv)
+    except BrokenPipeError:  # output piped into `head` and closed early
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # what a shell reports for a process ended by SIGPIPE
+
+
+def _dispatch(argv: Sequence[str] | None) -> int:
     import importlib
 
     args_list = list(sys.argv[1:] if argv is None else argv)

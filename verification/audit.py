@@ -76,6 +76,7 @@ from tmc.report import format_table
 from tmc.toy import Path, ToyModel
 from verification.calibrated import chi_square_check, required_samples
 from verification.examples import ALL_DRAWS, ChainVerifier, TreeKernelFn, TreeVerifier, Verifier
+from verification.strategies import prob_rows, target_row
 
 FloatArray = NDArray[np.float64]
 Kind = Literal["chain", "tree"]
@@ -128,29 +129,6 @@ class AuditCase:
         return f"{self.kind}|{self.widths}|{draw}|{json.dumps(self.model.to_dict(), sort_keys=True)}"
 
 
-@st.composite
-def _weights_row(draw: st.DrawFn, vocab: int, *, tiny: bool) -> FloatArray:
-    weights = draw(st.lists(st.integers(0, MAX_WEIGHT), min_size=vocab, max_size=vocab).filter(any))
-    row = np.asarray(weights, dtype=np.float64)
-    if tiny:
-        row[row == 0] = 1e-12 * row.sum()
-    out: FloatArray = row / row.sum()
-    return out
-
-
-@st.composite
-def _target_row(draw: st.DrawFn, relation: str, q: FloatArray) -> FloatArray:
-    vocab = q.shape[0]
-    if relation == "identical":
-        return q.copy()
-    if relation == "greedy":
-        hot = np.zeros(vocab)
-        hot[draw(st.integers(0, vocab - 1))] = 1.0
-        return hot
-    row: FloatArray = draw(_weights_row(vocab, tiny=relation == "tiny"))
-    return row
-
-
 @dataclass(frozen=True)
 class Cell:
     """One part of the search space: vocabulary size, draft shape and draw kind."""
@@ -190,8 +168,8 @@ def audit_cases(draw: st.DrawFn, *, kind: Kind, cell: Cell) -> AuditCase:
     q_rows: dict[Path, FloatArray] = {}
     p_rows: dict[Path, FloatArray] = {}
     for pre in prefixes:
-        q_rows[pre] = draw(_weights_row(vocab, tiny=relation == "tiny"))
-        p_rows[pre] = draw(_target_row(relation, q_rows[pre]))
+        q_rows[pre] = draw(prob_rows(vocab, tiny=relation == "tiny", max_weight=MAX_WEIGHT))
+        p_rows[pre] = draw(target_row(relation, q_rows[pre], max_weight=MAX_WEIGHT))
     if per_prefix:
         model = ToyModel(vocab, q_rows, p_rows, name="audit-case")
     else:

@@ -24,10 +24,14 @@ RELATIONS = ("independent", "identical", "near_tie", "greedy", "tiny", "disjoint
 
 
 @st.composite
-def prob_rows(draw: st.DrawFn, vocab: int, *, tiny: bool = False) -> FloatArray:
-    """One probability row over ``vocab`` tokens with exact zeros and ties."""
+def prob_rows(draw: st.DrawFn, vocab: int, *, tiny: bool = False, max_weight: int = 6) -> FloatArray:
+    """One probability row over ``vocab`` tokens with exact zeros and ties.
+
+    Entries are integer weights ``0..max_weight`` normalised; with ``tiny`` the
+    zeros become 1e-12 of the total instead.
+    """
     weights = draw(
-        st.lists(st.integers(0, 6), min_size=vocab, max_size=vocab).filter(lambda w: sum(w) > 0)
+        st.lists(st.integers(0, max_weight), min_size=vocab, max_size=vocab).filter(lambda w: sum(w) > 0)
     )
     row = np.asarray(weights, dtype=np.float64)
     if tiny:
@@ -38,7 +42,8 @@ def prob_rows(draw: st.DrawFn, vocab: int, *, tiny: bool = False) -> FloatArray:
 
 
 @st.composite
-def _target_row(draw: st.DrawFn, relation: str, q: FloatArray) -> FloatArray:
+def target_row(draw: st.DrawFn, relation: str, q: FloatArray, *, max_weight: int = 6) -> FloatArray:
+    """A target row standing in ``relation`` (one of :data:`RELATIONS`) to the draft row ``q``."""
     vocab = q.shape[0]
     if relation == "identical":
         return q.copy()
@@ -55,7 +60,7 @@ def _target_row(draw: st.DrawFn, relation: str, q: FloatArray) -> FloatArray:
         flipped = np.where(q == 0, 1.0, 0.0)
         other: FloatArray = flipped / flipped.sum()
         return other
-    row2: FloatArray = draw(prob_rows(vocab, tiny=relation == "tiny"))
+    row2: FloatArray = draw(prob_rows(vocab, tiny=relation == "tiny", max_weight=max_weight))
     return row2
 
 
@@ -72,7 +77,7 @@ def toy_models(
         for prefix in product(range(vocab), repeat=length):
             q = draw(prob_rows(vocab, tiny=rel == "tiny"))
             d_rows[prefix] = q
-            t_rows[prefix] = draw(_target_row(rel, q))
+            t_rows[prefix] = draw(target_row(rel, q))
     return ToyModel(vocab, d_rows, t_rows, name=f"hypothesis-{rel}")
 
 
