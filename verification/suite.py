@@ -344,5 +344,9 @@ def cli_main(argv: Sequence[str] | None = None) -> int:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump(to_json(rows, config), fh, indent=2)
     if args.plot:
-        write_plot(rows, args.plot)
+        try:
+            write_plot(rows, args.plot)
+        except ModuleNotFoundError:
+            print("tmc suite: --plot needs matplotlib: pip install -e '.[plot]'", file=sys.stderr)
+            return 2
     return 1 if failures(rows) or missed_biases(rows) else 0
