@@ -18,6 +18,7 @@ import numpy as np
 
 from tmc.chain import asps_kernel, block_kernel, sps_kernel
 from tmc.enumeration import OutputLaw, chain_output_law, enumerate_draft_trees, tree_output_law
+from tmc.lp import DraftOutcome, chain_optimal_length, optimal_length
 from tmc.multidraft import Draw
 from tmc.report import format_table
 from tmc.toy import ToyModel
@@ -46,8 +47,6 @@ def _entry(law: OutputLaw) -> dict[str, Any]:
 
 def chain_report(model: ToyModel, n: int) -> dict[str, Any]:
     """Verifiers and LP limit for a chain of ``n`` draft tokens."""
-    from tmc.lp import chain_optimal_length
-
     report: dict[str, Any] = {
         name: _entry(chain_output_law(model, n, fn))
         for name, fn in (("sps", sps_kernel), ("asps", asps_kernel), ("block", block_kernel))
@@ -57,10 +56,8 @@ def chain_report(model: ToyModel, n: int) -> dict[str, Any]:
     return report
 
 
-def tree_outcomes(model: ToyModel, widths: Sequence[int], draw: Draw | str) -> list[Any]:
+def tree_outcomes(model: ToyModel, widths: Sequence[int], draw: Draw | str) -> list[DraftOutcome]:
     """LP draft outcomes of a fixed-shape tree: every tree with its accepted node paths."""
-    from tmc.lp import DraftOutcome
-
     return [
         DraftOutcome(weight, tuple(tree.path(i) for i in range(-1, tree.size)))
         for weight, tree in enumerate_draft_trees(model, widths, draw)
@@ -69,8 +66,6 @@ def tree_outcomes(model: ToyModel, widths: Sequence[int], draw: Draw | str) -> l
 
 def tree_report(model: ToyModel, widths: Sequence[int], draw: Draw | str) -> dict[str, Any]:
     """Multi-draft verification and LP limit for a fixed tree shape."""
-    from tmc.lp import optimal_length
-
     return {
         "multidraft": _entry(tree_output_law(model, widths, draw)),
         "lp": {"expected_length": optimal_length(model, tree_outcomes(model, widths, draw)).expected_length},

@@ -218,7 +218,6 @@ def statistical_check(job: Job, law: OutputLaw, alpha: float, tv: float, rng: np
     result = chi_square_check(counts, probs, alpha)
     top = np.argsort(-probs[:-1])[:12]
     plot = {
-        "labels": [float(i) for i in top],
         "exact": [float(probs[i]) for i in top],
         "empirical": [float(counts[i] / trials) for i in top],
     }
