@@ -52,7 +52,8 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from tmc.noise import categorical, check_uniforms
-from tmc.validate import check_chain
+from tmc.residual import residual
+from tmc.validate import as_rng, check_chain
 
 FloatArray = NDArray[np.float64]
 _LOG_HALF = math.log(0.5)
@@ -88,21 +89,6 @@ def _next_log_weight(log_w: float, p_tok: float, q_tok: float) -> float:
     return min(0.0, log_w + _log_ratio(p_tok, q_tok))
 
 
-def _residual(p_row: FloatArray, q_row: FloatArray, drafted: int) -> FloatArray:
-    """Unnormalised SpS residual ``(p − q)_+``.
-
-    If rounding leaves it all zero while a rejection still has (tiny)
-    probability, fall back to ``p`` without the drafted token, which keeps the
-    output a valid draw; the mass involved is at the level of float rounding.
-    """
-    res = np.maximum(p_row - q_row, 0.0)
-    if res.sum() > 0.0:
-        return res
-    fallback = p_row.copy()
-    fallback[drafted] = 0.0
-    return fallback if fallback.sum() > 0.0 else p_row.copy()
-
-
 # --------------------------------------------------------------------- SpS
 
 
@@ -121,8 +107,7 @@ def sps_kernel(ref: ArrayLike | Sequence[int], q_rows: ArrayLike, p_rows: ArrayL
         log_acc = _next_log_weight(0.0, p[k, a], q[k, a])
         reject = _one_minus_exp(log_acc)
         if reject > 0.0:
-            res = _residual(p[k], q[k], a)
-            kernel[k] = math.exp(log_reach) * reject * res / res.sum()
+            kernel[k] = math.exp(log_reach) * reject * residual(p[k], q[k], a)
         log_reach += log_acc
     kernel[n] = math.exp(log_reach) * p[n]
     return kernel
@@ -139,16 +124,19 @@ def sps_sample_from_uniforms(
         a = int(toks[k])
         if uu[k] < p[k, a] / q[k, a]:
             continue
-        return [int(t) for t in toks[:k]] + [categorical(_residual(p[k], q[k], a), float(uu[n]))]
+        return [int(t) for t in toks[:k]] + [categorical(residual(p[k], q[k], a), float(uu[n]))]
     return [int(t) for t in toks] + [categorical(p[n], float(uu[n]))]
 
 
 def sps_sample(
-    ref: ArrayLike | Sequence[int], q_rows: ArrayLike, p_rows: ArrayLike, rng: np.random.Generator
+    ref: ArrayLike | Sequence[int], q_rows: ArrayLike, p_rows: ArrayLike, rng: np.random.Generator | int
 ) -> list[int]:
-    """One SpS step: the emitted tokens (accepted drafts plus one corrected or bonus token)."""
-    n = len(np.asarray(ref).reshape(-1))
-    return sps_sample_from_uniforms(ref, q_rows, p_rows, rng.random(n + 1))
+    """One SpS step: the emitted tokens (accepted drafts plus one corrected or bonus token).
+
+    ``rng`` is a ``numpy.random.Generator`` or an integer seed.
+    """
+    toks, q, p = check_chain(ref, q_rows, p_rows)
+    return sps_sample_from_uniforms(toks, q, p, as_rng(rng).random(toks.shape[0] + 1))
 
 
 # -------------------------------------------------------------------- ASpS
@@ -191,28 +179,31 @@ def asps_sample_from_uniforms(
     ref: ArrayLike | Sequence[int], q_rows: ArrayLike, p_rows: ArrayLike, u: ArrayLike
 ) -> list[int]:
     """One ASpS step driven by a single uniform (``u`` of shape ``(1,)``)."""
-    kernel = asps_kernel(ref, q_rows, p_rows)
+    toks, q, p = check_chain(ref, q_rows, p_rows)
+    kernel = asps_kernel(toks, q, p)
     uu = check_uniforms("u", u, 1)
     flat = categorical(kernel.reshape(-1), float(uu[0]))
     k, b = divmod(flat, kernel.shape[1])
-    toks = np.asarray(ref).reshape(-1)
     return [int(t) for t in toks[:k]] + [int(b)]
 
 
 def asps_sample(
-    ref: ArrayLike | Sequence[int], q_rows: ArrayLike, p_rows: ArrayLike, rng: np.random.Generator
+    ref: ArrayLike | Sequence[int], q_rows: ArrayLike, p_rows: ArrayLike, rng: np.random.Generator | int
 ) -> list[int]:
-    """One ASpS step: the emitted tokens (accepted drafts plus one corrected or bonus token)."""
-    return asps_sample_from_uniforms(ref, q_rows, p_rows, rng.random(1))
+    """One ASpS step: the emitted tokens (accepted drafts plus one corrected or bonus token).
+
+    ``rng`` is a ``numpy.random.Generator`` or an integer seed.
+    """
+    return asps_sample_from_uniforms(ref, q_rows, p_rows, as_rng(rng).random(1))
 
 
 # ------------------------------------------------------------------- block
 
 
-def _block_forward(
+def block_forward(
     toks: NDArray[np.int64], q: FloatArray, p: FloatArray
 ) -> tuple[FloatArray, FloatArray, FloatArray]:
-    """Forward pass of block verification.
+    """Forward pass of block verification on validated inputs (see :func:`check_chain`).
 
     Returns ``(residuals, log_stop, log_keep)``: ``residuals[i]`` is
     ``(a_i p_i − q_i)_+`` (shape ``(n, V)``), ``log_stop[i]`` the log
@@ -251,7 +242,7 @@ def block_kernel(ref: ArrayLike | Sequence[int], q_rows: ArrayLike, p_rows: Arra
     """
     toks, q, p = check_chain(ref, q_rows, p_rows)
     n = toks.shape[0]
-    residuals, log_stop, log_keep = _block_forward(toks, q, p)
+    residuals, log_stop, log_keep = block_forward(toks, q, p)
     # log Π_{j>k} (1 − stop_j) for k = 0..n
     keep_after = np.append(np.cumsum(log_keep[:0:-1])[::-1], 0.0)
     log_tau = log_stop + keep_after
@@ -271,7 +262,7 @@ def block_sample_from_uniforms(
     toks, q, p = check_chain(ref, q_rows, p_rows)
     n = toks.shape[0]
     uu = check_uniforms("u", u, n + 1)
-    residuals, log_stop, _ = _block_forward(toks, q, p)
+    residuals, log_stop, _ = block_forward(toks, q, p)
     tau = 0
     for i in range(n, 0, -1):
         if uu[i - 1] < math.exp(log_stop[i]):
@@ -282,8 +273,11 @@ def block_sample_from_uniforms(
 
 
 def block_sample(
-    ref: ArrayLike | Sequence[int], q_rows: ArrayLike, p_rows: ArrayLike, rng: np.random.Generator
+    ref: ArrayLike | Sequence[int], q_rows: ArrayLike, p_rows: ArrayLike, rng: np.random.Generator | int
 ) -> list[int]:
-    """One block-verification step: the emitted tokens."""
-    n = len(np.asarray(ref).reshape(-1))
-    return block_sample_from_uniforms(ref, q_rows, p_rows, rng.random(n + 1))
+    """One block-verification step: the emitted tokens.
+
+    ``rng`` is a ``numpy.random.Generator`` or an integer seed.
+    """
+    toks, q, p = check_chain(ref, q_rows, p_rows)
+    return block_sample_from_uniforms(toks, q, p, as_rng(rng).random(toks.shape[0] + 1))

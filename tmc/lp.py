@@ -64,16 +64,15 @@ import time
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from itertools import permutations, product
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from scipy import sparse
 from scipy.optimize import linprog
 
-from tmc.enumeration import enumerate_drafts
-from tmc.multidraft import swor_sequence_prob
+from tmc.drafts import chain_drafts, one_level_draft_law
+from tmc.multidraft import Draw
 from tmc.toy import Path, ToyModel
 from tmc.validate import check_prob_rows
 
@@ -84,8 +83,21 @@ IntArray = NDArray[np.int64]
 WEIGHT_SUM_TOL = 1e-9
 #: Largest vocabulary for the 2^V subset enumeration of the closed form.
 MAX_CLOSED_FORM_VOCAB = 22
-DRAW_MODES = ("iid", "swor")
 SCALINGS = ("unit", "conditional", "naive")
+
+
+class Outcome(Protocol):
+    """What the LP needs of a draft: its probability and the node paths a verifier may accept.
+
+    :class:`tmc.drafts.DraftChain`, :class:`tmc.drafts.TreeDraft` and
+    :class:`DraftOutcome` all qualify.
+    """
+
+    @property
+    def weight(self) -> float: ...
+
+    @property
+    def accepted_paths(self) -> tuple[Path, ...]: ...
 
 
 @dataclass(frozen=True)
@@ -139,40 +151,10 @@ class LPResult:
 
 def chain_outcomes(model: ToyModel, n: int, prefix: Path = ()) -> list[DraftOutcome]:
     """Every draft chain of length ``n``: accepted paths ``ref[:k]``, ``k = 0..n``."""
-    return [
-        DraftOutcome(d.weight, tuple(d.ref[:k] for k in range(n + 1)))
-        for d in enumerate_drafts(model, n, prefix)
-    ]
+    return [DraftOutcome(d.weight, d.accepted_paths) for d in chain_drafts(model, n, prefix)]
 
 
-def one_level_draft_law(
-    model: ToyModel, k: int, draws: str, prefix: Path = ()
-) -> dict[tuple[int, ...], float]:
-    """Law of the ordered ``k`` root children drawn from ``q(· | prefix)``.
-
-    ``draws="iid"``: independent draws, ``Q(x) = Π q(x_i)``.  ``draws="swor"``:
-    without replacement, each draw from ``q`` renormalised without the earlier
-    ones; needs ``k`` at most the number of tokens with ``q > 0``.
-    """
-    if draws not in DRAW_MODES:
-        raise ValueError(f"draws must be one of {DRAW_MODES}, got {draws!r}")
-    if k < 0:
-        raise ValueError(f"k must be >= 0, got {k}")
-    q = model.q(tuple(prefix))
-    support = [int(a) for a in np.flatnonzero(q > 0)]
-    if draws == "iid":
-        return {tup: float(np.prod(q[list(tup)])) for tup in product(support, repeat=k)}
-    if k > len(support):
-        raise ValueError(
-            f"k = {k} draws without replacement need k tokens with q > 0; q has {len(support)}"
-        )
-    law: dict[tuple[int, ...], float] = {}
-    for tup in permutations(support, k):
-        law[tup] = swor_sequence_prob(q, tup)
-    return law
-
-
-def one_level_outcomes(model: ToyModel, k: int, draws: str, prefix: Path = ()) -> list[DraftOutcome]:
+def one_level_outcomes(model: ToyModel, k: int, draws: Draw | str, prefix: Path = ()) -> list[DraftOutcome]:
     """Depth-1 trees of ``k`` root children (see :func:`one_level_draft_law`)."""
     law = one_level_draft_law(model, k, draws, prefix)
     return [DraftOutcome(w, tuple((tok,) for tok in tup)) for tup, w in law.items()]
@@ -181,7 +163,7 @@ def one_level_outcomes(model: ToyModel, k: int, draws: str, prefix: Path = ()) -
 # ------------------------------------------------------------------ the LP
 
 
-def _check_outcomes(outcomes: Sequence[DraftOutcome], vocab: int) -> list[list[Path]]:
+def _check_outcomes(outcomes: Sequence[Outcome], vocab: int) -> list[list[Path]]:
     """Validate the outcomes; return each one's deduplicated accepted paths, root first."""
     if not outcomes:
         raise ValueError("outcomes is empty: need at least one draft outcome")
@@ -228,7 +210,7 @@ def _leaf_table(model: ToyModel, length: int, prefix: Path) -> tuple[list[Path],
 
 def build_lp(
     model: ToyModel,
-    outcomes: Sequence[DraftOutcome],
+    outcomes: Sequence[Outcome],
     prefix: Path = (),
     length: int | None = None,
     scaling: str = "unit",
@@ -363,7 +345,7 @@ def solve_lp(problem: LPProblem, presolve: bool = False) -> LPResult:
 
 def optimal_length(
     model: ToyModel,
-    outcomes: Sequence[DraftOutcome],
+    outcomes: Sequence[Outcome],
     prefix: Path = (),
     length: int | None = None,
 ) -> LPResult:
@@ -371,9 +353,20 @@ def optimal_length(
     return solve_lp(build_lp(model, outcomes, prefix, length))
 
 
+def lp_limit(model: ToyModel, drafts: Sequence[Outcome], prefix: Path = ()) -> LPResult:
+    """The §6 bound for any draft set: chains or trees from :mod:`tmc.drafts`.
+
+    ``lp_limit(model, chain_drafts(model, n))`` for chains of ``n`` tokens,
+    ``lp_limit(model, tree_drafts(model, widths, draw))`` for trees; the same
+    lists can then be handed to :func:`tmc.laws.output_law` for each verifier,
+    so the drafts are enumerated once.
+    """
+    return optimal_length(model, drafts, prefix)
+
+
 def chain_optimal_length(model: ToyModel, n: int, prefix: Path = ()) -> LPResult:
     """The §6 bound for draft chains of length ``n`` (compare with SpS / ASpS)."""
-    return optimal_length(model, chain_outcomes(model, n, prefix), prefix)
+    return optimal_length(model, chain_drafts(model, n, prefix), prefix)
 
 
 # ------------------------------------------------------- one-level closed form

@@ -32,15 +32,17 @@ corrected or bonus token.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from enum import Enum
+from types import MappingProxyType
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from tmc.noise import categorical, check_uniforms
-from tmc.validate import check_prob_rows
+from tmc.residual import acceptance_probability, residual
+from tmc.validate import as_real_array, as_rng, check_int, check_prob_rows
 
 Path = tuple[int, ...]
 FloatArray = NDArray[np.float64]
@@ -54,24 +56,92 @@ class Draw(str, Enum):
     SWOR = "swor"
     TOPK = "topk"
 
+    @classmethod
+    def parse(cls, value: object, name: str = "draw") -> Draw:
+        """``value`` (a ``Draw`` or its string) as a ``Draw``; ``ValueError`` naming the kinds."""
+        if isinstance(value, Draw):
+            return value
+        try:
+            return cls(value)
+        except ValueError:
+            kinds = ", ".join(repr(d.value) for d in cls)
+            raise ValueError(f"{name} must be one of {kinds}, got {value!r}") from None
+
+
+#: Every draw kind, in a fixed order (reports and searches iterate over it).
+ALL_DRAWS: tuple[Draw, ...] = (Draw.IID, Draw.SWOR, Draw.TOPK)
+
 
 @dataclass(frozen=True)
 class DraftTree:
-    """A token tree proposed by the draft model, with how each node was drawn."""
+    """A token tree proposed by the draft model, with how each node was drawn.
+
+    Construction validates and normalises every field (DESIGN.md §3): a
+    ``DraftTree`` that exists is well formed.  ``parents``, ``tokens`` and
+    ``vocab`` must be integers (numpy integers and ``1.0`` are fine, ``1.7`` is
+    not), ``draws`` one :class:`Draw` (or its string) per node, ``q_rows`` real
+    probability rows.  The children of every node are computed once, so
+    verification is linear in the number of nodes.
+    """
 
     parents: tuple[int, ...]  # parent index of each node; -1 = the root (current prefix)
     tokens: tuple[int, ...]  # token id of each node
     draws: tuple[Draw, ...]  # draw kind of each node
     q_rows: Mapping[int, FloatArray]  # draft row q(.|node) of every node with sampled children (-1 = root)
     vocab: int  # vocabulary size V
+    _kids: tuple[tuple[int, ...], ...] = field(init=False, repr=False, compare=False)  # children of node i at [i + 1]
+    _depths: tuple[int, ...] = field(init=False, repr=False, compare=False)  # depth of node i (root's children: 1)
+
+    def __post_init__(self) -> None:
+        vocab = check_int("vocab", self.vocab, minimum=1)
+        parents = _int_tuple("parents", self.parents)
+        tokens = _int_tuple("tokens", self.tokens)
+        n = len(tokens)
+        if isinstance(self.draws, (str, Draw)):
+            raise ValueError("draws must have one entry per node (use DraftTree.build for one kind for all)")
+        draws = tuple(Draw.parse(d, f"draws[{i}]") for i, d in enumerate(_sequence("draws", self.draws)))
+        if not isinstance(self.q_rows, Mapping):
+            raise ValueError(f"q_rows must be a mapping from node index to a draft row, got {type(self.q_rows).__name__}")
+        rows = _check_rows(self.q_rows, vocab)
+        object.__setattr__(self, "vocab", vocab)
+        object.__setattr__(self, "parents", parents)
+        object.__setattr__(self, "tokens", tokens)
+        object.__setattr__(self, "draws", draws)
+        object.__setattr__(self, "q_rows", MappingProxyType(rows))
+        if len(parents) != n or len(draws) != n:
+            raise ValueError(
+                f"parents ({len(parents)}), tokens ({n}) and draws ({len(draws)}) must have one entry per node"
+            )
+        kids: list[list[int]] = [[] for _ in range(n + 1)]
+        depths: list[int] = []
+        for i, (par, tok) in enumerate(zip(parents, tokens)):
+            if not ROOT <= par < i:
+                raise ValueError(
+                    f"node {i} has parent {par}; parents must be -1 (root) or an earlier node (no cycles)"
+                )
+            if not 0 <= tok < vocab:
+                raise ValueError(f"node {i} has token {tok} outside the vocabulary [0, {vocab})")
+            kids[par + 1].append(i)
+            depths.append(1 if par == ROOT else depths[par] + 1)
+        object.__setattr__(self, "_kids", tuple(tuple(k) for k in kids))
+        object.__setattr__(self, "_depths", tuple(depths))
+        for key in rows:
+            if not ROOT <= key < n:
+                raise ValueError(f"q_rows key {key} is not a node of the tree")
+        for node in range(ROOT, n):
+            _validate_siblings(self, node, self._kids[node + 1])
 
     @property
     def size(self) -> int:
         return len(self.tokens)
 
-    def children(self, node: int) -> list[int]:
+    def children(self, node: int) -> tuple[int, ...]:
         """Children of ``node`` (``-1`` for the root) in verification order."""
-        return [i for i, par in enumerate(self.parents) if par == node]
+        return self._kids[node + 1]
+
+    def node_depth(self, node: int) -> int:
+        """Number of tokens on the path to ``node`` (0 for the root)."""
+        return 0 if node == ROOT else self._depths[node]
 
     def path(self, node: int) -> Path:
         """Tokens from the root down to ``node`` (``()`` for the root)."""
@@ -81,8 +151,15 @@ class DraftTree:
             node = self.parents[node]
         return tuple(reversed(out))
 
+    def paths(self) -> tuple[Path, ...]:
+        """``paths()[j]`` is the path to node ``j − 1`` (``j = 0``: the root); the kernel's row order."""
+        out: list[Path] = [()]
+        for par, tok in zip(self.parents, self.tokens):
+            out.append(out[par + 1] + (tok,))
+        return tuple(out)
+
     def depth(self) -> int:
-        return max((len(self.path(i)) for i in range(self.size)), default=0)
+        return max(self._depths, default=0)
 
     @classmethod
     def build(
@@ -93,49 +170,57 @@ class DraftTree:
         q_rows: Mapping[int, ArrayLike],
         vocab: int,
     ) -> DraftTree:
-        """Validated constructor; ``draws`` may be one kind for every node."""
-        n = len(tokens)
-        kinds = [Draw(draws)] * n if isinstance(draws, (str, Draw)) else [Draw(d) for d in draws]
-        rows = {int(k): check_prob_rows(f"q_rows[{k}]", np.asarray(v, dtype=np.float64)[None, :])[0] for k, v in q_rows.items()}
-        tree = cls(tuple(int(x) for x in parents), tuple(int(t) for t in tokens), tuple(kinds), rows, vocab)
-        validate_tree(tree)
-        return tree
+        """Constructor that also takes one draw kind for every node."""
+        n = len(_sequence("tokens", tokens))
+        kinds = (Draw.parse(draws),) * n if isinstance(draws, (str, Draw)) else tuple(_sequence("draws", draws))
+        return cls(tuple(parents), tuple(tokens), kinds, q_rows, vocab)  # type: ignore[arg-type]
 
     @classmethod
     def chain(cls, ref: Sequence[int], q_rows: ArrayLike, draw: str | Draw = Draw.IID) -> DraftTree:
         """A width-1 tree: ``ref[i]`` drawn from ``q_rows[i]``."""
-        q = np.asarray(q_rows, dtype=np.float64)
-        n = len(ref)
-        vocab = q.shape[1] if q.ndim == 2 else 0
-        return cls.build(list(range(-1, n - 1)), ref, draw, {i - 1: q[i] for i in range(n)}, vocab)
+        q = check_prob_rows("q_rows", q_rows)
+        n = len(_sequence("ref", ref))
+        if q.shape[0] != n:
+            raise ValueError(f"q_rows has {q.shape[0]} rows; expected one per draft token ({n})")
+        return cls.build(list(range(-1, n - 1)), ref, draw, {i - 1: q[i] for i in range(n)}, q.shape[1])
+
+
+def _sequence(name: str, value: object) -> Sequence[object]:
+    if value is None or isinstance(value, (str, bytes)) or not hasattr(value, "__len__"):
+        raise ValueError(f"{name} must be a sequence, got {value!r}")
+    return list(value)  # type: ignore[call-overload, no-any-return]
+
+
+def _int_tuple(name: str, values: object) -> tuple[int, ...]:
+    return tuple(check_int(f"{name}[{i}]", x) for i, x in enumerate(_sequence(name, values)))
+
+
+def _check_rows(q_rows: Mapping[object, object], vocab: int) -> dict[int, FloatArray]:
+    """Validated, renormalised, read-only draft rows by node (one vectorised check for all rows)."""
+    keys = [check_int("q_rows key", k) for k in q_rows]
+    arrs = [as_real_array(f"q_rows[{k}]", v) for k, v in zip(keys, q_rows.values())]
+    for k, arr in zip(keys, arrs):
+        if arr.shape != (vocab,):
+            raise ValueError(f"q_rows[{k}] has shape {arr.shape}; expected ({vocab},)")
+    if not arrs:
+        return {}
+    try:
+        table = check_prob_rows("q_rows", np.stack(arrs))
+    except ValueError:
+        for k, arr in zip(keys, arrs):  # name the offending node's row
+            check_prob_rows(f"q_rows[{k}]", arr[None, :])
+        raise
+    table.setflags(write=False)
+    return dict(zip(keys, table))
 
 
 def validate_tree(tree: DraftTree) -> None:
-    """Raise ``ValueError`` for a malformed tree (DESIGN.md §4, issue #3)."""
-    n = tree.size
-    if tree.vocab < 1:
-        raise ValueError(f"vocab must be >= 1, got {tree.vocab}")
-    if len(tree.parents) != n or len(tree.draws) != n:
-        raise ValueError(
-            f"parents ({len(tree.parents)}), tokens ({n}) and draws ({len(tree.draws)}) must have one entry per node"
-        )
-    for i, (par, tok) in enumerate(zip(tree.parents, tree.tokens)):
-        if not ROOT <= par < i:
-            raise ValueError(
-                f"node {i} has parent {par}; parents must be -1 (root) or an earlier node (no cycles)"
-            )
-        if not 0 <= tok < tree.vocab:
-            raise ValueError(f"node {i} has token {tok} outside the vocabulary [0, {tree.vocab})")
-    for key, row in tree.q_rows.items():
-        if not ROOT <= key < n:
-            raise ValueError(f"q_rows key {key} is not a node of the tree")
-        if row.shape != (tree.vocab,):
-            raise ValueError(f"q_rows[{key}] has shape {row.shape}; expected ({tree.vocab},)")
-    for node in [ROOT, *range(n)]:
-        _validate_siblings(tree, node, tree.children(node))
+    """Kept for compatibility: a :class:`DraftTree` is validated when it is constructed."""
+    if not isinstance(tree, DraftTree):
+        raise ValueError(f"expected a DraftTree, got {type(tree).__name__}")
 
 
-def _validate_siblings(tree: DraftTree, node: int, kids: list[int]) -> None:
+def _validate_siblings(tree: DraftTree, node: int, kids: Sequence[int]) -> None:
     if not kids:
         return
     kinds = {tree.draws[k] for k in kids}
@@ -175,7 +260,7 @@ def swor_sequence_prob(q_row: FloatArray, tokens: Sequence[int]) -> float:
 
 
 def proposal_laws(tree: DraftTree, node: int) -> list[FloatArray]:
-    """The law each child of ``node`` was actually drawn from, in order."""
+    """The law each child of ``node`` was actually drawn from, in order (DESIGN.md §4)."""
     kids = tree.children(node)
     laws: list[FloatArray] = []
     removed = np.zeros(tree.vocab, dtype=bool)
@@ -194,18 +279,14 @@ def proposal_laws(tree: DraftTree, node: int) -> list[FloatArray]:
     return laws
 
 
-def _reject(r: FloatArray, law: FloatArray) -> FloatArray:
-    """Residual after a rejection: ``norm((r − law)_+)``.
-
-    When rounding leaves no mass (the rejection then had probability ~0) the
-    residual stays ``r`` so the output remains a valid draw.
-    """
-    res = np.maximum(r - law, 0.0)
-    total = res.sum()
-    return res / total if total > 0.0 else r
+#: ``proposals(tree, node)``: the proposal law of each child of ``node``, in order.
+ProposalFn = Callable[[DraftTree, int], list[FloatArray]]
 
 
-def _check_p_rows(tree: DraftTree, p_rows: ArrayLike) -> FloatArray:
+def check_tree_p_rows(tree: DraftTree, p_rows: ArrayLike) -> FloatArray:
+    """``p_rows`` validated as ``(N + 1, V)`` target rows for ``tree`` (renormalised float64)."""
+    if not isinstance(tree, DraftTree):
+        raise ValueError(f"tree must be a DraftTree, got {type(tree).__name__}")
     p = check_prob_rows("p_rows", p_rows)
     if p.shape != (tree.size + 1, tree.vocab):
         raise ValueError(
@@ -214,53 +295,69 @@ def _check_p_rows(tree: DraftTree, p_rows: ArrayLike) -> FloatArray:
     return p
 
 
-def multidraft_kernel(tree: DraftTree, p_rows: ArrayLike) -> FloatArray:
-    """Exact output law ``(N + 1, V)`` of multi-draft residual verification."""
-    p = _check_p_rows(tree, p_rows)
+def multidraft_kernel(tree: DraftTree, p_rows: ArrayLike, proposals: ProposalFn = proposal_laws) -> FloatArray:
+    """Exact output law ``(N + 1, V)`` of multi-draft residual verification.
+
+    ``proposals`` gives the law each child is verified against; the default
+    reads it from the tree's recorded draw kinds, which is what makes the step
+    lossless.  Passing another rule exists for the audit's BIASED examples
+    (e.g. the i.i.d. rule on trees drawn without replacement).
+    """
+    p = check_tree_p_rows(tree, p_rows)
     kernel = np.zeros_like(p)
     stack: list[tuple[int, float]] = [(ROOT, 1.0)]  # (accepted node, probability of reaching it)
     while stack:
         node, reach = stack.pop()
         r = p[node + 1]
-        for kid, law in zip(tree.children(node), proposal_laws(tree, node)):
+        for kid, law in zip(tree.children(node), proposals(tree, node)):
             tok = tree.tokens[kid]
-            accept = min(1.0, r[tok] / law[tok])
+            accept = acceptance_probability(float(r[tok]), float(law[tok]))
             if accept > 0.0:
                 stack.append((kid, reach * accept))
             reach *= 1.0 - accept
             if reach == 0.0:
                 break
-            r = _reject(r, law)
+            r = residual(r, law, tok)
         kernel[node + 1] += reach * r
     return kernel
 
 
-def multidraft_sample_from_uniforms(tree: DraftTree, p_rows: ArrayLike, u: ArrayLike) -> list[int]:
+def multidraft_sample_from_uniforms(
+    tree: DraftTree, p_rows: ArrayLike, u: ArrayLike, proposals: ProposalFn = proposal_laws
+) -> list[int]:
     """One verification step driven by ``N + 1`` uniforms (layout in the module doc)."""
-    p = _check_p_rows(tree, p_rows)
+    p = check_tree_p_rows(tree, p_rows)
     uu = check_uniforms("u", u, tree.size + 1)
     node = ROOT
     while True:
         r = p[node + 1]
-        for kid, law in zip(tree.children(node), proposal_laws(tree, node)):
+        for kid, law in zip(tree.children(node), proposals(tree, node)):
             tok = tree.tokens[kid]
-            if uu[kid] < r[tok] / law[tok]:
+            if uu[kid] < acceptance_probability(float(r[tok]), float(law[tok])):
                 node = kid
                 break
-            r = _reject(r, law)
+            r = residual(r, law, tok)
         else:
             return list(tree.path(node)) + [categorical(r, float(uu[tree.size]))]
 
 
-def multidraft_sample(tree: DraftTree, p_rows: ArrayLike, rng: np.random.Generator) -> list[int]:
-    """One verification step: the emitted tokens (accepted path plus one token)."""
-    return multidraft_sample_from_uniforms(tree, p_rows, rng.random(tree.size + 1))
+def multidraft_sample(
+    tree: DraftTree, p_rows: ArrayLike, rng: np.random.Generator | int, proposals: ProposalFn = proposal_laws
+) -> list[int]:
+    """One verification step: the emitted tokens (accepted path plus one token).
+
+    ``rng`` is a ``numpy.random.Generator`` or an integer seed.
+    """
+    if not isinstance(tree, DraftTree):
+        raise ValueError(f"tree must be a DraftTree, got {type(tree).__name__}")
+    return multidraft_sample_from_uniforms(tree, p_rows, as_rng(rng).random(tree.size + 1), proposals)
 
 
 def tree_kernel_outputs(tree: DraftTree, kernel: FloatArray) -> dict[Path, float]:
     """Output law of one tree as ``{emitted string: probability}`` (merging equal strings)."""
+    paths = tree.paths()
     out: dict[Path, float] = {}
     for j, b in zip(*np.nonzero(kernel)):
-        s = tree.path(int(j) - 1) + (int(b),)
+        s = paths[int(j)] + (int(b),)
         out[s] = out.get(s, 0.0) + float(kernel[j, b])
     return out

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from tmc.laws import total_variation as mass_tv
 from tmc.tree import Path, TreeDistribution
 
 
@@ -214,5 +215,4 @@ def pointwise_distance(p1: TreeDistribution, p2: TreeDistribution, path: Path) -
 def total_variation(p1: TreeDistribution, p2: TreeDistribution) -> float:
     """max over events U of |P1^(U) - P2^(U)| = half the L1 distance of point masses."""
     _require_same_space(p1, p2)
-    m1, m2 = p1.masses, p2.masses
-    return 0.5 * math.fsum(abs(m1.get(s, 0.0) - m2.get(s, 0.0)) for s in set(m1) | set(m2))
+    return mass_tv(p1.masses, p2.masses)

@@ -19,14 +19,16 @@ and ``"*"`` is the default row.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+import json
+from dataclasses import dataclass, field, replace
 from itertools import product
+from pathlib import Path as Path_
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
-from tmc.validate import check_prob_rows
+from tmc.validate import as_real_array, as_rng, check_int, check_prob_rows
 
 Path = tuple[int, ...]
 FloatArray = NDArray[np.float64]
@@ -52,7 +54,12 @@ def _rows_from_mapping(
     table: dict[Path, FloatArray] = {}
     default: FloatArray | None = None
     for key, row in rows.items():
-        arr = check_prob_rows(f"{name}[{key!r}]", np.asarray(row, dtype=np.float64)[None, :])[0]
+        if not isinstance(key, str):
+            raise ValueError(f"{name}: prefix key {key!r} is not a string")
+        arr = as_real_array(f"{name}[{key!r}]", row)
+        if arr.ndim != 1:
+            raise ValueError(f"{name}[{key!r}] must be a list of {vocab} probabilities, got {row!r}")
+        arr = check_prob_rows(f"{name}[{key!r}]", arr[None, :])[0]
         if arr.shape != (vocab,):
             raise ValueError(f"{name}[{key!r}] has {arr.shape[0]} entries; vocab is {vocab}")
         path = _parse_key(key, vocab, name)
@@ -77,6 +84,24 @@ class ToyModel:
     draft_default: FloatArray | None = None  # q row for any prefix not listed
     target_default: FloatArray | None = None  # p row for any prefix not listed
     name: str = field(default="toy")  # label used in reports
+
+    def __post_init__(self) -> None:
+        vocab = check_int("vocab", self.vocab, minimum=1)
+        object.__setattr__(self, "vocab", vocab)
+        for which, table, default in (
+            ("draft", self.draft_rows, self.draft_default),
+            ("target", self.target_rows, self.target_default),
+        ):
+            if not isinstance(table, Mapping):
+                raise ValueError(f"{which}_rows must map prefixes to rows, got {type(table).__name__}")
+            rows = [(f"{which}_rows[{k!r}]", v) for k, v in table.items()]
+            if default is not None:
+                rows.append((f"{which}_default", default))
+            for label, row in rows:
+                arr = as_real_array(label, row)
+                if arr.shape != (vocab,):
+                    raise ValueError(f"{label} has shape {arr.shape}; expected ({vocab},)")
+                check_prob_rows(label, arr[None, :])
 
     def q(self, prefix: Path) -> FloatArray:
         """Draft row ``q(· | prefix)``."""
@@ -114,8 +139,11 @@ class ToyModel:
     @classmethod
     def from_dict(cls, obj: Mapping[str, Any], name: str = "toy") -> ToyModel:
         """Build from the dictionary / JSON form described in the module doc."""
-        if not isinstance(obj.get("vocab"), int) or obj["vocab"] < 1:
-            raise ValueError("toy model needs an integer 'vocab' >= 1")
+        if not isinstance(obj, Mapping):
+            raise ValueError(f"a toy model must be an object with 'vocab', 'draft' and 'target', got {type(obj).__name__}")
+        vocab_value = obj.get("vocab")
+        if isinstance(vocab_value, bool) or not isinstance(vocab_value, int) or vocab_value < 1:
+            raise ValueError(f"toy model needs an integer 'vocab' >= 1, got {vocab_value!r}")
         vocab = int(obj["vocab"])
         for part in ("draft", "target"):
             if not isinstance(obj.get(part), Mapping):
@@ -144,7 +172,7 @@ class ToyModel:
         cls,
         vocab: int,
         depth: int,
-        rng: np.random.Generator,
+        rng: np.random.Generator | int,
         zero_prob: float = 0.2,
         concentration: float = 1.0,
         name: str = "random",
@@ -153,8 +181,11 @@ class ToyModel:
 
         Each entry is set to an exact zero with probability ``zero_prob``
         (keeping at least one positive entry per row); the rest are Dirichlet
-        draws with the given ``concentration``.
+        draws with the given ``concentration``.  ``rng`` is a generator or a seed.
         """
+        vocab = check_int("vocab", vocab, minimum=1)
+        depth = check_int("depth", depth, minimum=0)
+        rng = as_rng(rng)
         d_rows: dict[Path, FloatArray] = {}
         t_rows: dict[Path, FloatArray] = {}
         for length in range(depth + 1):
@@ -176,21 +207,37 @@ def random_row(
     return out
 
 
+#: The TMC paper's toy example as shipped data (also the example file of ``tmc acceptance``).
+PAPER_TOY_FILE = Path_(__file__).with_name("models") / "paper_toy.json"
+
+
+def load_model(path: str | Path_) -> ToyModel:
+    """Read a toy model JSON file (format in the module doc); ``ValueError`` if unreadable or malformed."""
+    where = str(path)
+    try:
+        text = Path_(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise ValueError(f"{where}: cannot read the model file ({err.strerror if isinstance(err, OSError) else err})") from None
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{where}: not valid JSON ({err})") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"{where}: expected a JSON object with 'vocab', 'draft' and 'target'")
+    try:
+        return ToyModel.from_dict(obj, name=str(obj.get("name", Path_(path).stem)))
+    except ValueError as err:
+        raise ValueError(f"{where}: {err}") from None
+
+
 def paper_toy_model() -> ToyModel:
     """The TMC paper's toy example (Tables 1–3), Σ = {a, b, c} as tokens 0, 1, 2.
 
-    Given by the paper: draft root (0.5, 0.3, 0.2), target root (0.3, 0.4, 0.3),
-    draft after ``a`` (0.4, 0.4, 0.2) (Table 2's 0.2/0.2/0.1 of 0.5), target
-    after ``a`` uniform (0.1/0.1/0.1 of 0.3).  Every other row — draft and
-    target after ``b``, after ``c``, and at depth 2 — is uniform, as the
-    project's issue #2 completes the rows the paper leaves open.
+    Read from :data:`PAPER_TOY_FILE`, the one copy of its rows.  Given by the
+    paper: draft root (0.5, 0.3, 0.2), target root (0.3, 0.4, 0.3), draft after
+    ``a`` (0.4, 0.4, 0.2) (Table 2's 0.2/0.2/0.1 of 0.5), target after ``a``
+    uniform (0.1/0.1/0.1 of 0.3).  Every other row — draft and target after
+    ``b``, after ``c``, and at depth 2 — is uniform, as the project's issue #2
+    completes the rows the paper leaves open.
     """
-    uniform = [1 / 3, 1 / 3, 1 / 3]
-    return ToyModel.from_dict(
-        {
-            "vocab": 3,
-            "draft": {"": [0.5, 0.3, 0.2], "0": [0.4, 0.4, 0.2], "*": uniform},
-            "target": {"": [0.3, 0.4, 0.3], "0": uniform, "*": uniform},
-        },
-        name="paper-toy",
-    )
+    return replace(load_model(PAPER_TOY_FILE), name="paper-toy")

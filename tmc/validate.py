@@ -13,11 +13,18 @@ Rules (``ROW_SUM_TOL`` is the stated tolerance):
   float64 so the exact algebra of the kernels holds to rounding;
 * ``q_rows`` has shape ``(n, V)`` and ``p_rows`` ``(n + 1, V)``;
 * draft tokens are integers in ``[0, V)`` and were possible under the law they
-  were drawn from: ``q_rows[i, ref[i]] > 0``.
+  were drawn from: ``q_rows[i, ref[i]] > 0``;
+* ids (tokens, parents, vocabulary sizes) are integers: numpy integer types and
+  integral floats such as ``1.0`` are accepted, ``1.7``, ``True``, strings and
+  ``None`` are not;
+* probabilities are real numbers: complex, string, object and ``None`` rows are
+  rejected rather than silently converted;
+* ``rng`` is a :class:`numpy.random.Generator` or an integer seed.
 """
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 
 import numpy as np
@@ -31,12 +38,65 @@ FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
 
 
+def as_real_array(name: str, values: object) -> FloatArray:
+    """``values`` as a float64 array; ``ValueError`` for complex, text, objects or ``None``."""
+    if values is None:
+        raise ValueError(f"{name} is None; expected an array of probabilities")
+    raw = np.asarray(values)
+    if raw.dtype == np.bool_ or raw.dtype.kind not in "fiu":
+        if raw.dtype.kind == "c":
+            raise ValueError(f"{name} has complex entries; probabilities must be real numbers")
+        if raw.dtype.kind != "O" or raw.size == 0:
+            if raw.size == 0 and raw.dtype.kind in "OU":
+                return np.asarray(raw, dtype=np.float64)
+            raise ValueError(f"{name} must hold real numbers, got dtype {raw.dtype}")
+        try:
+            out: FloatArray = np.array(
+                [_real_scalar(name, x) for x in raw.reshape(-1)], dtype=np.float64
+            ).reshape(raw.shape)
+        except TypeError:
+            raise ValueError(f"{name} must hold real numbers (a ragged or nested row?)") from None
+        return out
+    return np.asarray(raw, dtype=np.float64)
+
+
+def _real_scalar(name: str, x: object) -> float:
+    if isinstance(x, bool | np.bool_) or not isinstance(x, numbers.Real):
+        raise ValueError(f"{name} has a non-numeric entry {x!r}")
+    return float(x)
+
+
+def check_int(name: str, value: object, *, minimum: int | None = None) -> int:
+    """``value`` as an ``int``: integers and integral floats (``1.0``), not ``1.7``, ``True`` or text."""
+    if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if isinstance(value, numbers.Integral):
+        out = int(value)
+    else:
+        f = float(value)
+        if not np.isfinite(f) or f != round(f):
+            raise ValueError(f"{name} must be an integer, got {value!r}")
+        out = int(f)
+    if minimum is not None and out < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {out}")
+    return out
+
+
+def as_rng(rng: object, name: str = "rng") -> np.random.Generator:
+    """A :class:`numpy.random.Generator` from a ``Generator`` or an integer seed (``>= 0``)."""
+    if isinstance(rng, np.random.Generator):
+        return rng
+    if isinstance(rng, bool | np.bool_) or not isinstance(rng, numbers.Integral):
+        raise ValueError(f"{name} must be a numpy.random.Generator or an integer seed, got {type(rng).__name__}")
+    return np.random.default_rng(check_int(name, rng, minimum=0))
+
+
 def check_prob_rows(name: str, rows: ArrayLike) -> FloatArray:
     """Return ``rows`` as a renormalised float64 ``(m, V)`` array or raise.
 
     ``name`` is the argument name used in error messages.
     """
-    arr = np.asarray(rows, dtype=np.float64)
+    arr = as_real_array(name, rows)
     if arr.ndim != 2:
         raise ValueError(f"{name} must be a 2-D array of probability rows, got shape {arr.shape}")
     if arr.shape[1] == 0:
@@ -47,13 +107,13 @@ def check_prob_rows(name: str, rows: ArrayLike) -> FloatArray:
         raise ValueError(f"{name} row {row} contains NaN or infinite entries")
     if (arr < 0).any():
         row, col = (int(i) for i in np.argwhere(arr < 0)[0])
-        raise ValueError(f"{name} row {row} has a negative entry {arr[row, col]!r} at token {col}")
+        raise ValueError(f"{name} row {row} has a negative entry {float(arr[row, col])!r} at token {col}")
     sums = arr.sum(axis=1)
     bad = np.abs(sums - 1.0) > ROW_SUM_TOL
     if bad.any():
         row = int(np.argmax(bad))
         raise ValueError(
-            f"{name} row {row} sums to {sums[row]!r}, not 1 (tolerance {ROW_SUM_TOL})"
+            f"{name} row {row} sums to {float(sums[row])!r}, not 1 (tolerance {ROW_SUM_TOL})"
         )
     out: FloatArray = arr / sums[:, None]
     return out
@@ -61,12 +121,18 @@ def check_prob_rows(name: str, rows: ArrayLike) -> FloatArray:
 
 def check_tokens(name: str, tokens: ArrayLike | Sequence[int], vocab: int) -> IntArray:
     """Return ``tokens`` as a 1-D int64 array with every id in ``[0, vocab)``."""
+    if tokens is None:
+        raise ValueError(f"{name} is None; expected a sequence of integer token ids")
     arr = np.asarray(tokens)
     if arr.ndim != 1:
         raise ValueError(f"{name} must be a 1-D sequence of token ids, got shape {arr.shape}")
     if arr.size and not np.issubdtype(arr.dtype, np.integer):
-        if not np.all(np.isfinite(arr)) or not np.all(arr == np.round(arr)):
+        if arr.dtype == np.bool_ or arr.dtype.kind not in "fO":
             raise ValueError(f"{name} must contain integer token ids, got dtype {arr.dtype}")
+        try:
+            arr = np.array([check_int(f"{name}[{i}]", x) for i, x in enumerate(arr.tolist())], dtype=np.int64)
+        except ValueError as err:
+            raise ValueError(f"{name} must contain integer token ids: {err}") from None
     out = arr.astype(np.int64)
     outside = (out < 0) | (out >= vocab)
     if outside.any():
@@ -86,7 +152,7 @@ def check_chain(
     """
     p = check_prob_rows("p_rows", p_rows)
     vocab = p.shape[1]
-    q_arr = np.asarray(q_rows, dtype=np.float64)
+    q_arr = as_real_array("q_rows", q_rows)
     if q_arr.ndim == 2 and q_arr.shape[0] == 0:
         q: FloatArray = np.zeros((0, q_arr.shape[1]), dtype=np.float64)
     else:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tmc import ToyModel, paper_toy_model
-from tmc.acceptance import PAPER_TOY_FILE, load_model, tree_report
+from tmc.commands.acceptance import PAPER_TOY_FILE, load_model, tree_report
 from tmc.cli import main
 
 

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tmc import asps_kernel, block_kernel, chain_output_law, paper_toy_model, sps_kernel
-from tmc.demo import PAPER_DRAFT_COLUMNS, PAPER_OUTPUT_ROWS, paper_joint_table
+from tmc.commands.demo import PAPER_DRAFT_COLUMNS, PAPER_OUTPUT_ROWS, paper_joint_table
 from tmc.enumeration import enumerate_drafts
 from tmc.toy import ToyModel
 from verification.strategies import toy_models

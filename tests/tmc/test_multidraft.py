@@ -38,7 +38,7 @@ BAD_TREES = [
     ("duplicate swor siblings", dict(parents=[-1, -1], tokens=[1, 1], draws="swor", q_rows={-1: Q}), r"repeat a token"),
     ("mixed sibling draws", dict(parents=[-1, -1], tokens=[0, 1], draws=["iid", "topk"], q_rows={-1: Q}), r"mix draw kinds"),
     ("missing draft row", dict(parents=[-1, 0], tokens=[0, 1], draws="iid", q_rows={-1: Q}), r"no q_rows\[0\]"),
-    ("unknown draw kind", dict(parents=[-1], tokens=[0], draws="beam", q_rows={-1: Q}), r"'beam' is not a valid Draw"),
+    ("unknown draw kind", dict(parents=[-1], tokens=[0], draws="beam", q_rows={-1: Q}), r"draw must be one of 'iid', 'swor', 'topk', got 'beam'"),
     ("NaN draft row", dict(parents=[-1], tokens=[0], draws="iid", q_rows={-1: [np.nan, 0.5, 0.5]}), r"q_rows\[-1\] row 0 contains NaN"),
     ("unnormalised draft row", dict(parents=[-1], tokens=[0], draws="iid", q_rows={-1: [0.5, 0.5, 0.5]}), r"q_rows\[-1\] row 0 sums to"),
     ("draft row of a non-node", dict(parents=[-1], tokens=[0], draws="iid", q_rows={-1: Q, 5: Q}), r"q_rows key 5 is not a node"),

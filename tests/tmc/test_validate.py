@@ -108,3 +108,134 @@ def test_rows_within_tolerance_are_renormalised(fn):
     q = Q * (1 + 5e-7)
     kern = fn(REF, q, P)
     assert kern.sum() == pytest.approx(1.0, abs=1e-15)
+
+
+# ------------------------------------------------ issue 9: inputs that cannot slip through
+
+from tmc import DraftTree, Draw, ToyModel, multidraft_kernel, multidraft_sample  # noqa: E402
+
+QROW = [0.5, 0.3, 0.2]
+
+
+@pytest.mark.parametrize(
+    ("parents", "tokens", "draws", "q_rows", "vocab", "match"),
+    [
+        ((0,), (1,), ("iid",), {-1: QROW}, 3, r"node 0 has parent 0"),  # a self-loop
+        ((-1, 1), (1, 2), ("iid", "iid"), {-1: QROW, 0: QROW}, 3, r"node 1 has parent 1"),  # cycle / forward parent
+        ((-1,), (2,), ("iid",), {-1: [0.5, 0.5, 0.0]}, 3, r"where q = 0"),  # sampled child with q = 0
+        ((-1, -1), (1, 1), ("swor", "swor"), {-1: QROW}, 3, r"repeat a token"),
+        ((-1, -1), (1, 1), ("topk", "topk"), {}, 3, r"repeat a token"),
+        ((-1,), (1,), ("iid",), {-1: [0.25, 0.15, 0.1]}, 3, r"q_rows\[-1\] row 0 sums to 0.5"),
+        ((-1,), (1,), ("iid",), {}, 3, r"no q_rows\[-1\]"),
+        ((-1, -1), (0, 1), ("iid", "topk"), {-1: QROW}, 3, r"mix draw kinds"),
+        ((-1,), (1.7,), ("iid",), {-1: QROW}, 3, r"tokens\[0\] must be an integer, got 1.7"),
+        ((0.5,), (1,), ("iid",), {-1: QROW}, 3, r"parents\[0\] must be an integer, got 0.5"),
+        ((-1,), (1,), ("iid",), {-1: QROW}, "3", r"vocab must be an integer"),
+        ((-1,), (1,), ("iid",), {-1: QROW}, True, r"vocab must be an integer"),
+        ((-1,), (1,), ("iid",), None, 3, r"q_rows must be a mapping"),
+        ((-1,), (1,), ("iid",), {-1: [0.5 + 0j, 0.3, 0.2]}, 3, r"complex"),
+        ((-1,), (1,), ("iid",), {-1: ["a", "b", "c"]}, 3, r"real numbers"),
+        ((-1,), (1,), ("bogus",), {-1: QROW}, 3, r"draws\[0\] must be one of"),
+        ((-1,), (3,), ("iid",), {-1: QROW}, 3, r"outside the vocabulary"),
+        ((-1,), (1,), ("iid",), {5: QROW, -1: QROW}, 3, r"q_rows key 5 is not a node"),
+    ],
+)
+def test_draft_tree_cannot_exist_unvalidated(parents, tokens, draws, q_rows, vocab, match):
+    with pytest.raises(ValueError, match=match):
+        DraftTree(parents, tokens, draws, q_rows, vocab)
+
+
+def test_draft_tree_accepts_integral_floats_and_numpy_ints():
+    tree = DraftTree((np.int64(-1), -1.0), (np.int32(0), 1.0), (Draw.IID, "iid"), {np.int64(-1): np.array(QROW)}, np.int64(3))
+    assert tree.parents == (-1, -1) and tree.tokens == (0, 1) and tree.vocab == 3
+    assert all(type(x) is int for x in tree.parents + tree.tokens)
+    assert tree.draws == (Draw.IID, Draw.IID)
+
+
+def test_draft_tree_rows_are_read_only_copies():
+    row = np.array(QROW)
+    tree = DraftTree((-1,), (0,), ("iid",), {-1: row}, 3)
+    row[0] = 0.9  # the caller's array changes; the tree keeps the validated row
+    assert tree.q_rows[-1][0] == 0.5
+    with pytest.raises(ValueError):
+        tree.q_rows[-1][0] = 0.1
+
+
+@pytest.mark.parametrize("bad", [1.7, "0", None, np.nan])
+def test_non_integer_chain_tokens_are_rejected(bad):
+    with pytest.raises(ValueError, match="integer token ids"):
+        sps_kernel([0, bad], Q, P)
+
+
+def test_integral_float_chain_tokens_are_accepted():
+    np.testing.assert_array_equal(sps_kernel([0.0, 2.0], Q, P), sps_kernel([0, 2], Q, P))
+
+
+@pytest.mark.parametrize(
+    ("q", "p", "match"),
+    [
+        (Q.astype(complex), P, r"q_rows has complex entries"),
+        (Q, None, r"p_rows is None"),
+        (None, P, r"q_rows is None"),
+        (Q, [["a", "b", "c"]] * 3, r"p_rows must hold real numbers"),
+    ],
+)
+def test_rows_must_be_real_numbers(q, p, match):
+    with pytest.raises(ValueError, match=match):
+        sps_kernel(REF, q, p)
+
+
+@pytest.mark.parametrize("fn", SAMPLERS)
+def test_integer_seed_is_a_valid_rng(fn):
+    assert fn(REF, Q, P, 7) == fn(REF, Q, P, np.random.default_rng(7))
+
+
+@pytest.mark.parametrize("bad", ["7", 1.5, None, -1, True])
+def test_rng_must_be_a_generator_or_a_seed(bad):
+    with pytest.raises(ValueError, match="rng"):
+        sps_sample(REF, Q, P, bad)
+
+
+def test_tree_sampler_takes_a_seed_and_checks_its_tree():
+    tree = DraftTree.build([-1], [0], "iid", {-1: QROW}, 3)
+    p = np.array([[0.2, 0.3, 0.5], [1 / 3, 1 / 3, 1 / 3]])
+    assert multidraft_sample(tree, p, 3) == multidraft_sample(tree, p, np.random.default_rng(3))
+    with pytest.raises(ValueError, match="tree must be a DraftTree"):
+        multidraft_sample("not a tree", p, 0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"p_rows has shape \(1, 3\)"):
+        multidraft_kernel(tree, p[:1])
+
+
+@pytest.mark.parametrize(
+    ("obj", "match"),
+    [
+        ([1, 2], "must be an object"),
+        ({"vocab": True, "draft": {"*": [1]}, "target": {"*": [1]}}, "vocab"),
+        ({"vocab": "3", "draft": {"*": QROW}, "target": {"*": QROW}}, "vocab"),
+        ({"vocab": 3, "draft": {"*": None}, "target": {"*": QROW}}, r"draft\['\*'\]"),
+        ({"vocab": 3, "draft": {"*": {"a": 1}}, "target": {"*": QROW}}, r"draft\['\*'\]"),
+        ({"vocab": 3, "draft": {"*": [0.5, "x", 0.5]}, "target": {"*": QROW}}, r"draft\['\*'\]"),
+    ],
+)
+def test_toy_model_from_dict_rejects_malformed_input(obj, match):
+    with pytest.raises(ValueError, match=match):
+        ToyModel.from_dict(obj)
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        (("3", {}, {}, np.array(QROW), np.array(QROW)), "vocab"),
+        ((3, None, {}), "draft_rows"),
+        ((3, {(): [0.5, 0.5]}, {}), r"draft_rows\[\(\)\] has shape"),
+        ((3, {}, {}, None, np.array([0.5, 0.5, 0.5])), r"target_default row 0 sums to"),
+    ],
+)
+def test_toy_model_validates_on_construction(args, match):
+    with pytest.raises(ValueError, match=match):
+        ToyModel(*args)
+
+
+def test_toy_model_random_takes_a_seed():
+    a, b = ToyModel.random(3, 1, 5), ToyModel.random(3, 1, np.random.default_rng(5))
+    np.testing.assert_array_equal(a.q((1,)), b.q((1,)))

@@ -14,7 +14,7 @@ import numpy as np
 
 from tmc.chain import asps_kernel, block_kernel, sps_kernel
 from tmc.enumeration import ChainKernel, chain_joint_law, chain_output_law
-from tmc.report import format_table
+from tmc.commands.table import format_table
 from tmc.toy import Path, ToyModel, paper_toy_model
 
 LETTERS = "abc"

@@ -1,4 +1,4 @@
-"""Kernel benchmark: time per verification step of SpS, ASpS and block.
+"""Benchmarks of ``tmc bench``: kernel time per step, exact enumeration and LP timings.
 
 Printed, never asserted (DESIGN.md §9).  All three kernels are timed side by
 side in one run on the same inputs, and reported as microseconds per step and
@@ -9,7 +9,6 @@ sampled from the draft; the times include input validation.
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import timeit
@@ -20,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from tmc.chain import asps_kernel, block_kernel, sps_kernel
-from tmc.report import format_table
+from tmc.commands.table import format_table
 from tmc.validate import FloatArray
 
 KERNELS = {"sps": sps_kernel, "asps": asps_kernel, "block": block_kernel}
@@ -79,11 +78,6 @@ def render(report: dict[str, Any]) -> str:
     return format_table(head, rows, title=f"Kernel time per step ({report['hardware']})")
 
 
-def write_json(report: dict[str, Any], path: str) -> None:
-    with open(path, "w", encoding="utf-8") as fh:
-        json.dump(report, fh, indent=2)
-
-
 def _timed(fn: Any) -> tuple[Any, float]:
     start = timeit.default_timer()
     out = fn()
@@ -92,7 +86,7 @@ def _timed(fn: Any) -> tuple[Any, float]:
 
 def run_exact_bench(seed: int = 0) -> dict[str, Any]:
     """Wall time of the exact computations named in issue #3 (one core, one run each)."""
-    from tmc.acceptance import tree_outcomes
+    from tmc.drafts import tree_drafts
     from tmc.enumeration import chain_output_law, tree_output_law
     from tmc.lp import chain_optimal_length, optimal_length
     from tmc.toy import ToyModel
@@ -111,7 +105,7 @@ def run_exact_bench(seed: int = 0) -> dict[str, Any]:
     res, secs = _timed(partial(chain_optimal_length, lp_model, 3))
     rows.append({"task": "LP limit, chains V=3 n=3", "cases": res.n_variables, "value": res.expected_length, "seconds": secs})
     for draw in ("iid", "swor"):
-        outcomes = tree_outcomes(lp_model, [2, 1], draw)
+        outcomes = tree_drafts(lp_model, [2, 1], draw)
         res, secs = _timed(partial(optimal_length, lp_model, outcomes))
         rows.append({"task": f"LP limit, trees V=3 widths 2,1 {draw}", "cases": res.n_variables, "value": res.expected_length, "seconds": secs})
     return {"hardware": hardware(), "results": rows}

@@ -1,0 +1,135 @@
+"""The core's own ``tmc`` subcommands: ``demo``, ``acceptance`` and ``bench``.
+
+Application code on top of the numpy core: nothing under ``tmc/`` outside this
+subpackage (and the front door :mod:`tmc.cli`) imports it.  Each handler
+imports its module when it runs, so ``tmc --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from importlib.metadata import entry_points
+from typing import Any
+
+from tmc.cli import add_json, add_seed, fail, nonnegative_int, positive_int
+
+#: Entry-point group through which packages add ``tmc bench`` benchmarks: each
+#: entry is a function ``bench(args) -> (report dict, rendered table)``.
+BENCH_GROUP = "tmc.benchmarks"
+CORE_BENCHMARKS = ("kernels", "exact")
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``demo``, ``acceptance`` and ``bench`` to the ``tmc`` subparsers."""
+    demo = sub.add_parser("demo", help="print the paper's toy example and a random toy model",
+                          description="The TMC paper's Tables 2 and 3 and exact expected lengths on a random V = 4 model.")
+    add_seed(demo, "random V = 4 model")
+    demo.set_defaults(func=_cmd_demo)
+    _register_acceptance(sub)
+    _register_bench(sub)
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from tmc.commands.demo import run_demo
+
+    print(run_demo(seed=args.seed))
+    return 0
+
+
+def _parse_widths(text: str) -> list[int]:
+    try:
+        widths = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--tree takes comma-separated widths, got {text!r}") from None
+    if not widths or any(w < 1 for w in widths):
+        raise argparse.ArgumentTypeError(f"--tree widths must be positive integers, got {text!r}")
+    return widths
+
+
+def _register_acceptance(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    acc = sub.add_parser(
+        "acceptance",
+        help="exact tokens per step of each verifier and the LP limit on a toy model",
+        description="Exact E[tokens per step] of SpS / ASpS / block / multi-draft verification "
+        "on a toy model, as a percentage of the LP limit (the best any lossless verifier can do).",
+    )
+    acc.add_argument("model", nargs="?", help="toy model JSON file (see README); or use --random")
+    shape = acc.add_mutually_exclusive_group(required=True)
+    shape.add_argument("--chain", type=nonnegative_int, metavar="N", help="a chain of N draft tokens")
+    shape.add_argument("--tree", type=_parse_widths, metavar="W1,W2,..", help="fixed tree: children per node at each depth")
+    acc.add_argument("--draw", "--draws", dest="draw", choices=["iid", "swor", "topk"], default="iid",
+                     help="how tree children are drawn (default iid)")
+    acc.add_argument("--random", type=positive_int, metavar="V", help="use a built-in random model with vocabulary V")
+    add_seed(acc, "--random model")
+    add_json(acc)
+    acc.set_defaults(func=_cmd_acceptance)
+
+
+def _cmd_acceptance(args: argparse.Namespace) -> int:
+    from tmc.commands.acceptance import chain_report, random_model, render, tree_report
+    from tmc.toy import load_model
+
+    if (args.model is None) == (args.random is None):
+        fail("give either MODEL.json or --random V")
+    depth = args.chain if args.chain is not None else len(args.tree)
+    model = load_model(args.model) if args.model else random_model(args.random, depth, args.seed)
+    if args.chain is not None:
+        report = chain_report(model, args.chain)
+        shape = f"chain of {args.chain}"
+    else:
+        report = tree_report(model, args.tree, args.draw)
+        shape = f"tree widths {','.join(map(str, args.tree))}, draws {args.draw}"
+    if args.json:
+        print(json.dumps({"model": model.name, "shape": shape, **report}, indent=2))
+    else:
+        print(render(report, title=f"{model.name}, V = {model.vocab}, {shape} (exact enumeration)"))
+    return 0
+
+
+def _register_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    extra = sorted(ep.name for ep in entry_points(group=BENCH_GROUP))
+    bench = sub.add_parser(
+        "bench",
+        help="time the kernels per step, the exact enumerations and LPs, or a registered benchmark",
+        description="Benchmarks print figures, never assert them: kernels (SpS/ASpS/block time per step), "
+        "exact (enumeration and LP wall times)" + "".join(f", {name}" for name in extra) + ".",
+    )
+    bench.add_argument("what", nargs="?", choices=[*CORE_BENCHMARKS, *extra], default="kernels")
+    bench.add_argument("--n", default="1,4,16,64", help="kernels: comma-separated chain lengths (default 1,4,16,64)")
+    bench.add_argument("--vocab", type=positive_int, default=32000, help="kernels: vocabulary size V (default 32000)")
+    bench.add_argument("--repeat", type=positive_int, default=5, help="kernels: best of this many repeats (default 5)")
+    add_seed(bench, "benchmark inputs")
+    add_json(bench)
+    bench.set_defaults(func=_cmd_bench)
+
+
+def _chain_lengths(text: str) -> list[int]:
+    try:
+        ns = [int(x) for x in text.split(",")]
+    except ValueError:
+        fail(f"--n takes comma-separated chain lengths, got {text!r}")
+    if not ns or any(n < 0 for n in ns):
+        fail(f"--n chain lengths must be integers >= 0, got {text!r}")
+    return ns
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from tmc.commands import bench
+
+    report: dict[str, Any]
+    if args.what == "kernels":
+        ns = _chain_lengths(args.n)
+        print(f"timing SpS / ASpS / block kernels for n in {ns}, V = {args.vocab} ...", file=sys.stderr)
+        report = bench.run_kernel_bench(ns, vocab=args.vocab, repeat=args.repeat, seed=args.seed)
+        text = bench.render(report)
+    elif args.what == "exact":
+        print("timing exact enumerations and LP solves ...", file=sys.stderr)
+        report = bench.run_exact_bench(seed=args.seed)
+        text = bench.render_exact(report)
+    else:
+        (ep,) = [ep for ep in entry_points(group=BENCH_GROUP) if ep.name == args.what]
+        report, text = ep.load()(args)
+    print(json.dumps(report, indent=2) if args.json else text)
+    return 0

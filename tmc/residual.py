@@ -1,0 +1,65 @@
+"""The residual rule: what is left of the target after a draft token is rejected.
+
+Notation (DESIGN.md §3): ``r`` is the current residual target (``p`` at the
+start of a step), ``law`` the proposal the rejected draft token was drawn from
+(the draft ``q``, ``q`` renormalised without earlier siblings, or a point mass).
+Speculative sampling (Leviathan et al. 2023; TMC paper eq. (1)) accepts a token
+``x ~ law`` with probability ``min(1, r(x) / law(x))``; after a rejection the
+output must come from
+
+    r' = norm((r − law)_+).
+
+**Degenerate case.**  When ``(r − law)_+`` has no mass left (``r ≤ law``
+everywhere after rounding) the rejection itself had probability zero up to
+rounding, so any law keeps the step lossless; the rule here returns ``r`` with
+the rejected token removed (renormalised), or ``r`` itself if that token held
+all of ``r``'s mass.  Either way the output stays a valid draw and never
+re-emits a token that was just rejected when another one is possible.
+
+This module is the single statement of the rule: SpS (:mod:`tmc.chain`), tree
+residual verification (:mod:`tmc.multidraft`), the vectorised batch samplers
+and the biased examples of the audit all call :func:`residual`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import NDArray
+
+FloatArray = NDArray[np.float64]
+
+
+def acceptance_probability(r_x: float, law_x: float) -> float:
+    """``min(1, r(x) / law(x))`` for a draft token ``x``.
+
+    A token with ``law(x) = 0`` cannot have been drawn from ``law``; valid
+    inputs never reach that case, but a verifier paired with the wrong proposal
+    law (an audited BIASED example) can: it then counts as ``1`` when
+    ``r(x) > 0`` and ``0`` otherwise (IEEE ``x / 0 = inf`` clamped, ``0 / 0``
+    failing every ``u < ratio`` test), without a division warning.
+    """
+    if r_x <= 0.0:
+        return 0.0
+    if law_x <= 0.0:
+        return 1.0
+    return min(1.0, r_x / law_x)
+
+
+def residual(r: FloatArray, law: FloatArray, rejected: int) -> FloatArray:
+    """``norm((r − law)_+)``, with the degenerate case of the module doc.
+
+    ``r`` and ``law`` are ``(V,)`` probability rows; ``rejected`` is the token
+    that was just rejected.  Returns a new ``(V,)`` row summing to 1.
+    """
+    res = np.maximum(r - law, 0.0)
+    total = float(res.sum())
+    if total > 0.0:
+        out: FloatArray = res / total
+        return out
+    rest = r.copy()
+    rest[rejected] = 0.0
+    left = float(rest.sum())
+    if left > 0.0:
+        kept: FloatArray = rest / left
+        return kept
+    return r.copy()
