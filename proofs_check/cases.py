@@ -5,7 +5,11 @@ Checks do not run under ``@given`` as tests; they ask :func:`draw_cases` for
 programmatically with a fixed ``@seed`` (generate phase only, no database),
 so a run is reproducible from its seed and the report can say how many cases
 each check saw.  Hypothesis tries its simplest examples first (one token,
-depth 1, exact zeros), which are the usual edge cases.
+depth 1, exact zeros), which are the usual edge cases.  Reproducible means
+for one version of the code run the same way: Hypothesis also draws literal
+constants it finds in the project's loaded modules, so an edit anywhere in
+the project, or a run under pytest (which loads the tests too), can change
+the cases a seed gives.
 
 Distributions are drawn as small integer weights normalised to exact
 ``Fraction`` rows; the weight 1000 appears too, giving probabilities near

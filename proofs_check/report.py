@@ -4,12 +4,11 @@ Columns: id, one-line statement, how it was checked, number of cases, worst
 margin ("err": largest |lhs - rhs| of an equality, "slack": smallest
 lhs - rhs of an inequality, "(exact)" when computed in rationals, "tmc":
 largest disagreement of the float implementation under test), verdict.
-:func:`to_json` gives the same rows as data.
+:func:`to_json` gives the same rows as data (``--json`` prints it).
 """
 
 from __future__ import annotations
 
-import json
 import textwrap
 from collections.abc import Sequence
 from typing import Any
@@ -128,10 +127,3 @@ def to_json(outcomes: Sequence[Outcome], budget: Budget) -> dict[str, Any]:
         "checks": [row(o) for o in outcomes if not o.check.is_control],
         "controls": [row(o) for o in outcomes if o.check.is_control],
     }
-
-
-def write_json(outcomes: Sequence[Outcome], budget: Budget, path: str) -> None:
-    """Write :func:`to_json` to ``path``."""
-    with open(path, "w", encoding="utf-8") as fh:
-        json.dump(to_json(outcomes, budget), fh, indent=2)
-        fh.write("\n")

@@ -15,14 +15,16 @@ All of it runs on the exact recursion of :mod:`proofs_check.neighbour`;
 leaf-only.  Cases: random shapes with variable-length references, chain
 references of length n = 1..3 drawn with ``verification.strategies.toy_models``
 (every relation: identical, near ties, greedy, tiny, disjoint), and the
-paper's toy example.  On chain cases the composed law is compared with
-:func:`tmc.chain.sps_kernel` / :func:`tmc.chain.asps_kernel`, per draft and
-averaged (``tmc.enumeration.chain_output_law``).
+paper's toy example (:func:`tmc.paper_toy_model`, read as exact rationals).
+On chain cases the composed law is compared exactly with the literal chain
+references of :mod:`proofs_check.chain_literal` (eq. (1) chained, Algorithm 1)
+and in floats with :func:`tmc.chain.sps_kernel` / :func:`tmc.chain.asps_kernel`,
+per draft and averaged (``tmc.enumeration.chain_output_law``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -31,6 +33,7 @@ from hypothesis import strategies as st
 from numpy.typing import ArrayLike, NDArray
 
 from proofs_check.cases import draw_cases, normalised, shapes, trees
+from proofs_check.chain_literal import asps_literal, rational_rows, simplest_row, sps_literal
 from proofs_check.exact import ONE, ZERO, ExactTree, Path, Shape, common_prefix_len, sub_defect
 from proofs_check.neighbour import (
     ASPS,
@@ -46,7 +49,7 @@ from proofs_check.neighbour import (
     path_mass,
 )
 from proofs_check.registry import Budget, Check, CheckResult, Tally, control, counterexample, theorem
-from tmc import asps_kernel, chain_output_law, sps_kernel
+from tmc import asps_kernel, chain_output_law, paper_toy_model, sps_kernel
 from tmc.order import check_sub_distribution
 from tmc.toy import ToyModel
 from verification.strategies import toy_models
@@ -76,21 +79,31 @@ def general_specs(draw: st.DrawFn) -> Spec:
 
 
 def exact_row(row: NDArray[np.float64]) -> tuple[Fraction, ...]:
-    """A float probability row as exact rationals summing to exactly 1."""
-    fr = [Fraction(float(x)) for x in row]
-    total = sum(fr, ZERO)
-    return tuple(x / total for x in fr)
+    """A float probability row as exact rationals summing to exactly 1 (its binary values)."""
+    return tuple(rational_rows([row])[0])
+
+
+def model_case(
+    model: ToyModel,
+    depth: int,
+    continues: Callable[[Path], bool],
+    exact: Callable[[NDArray[np.float64]], tuple[Fraction, ...]] = exact_row,
+    name: str = "",
+) -> SpecCase:
+    """A toy model's target p to ``depth`` (leaf-only) and its draft q run while ``continues(s)``."""
+    shape = Shape.full(model.vocab, depth)
+    stop = (ZERO,) * model.vocab + (ONE,)
+    target = ExactTree.from_rows(shape, {s: exact(model.p(s)) + (ZERO,) for s in shape.inner()})
+    ref = ExactTree.from_rows(
+        shape, {s: exact(model.q(s)) + (ZERO,) if continues(s) else stop for s in shape.inner()}
+    )
+    return SpecCase(target, ref, name or model.name)
 
 
 def chain_spec(model: ToyModel, n: int) -> Spec:
     """The draft run for exactly n tokens as a pseudo leaf-only P_ref; p to depth n + 1."""
-    shape = Shape.full(model.vocab, n + 1)
-    stop = (ZERO,) * model.vocab + (ONE,)
-    target = ExactTree.from_rows(shape, {s: exact_row(model.p(s)) + (ZERO,) for s in shape.inner()})
-    ref = ExactTree.from_rows(
-        shape, {s: exact_row(model.q(s)) + (ZERO,) if len(s) < n else stop for s in shape.inner()}
-    )
-    return Spec(SpecCase(target, ref, f"{model.name}, n={n}"), model, n)
+    case = model_case(model, n + 1, lambda s: len(s) < n, name=f"{model.name}, n={n}")
+    return Spec(case, model, n)
 
 
 @st.composite
@@ -103,23 +116,14 @@ def chain_specs(
 
 
 def paper_example() -> SpecCase:
-    """The toy example of Tables 2-3: Sigma = {a, b, c} as 0, 1, 2.
+    """The toy example of Tables 1-3 (:func:`tmc.paper_toy_model`, Sigma = {a, b, c} as 0, 1, 2).
 
-    Reference: (0.5, 0.3, 0.2) at the root, (0.4, 0.4, 0.2) after a, and it
-    stops after b, c and after two tokens.  Target: (0.3, 0.4, 0.3) at the
-    root, uniform elsewhere (leaf-only at depth 3).
+    Its rows are short decimals and thirds, read as the rationals they stand
+    for (0.3 as 3/10).  The reference continues at the root and after a, and
+    stops after b, after c and after two tokens (the drafts aa, ab, ac, b, c
+    of Tables 2-3); the target is leaf-only at depth 3.
     """
-    shape = Shape.full(3, 3)
-    third = (Fraction(1, 3),) * 3 + (ZERO,)
-    stop = (ZERO, ZERO, ZERO, ONE)
-    target_rows: dict[Path, tuple[Fraction, ...]] = {s: third for s in shape.inner()}
-    target_rows[()] = normalised([3, 4, 3, 0])
-    ref_rows: dict[Path, tuple[Fraction, ...]] = {s: stop for s in shape.inner()}
-    ref_rows[()] = normalised([5, 3, 2, 0])
-    ref_rows[(0,)] = normalised([2, 2, 1, 0])
-    return SpecCase(
-        ExactTree.from_rows(shape, target_rows), ExactTree.from_rows(shape, ref_rows), "paper toy"
-    )
+    return model_case(paper_toy_model(), 3, lambda s: s in ((), (0,)), simplest_row, "paper toy")
 
 
 def specs(budget: Budget, n_general: int, n_chain: int, offset: int) -> list[Spec]:
@@ -495,8 +499,13 @@ def eq1_coupling(
     return out
 
 
-TABLE1 = (normalised([5, 3, 2]), normalised([3, 4, 3]))  # (P_ref, P) of Table 1
-TABLE1_C = {
+def table1_rows() -> tuple[tuple[Fraction, ...], tuple[Fraction, ...]]:
+    """``(P_ref, P)`` of Table 1: the paper toy's root rows."""
+    case = paper_example()
+    return tuple(case.ref.cond(()).values()), tuple(case.target.cond(()).values())
+
+
+TABLE1_C = {  # the coupling C(x, y) = P_ref(x) P_s(y; x) printed in Table 1
     (0, 0): Fraction(3, 10),
     (0, 1): Fraction(1, 10),
     (0, 2): Fraction(1, 10),
@@ -531,11 +540,11 @@ def check_eq1(budget: Budget) -> CheckResult:
     """Corrected eq. (1): a coupling of P_ref and P with the maximal diagonal sum_x min(P_ref, P)."""
     tally = Tally()
     tally.case("Table 1")
-    c = eq1_coupling(*TABLE1)
+    c = eq1_coupling(*table1_rows())
     for x in range(3):
         for y in range(3):
             tally.equal(c[x][y], TABLE1_C.get((x, y), ZERO), f"C({x}, {y}) vs Table 1")
-    _eq1(tally, *TABLE1, as_printed=False)
+    _eq1(tally, *table1_rows(), as_printed=False)
     for i, (p_ref, p) in enumerate(draw_cases(ROW_PAIRS, budget.n(300), budget.seed + 86)):
         tally.case(f"case {i}: P_ref = {p_ref}, P = {p}")
         _eq1(tally, p_ref, p, as_printed=False)
@@ -560,7 +569,7 @@ def printed_eq1(budget: Budget) -> CheckResult:
     """Eq. (1) exactly as printed: (1 - P(x)/P_ref(x)) + (P(y) - P_ref(y))_+ over the excess."""
     tally = Tally()
     tally.case("Table 1, as printed")
-    _eq1(tally, *TABLE1, as_printed=True)
+    _eq1(tally, *table1_rows(), as_printed=True)
     for i, (p_ref, p) in enumerate(draw_cases(ROW_PAIRS, budget.n(60), budget.seed + 88)):
         tally.case(f"case {i}: P_ref = {p_ref}, P = {p}, as printed")
         _eq1(tally, p_ref, p, as_printed=True)
@@ -649,7 +658,25 @@ def control_tables(budget: Budget) -> CheckResult:
     return tally.result()
 
 
-# -- the tmc kernels against the recursion -----------------------------------------------
+# -- the literal references and the tmc kernels against the recursion ---------------------
+
+ExactRows = Sequence[Sequence[Fraction]]
+ChainLiteral = Callable[[Sequence[int], ExactRows, ExactRows], list[list[Fraction]]]
+
+
+def _against_literal(tally: Tally, spec: Spec, coupling: Coupling, literal: ChainLiteral) -> None:
+    """Eq. (1) chained (SpS) or Algorithm 1 (ASpS), run literally, equal the recursion exactly."""
+    assert spec.model is not None and spec.n is not None
+    case, model, n = spec.case, spec.model, spec.n
+    laws = neighbour_laws(case, coupling)
+    for sigma in case.ref.masses:
+        q_rows, p_rows = model.chain_rows(sigma)
+        k = literal(sigma, rational_rows(q_rows), rational_rows(p_rows))
+        closed = closed_law(case, sigma, laws[sigma])
+        for j in range(n + 1):
+            for b in range(model.vocab):
+                what = f"{coupling.name} literal K[{j}, {b}] for draft {sigma}"
+                tally.equal(closed.get(sigma[:j] + (b,), ZERO), k[j][b], what)
 
 
 def _against_tmc(tally: Tally, spec: Spec, coupling: Coupling, kernel: ChainKernel) -> None:
@@ -682,6 +709,8 @@ def check_kernels(budget: Budget) -> CheckResult:
     tally = Tally()
     for i, spec in enumerate(draw_cases(chain_specs(), budget.n(200), budget.seed + 90)):
         tally.case(_describe(spec, i))
+        _against_literal(tally, spec, SPS, sps_literal)
+        _against_literal(tally, spec, ASPS, asps_literal)
         _against_tmc(tally, spec, SPS, sps_kernel)
         _against_tmc(tally, spec, ASPS, asps_kernel)
     return tally.result()
@@ -840,8 +869,9 @@ CHECKS: tuple[Check, ...] = (
     control("ctl Tables", "Tables 2-3", "Table 2 against the ASpS recursion and vice versa", control_tables),
     theorem(
         "tmc kernels",
-        "tmc's sps_kernel / asps_kernel (Alg. 1) equal the recursion's P_N~ per draft and averaged",
-        f"toy_models chains n = 1..3, every draft; chain_output_law (tol {KERNEL_TOL:g})",
+        "eq. (1) chained and Alg. 1 run literally, and tmc's sps_kernel / asps_kernel, equal the "
+        "recursion's P_N~ per draft; tmc's also averaged",
+        f"toy_models chains n = 1..3, every draft; literal ({EX}); tmc chain_output_law (tol {KERNEL_TOL:g})",
         check_kernels,
     ),
     control("ctl kernels", "tmc kernels", "an SpS kernel resampling rejections from p", control_kernels),

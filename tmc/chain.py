@@ -118,8 +118,11 @@ def sps_sample_from_uniforms(
 ) -> list[int]:
     """One SpS step driven by ``n + 1`` explicit uniforms (layout in the module doc)."""
     toks, q, p = check_chain(ref, q_rows, p_rows)
+    return _sps_step(toks, q, p, check_uniforms("u", u, toks.shape[0] + 1))
+
+
+def _sps_step(toks: NDArray[np.int64], q: FloatArray, p: FloatArray, uu: FloatArray) -> list[int]:
     n = toks.shape[0]
-    uu = check_uniforms("u", u, n + 1)
     for k in range(n):
         a = int(toks[k])
         if uu[k] < p[k, a] / q[k, a]:
@@ -136,7 +139,7 @@ def sps_sample(
     ``rng`` is a ``numpy.random.Generator`` or an integer seed.
     """
     toks, q, p = check_chain(ref, q_rows, p_rows)
-    return sps_sample_from_uniforms(toks, q, p, as_rng(rng).random(toks.shape[0] + 1))
+    return _sps_step(toks, q, p, as_rng(rng).random(toks.shape[0] + 1))
 
 
 # -------------------------------------------------------------------- ASpS
@@ -150,7 +153,11 @@ def asps_kernel(ref: ArrayLike | Sequence[int], q_rows: ArrayLike, p_rows: Array
     the same array in ``O(n V)`` time without underflow of intermediate
     products.
     """
-    toks, q, p = check_chain(ref, q_rows, p_rows)
+    return _asps_kernel(*check_chain(ref, q_rows, p_rows))
+
+
+def _asps_kernel(toks: NDArray[np.int64], q: FloatArray, p: FloatArray) -> FloatArray:
+    """:func:`asps_kernel` on inputs already validated by :func:`check_chain`."""
     n = toks.shape[0]
     kernel = np.zeros_like(p)
     log_factor = np.zeros(n)  # log of the rescaling applied at step j
@@ -180,8 +187,11 @@ def asps_sample_from_uniforms(
 ) -> list[int]:
     """One ASpS step driven by a single uniform (``u`` of shape ``(1,)``)."""
     toks, q, p = check_chain(ref, q_rows, p_rows)
-    kernel = asps_kernel(toks, q, p)
-    uu = check_uniforms("u", u, 1)
+    return _asps_step(toks, q, p, check_uniforms("u", u, 1))
+
+
+def _asps_step(toks: NDArray[np.int64], q: FloatArray, p: FloatArray, uu: FloatArray) -> list[int]:
+    kernel = _asps_kernel(toks, q, p)
     flat = categorical(kernel.reshape(-1), float(uu[0]))
     k, b = divmod(flat, kernel.shape[1])
     return [int(t) for t in toks[:k]] + [int(b)]
@@ -194,7 +204,8 @@ def asps_sample(
 
     ``rng`` is a ``numpy.random.Generator`` or an integer seed.
     """
-    return asps_sample_from_uniforms(ref, q_rows, p_rows, as_rng(rng).random(1))
+    toks, q, p = check_chain(ref, q_rows, p_rows)
+    return _asps_step(toks, q, p, as_rng(rng).random(1))
 
 
 # ------------------------------------------------------------------- block
@@ -260,8 +271,11 @@ def block_sample_from_uniforms(
 ) -> list[int]:
     """One block-verification step driven by ``n + 1`` uniforms (layout in the module doc)."""
     toks, q, p = check_chain(ref, q_rows, p_rows)
+    return _block_step(toks, q, p, check_uniforms("u", u, toks.shape[0] + 1))
+
+
+def _block_step(toks: NDArray[np.int64], q: FloatArray, p: FloatArray, uu: FloatArray) -> list[int]:
     n = toks.shape[0]
-    uu = check_uniforms("u", u, n + 1)
     residuals, log_stop, _ = block_forward(toks, q, p)
     tau = 0
     for i in range(n, 0, -1):
@@ -280,4 +294,4 @@ def block_sample(
     ``rng`` is a ``numpy.random.Generator`` or an integer seed.
     """
     toks, q, p = check_chain(ref, q_rows, p_rows)
-    return block_sample_from_uniforms(toks, q, p, as_rng(rng).random(toks.shape[0] + 1))
+    return _block_step(toks, q, p, as_rng(rng).random(toks.shape[0] + 1))

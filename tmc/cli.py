@@ -31,7 +31,6 @@ from typing import NoReturn
 #: Entry-point group through which packages add ``tmc`` subcommands.
 COMMAND_GROUP = "tmc.commands"
 
-SubParsers = "argparse._SubParsersAction[argparse.ArgumentParser]"
 Handler = Callable[[argparse.Namespace], int]
 
 
@@ -92,7 +91,9 @@ def build_parser() -> Parser:
     from tmc.commands import register as register_core
 
     parser = Parser(prog="tmc", description="Exact kernels and checks for lossless speculative sampling.")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
+    sub: argparse._SubParsersAction[argparse.ArgumentParser] = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=Parser
+    )
     register_core(sub)
     for ep in registered_commands():
         try:

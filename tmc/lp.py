@@ -156,7 +156,7 @@ def chain_outcomes(model: ToyModel, n: int, prefix: Path = ()) -> list[DraftOutc
 
 def one_level_outcomes(model: ToyModel, k: int, draws: Draw | str, prefix: Path = ()) -> list[DraftOutcome]:
     """Depth-1 trees of ``k`` root children (see :func:`one_level_draft_law`)."""
-    law = one_level_draft_law(model, k, draws, prefix)
+    law = one_level_draft_law(model, k, Draw.parse(draws, "draws"), prefix)
     return [DraftOutcome(w, tuple((tok,) for tok in tup)) for tup, w in law.items()]
 
 

@@ -36,6 +36,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from types import MappingProxyType
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -195,7 +196,7 @@ def _int_tuple(name: str, values: object) -> tuple[int, ...]:
     return tuple(check_int(f"{name}[{i}]", x) for i, x in enumerate(_sequence(name, values)))
 
 
-def _check_rows(q_rows: Mapping[object, object], vocab: int) -> dict[int, FloatArray]:
+def _check_rows(q_rows: Mapping[Any, Any], vocab: int) -> dict[int, FloatArray]:
     """Validated, renormalised, read-only draft rows by node (one vectorised check for all rows)."""
     keys = [check_int("q_rows key", k) for k in q_rows]
     arrs = [as_real_array(f"q_rows[{k}]", v) for k, v in zip(keys, q_rows.values())]

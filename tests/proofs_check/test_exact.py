@@ -6,6 +6,7 @@ from fractions import Fraction
 
 import pytest
 
+from proofs_check.chain_literal import asps_literal, block_literal, rational_rows, simplest_row, sps_literal
 from proofs_check.dyspec import TokenTree, brute_force_best, dp_best, greedy_subtree, rooted_subtrees
 from proofs_check.exact import (
     ExactTree,
@@ -19,6 +20,7 @@ from proofs_check.exact import (
 )
 from proofs_check.neighbour import ASPS, SPS, output_law
 from proofs_check.speculative import paper_example
+from tmc import paper_toy_model
 from tmc.tree import TreeSpace
 
 HALF = Fraction(1, 2)
@@ -77,6 +79,36 @@ def test_paper_example_output_laws_keep_the_target_marginals() -> None:
         # the first token of the output follows p exactly: (0.3, 0.4, 0.3)
         first = {a: sum(v for s, v in law.items() if s[:1] == (a,)) for a in range(3)}
         assert first == {0: Fraction(3, 10), 1: Fraction(2, 5), 2: Fraction(3, 10)}
+
+
+def test_paper_example_is_tmc_paper_toy_model_read_exactly() -> None:
+    case, model = paper_example(), paper_toy_model()
+    for s in case.ref.support():
+        if case.continues(s):
+            assert [float(x) for x in case.ref.cond(s).values()] == list(model.q(s))
+    for s in case.shape.inner():
+        assert [float(x) for x in case.target.cond(s).values()] == list(model.p(s))
+    assert case.ref.cond(()) == {0: HALF, 1: Fraction(3, 10), 2: Fraction(1, 5)}
+
+
+def test_simplest_row_reads_decimals_and_thirds_and_refuses_the_rest() -> None:
+    assert simplest_row([0.3, 0.4, 0.3]) == (Fraction(3, 10), Fraction(2, 5), Fraction(3, 10))
+    assert simplest_row([1 / 3] * 3) == (Fraction(1, 3),) * 3
+    with pytest.raises(ValueError, match="denominator"):
+        simplest_row([1e-12, 1 - 1e-12])
+    with pytest.raises(ValueError, match="sum to exactly 1"):
+        simplest_row([0.5, 0.4])
+
+
+def test_chain_literals_on_the_paper_toy_draft_aa() -> None:
+    q_rows, p_rows = paper_toy_model().chain_rows((0, 0))
+    q, p = [list(simplest_row(r)) for r in q_rows], [list(simplest_row(r)) for r in p_rows]
+    sps, asps = sps_literal([0, 0], q, p), asps_literal([0, 0], q, p)
+    assert sum(map(sum, sps)) == sum(map(sum, asps)) == 1
+    # Tables 2 (SpS) and 3 (ASpS), column aa, over P_ref(aa) = 0.2: outputs b and c get 0.04 or 0.05
+    assert sps[0] == [0, Fraction(1, 5), Fraction(1, 5)] and asps[0] == [0, Fraction(1, 4), Fraction(1, 4)]
+    assert block_literal([0, 0], q, p) == asps
+    assert rational_rows(q_rows) != q  # binary values of 0.3 etc., not 3/10
 
 
 def test_rooted_subtree_counts_of_a_complete_binary_tree() -> None:

@@ -1,15 +1,18 @@
 """Tests of the optimal lossless-verification LP (DESIGN.md §6).
 
-Expected values come from outside the LP: the exact chain kernels of SpS,
-ASpS and block verification (``tmc.chain``, enumerated by
-``chain_output_law``), the closed form of Hu et al. (ICLR 2025) for one level
-of ``k`` drafts, hand computations, and the paper toy example's 2.60 (issue
-#2).  LP values carry the solver's tolerance, so they are compared within
+Expected values come from outside the LP and outside ``tmc.chain``: the
+literal exact-rational references of SpS, ASpS (Algorithm 1) and block
+verification in ``tests/tmc/reference.py``, enumerated over every draft chain
+in ``fractions.Fraction`` (:func:`literal_expected_length`); the closed form
+of Hu et al. (ICLR 2025) for one level of ``k`` drafts; hand computations;
+and the paper toy example's 2.60 / 2.56 (TMC paper Table 3, issue #2).  LP
+values carry the solver's tolerance, so they are compared within
 ``TOL = 1e-6``.
 """
 
 from __future__ import annotations
 
+from fractions import Fraction
 from itertools import combinations, permutations, product
 
 import numpy as np
@@ -17,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tmc import asps_kernel, block_kernel, chain_output_law, paper_toy_model, sps_kernel
+from tmc import paper_toy_model
 from tmc.enumeration import completion_error
 from tmc.lp import (
     DraftOutcome,
@@ -34,16 +37,26 @@ from tmc.lp import (
 from tmc.toy import ToyModel
 from verification.strategies import toy_models
 
+from .reference import (
+    asps_literal,
+    block_literal,
+    literal_expected_length,
+    rational_model,
+    sps_literal,
+)
+
 TOL = 1e-6  # HiGHS's feasibility tolerance is 1e-7; values are compared at 1e-6
 CHAIN_CASES = [(vocab, n, seed) for vocab in (2, 3, 4) for n in (1, 2, 3) for seed in range(4)]
-# Largest SpS shortfall below the LP over CHAIN_CASES: 0.0963 (V = 3, n = 3,
-# seed 1).  Over 300 random models with V <= 4, n <= 3 it was 0.258; ASpS and
-# block verification matched the LP within 4e-12 on all of them.
-SPS_GAP_OVER_CASES = 0.0963
 
 
-def _expected(model: ToyModel, n: int, kernel) -> float:
-    return chain_output_law(model, n, kernel).expected_length
+def _literal_exact(model: ToyModel, n: int, literal, prefix: tuple[int, ...] = ()) -> Fraction:
+    """Exact E[len] of a literal reference verifier over all draft chains (reference.py)."""
+    q_row, p_row = rational_model(model, prefix)
+    return literal_expected_length(q_row, p_row, model.vocab, n, literal)
+
+
+def _literal(model: ToyModel, n: int, literal, prefix: tuple[int, ...] = ()) -> float:
+    return float(_literal_exact(model, n, literal, prefix))
 
 
 def _check_optimum(model: ToyModel, result: LPResult, outcomes: list[DraftOutcome]) -> None:
@@ -62,37 +75,74 @@ def _check_optimum(model: ToyModel, result: LPResult, outcomes: list[DraftOutcom
 
 
 def test_chain_lp_paper_toy_equals_asps_value():
-    # Issue #2 and Table 3: ASpS reaches 2.60 on the paper's toy model (n = 2), SpS 2.56.
+    # Issue #2 and TMC paper Table 3: ASpS reaches 2.60 on the paper's toy
+    # model (n = 2), SpS 2.56.  The literal references reproduce the paper's
+    # figures, and the LP (the best any lossless verifier can do) is 2.60.
     model = paper_toy_model()
+    asps, sps = _literal(model, 2, asps_literal), _literal(model, 2, sps_literal)
+    assert asps == pytest.approx(2.60, abs=1e-12)
+    assert _literal(model, 2, block_literal) == pytest.approx(2.60, abs=1e-12)
+    assert sps == pytest.approx(2.56, abs=1e-12)
     result = chain_optimal_length(model, 2)
     assert result.expected_length == pytest.approx(2.60, abs=TOL)
-    assert result.expected_length - _expected(model, 2, sps_kernel) > 1e-3  # 0.04 gap
+    assert result.expected_length - sps == pytest.approx(0.04, abs=TOL)
+    _check_optimum(model, result, chain_outcomes(model, 2))
+
+
+def test_chain_lp_sps_gap_by_hand():
+    # Stationary V = 2 model: q = (1/2, 1/2), p = (1/3, 2/3) after every
+    # prefix, n = 2.  Per-token ratios p/q: token 0 -> 2/3, token 1 -> 4/3.
+    # SpS accepts each draft w.p. β = Σ min(p, q) = 5/6, so
+    #   E_SpS = 1 + β + β² = 91/36.
+    # Block verification (= ASpS) with a_i = min(1, a_{i-1} p(y_i)/q(y_i)),
+    # E[len] = 1 + E[τ], each draft chain w.p. 1/4:
+    #   (1,1): a = (1, 1)                                   -> E τ = 2
+    #   (1,0): a = (1, 2/3), stop at 1 surely (h_1 = 1/6)   -> E τ = 2·2/3 + 1/3 = 5/3
+    #   (0,1): a = (2/3, 8/9), h_1 = 0 so no stop at 1      -> E τ = 2·8/9 = 16/9
+    #   (0,0): a = (2/3, 4/9), h_1 = 0                      -> E τ = 2·4/9 = 8/9
+    #   E_ASpS = 1 + (2 + 5/3 + 16/9 + 8/9)/4 = 1 + 57/36 = 31/12.
+    # SpS loses on (0,1): it rejects token 0 w.p. 1/3 and ends the step,
+    # while the path ratio P(0,1)/Q(0,1) = (2/9)/(1/4) = 8/9 lets ASpS keep
+    # the whole block w.p. 8/9 > 2/3.  So the gap is 31/12 − 91/36 = 1/18 > 0.
+    half = [Fraction(1, 2), Fraction(1, 2)]
+    thirds = [Fraction(1, 3), Fraction(2, 3)]
+    exact = {
+        lit: literal_expected_length(lambda path: half, lambda path: thirds, 2, 2, lit)
+        for lit in (sps_literal, asps_literal, block_literal)
+    }
+    assert exact[sps_literal] == Fraction(91, 36)
+    assert exact[asps_literal] == Fraction(31, 12)
+    assert exact[block_literal] == Fraction(31, 12)
+    model = ToyModel(2, {}, {}, np.array([0.5, 0.5]), np.array([1 / 3, 2 / 3]))
+    result = chain_optimal_length(model, 2)
+    assert result.expected_length == pytest.approx(31 / 12, abs=TOL)
+    assert result.expected_length - 91 / 36 == pytest.approx(1 / 18, abs=TOL)
     _check_optimum(model, result, chain_outcomes(model, 2))
 
 
 @pytest.mark.parametrize(("vocab", "n", "seed"), CHAIN_CASES)
-def test_chain_lp_equals_asps_and_block_bounds_sps(vocab, n, seed):
+def test_chain_lp_equals_literal_asps_and_block_bounds_sps(vocab, n, seed):
+    # LP and the literal Algorithm 1 / block references are independent
+    # computations of the same number (measured: they agree to 2e-15).
     model = ToyModel.random(vocab, n, np.random.default_rng(seed))
-    result = chain_optimal_length(model, n)
-    assert result.expected_length == pytest.approx(_expected(model, n, asps_kernel), abs=TOL)
-    assert result.expected_length == pytest.approx(_expected(model, n, block_kernel), abs=TOL)
-    assert _expected(model, n, sps_kernel) <= result.expected_length + TOL
-
-
-def test_chain_lp_sps_gap_over_cases_is_the_recorded_one():
-    gaps = []
-    for vocab, n, seed in CHAIN_CASES:
-        model = ToyModel.random(vocab, n, np.random.default_rng(seed))
-        gaps.append(chain_optimal_length(model, n).expected_length - _expected(model, n, sps_kernel))
-    assert max(gaps) == pytest.approx(SPS_GAP_OVER_CASES, abs=1e-4)
+    lp = chain_optimal_length(model, n).expected_length
+    assert lp == pytest.approx(_literal(model, n, asps_literal), abs=TOL)
+    assert lp == pytest.approx(_literal(model, n, block_literal), abs=TOL)
+    sps_gap = lp - _literal(model, n, sps_literal)
+    assert sps_gap >= -TOL  # no lossless verifier beats the LP
+    if n == 1:
+        # One draft token: any lossless verifier emits the drafted token with
+        # probability at most Σ_y min(p(y), q(y)) (coupling inequality), and
+        # SpS reaches it, so SpS is optimal and the gap is 0.
+        assert sps_gap == pytest.approx(0.0, abs=TOL)
 
 
 @settings(max_examples=30)
 @given(model=toy_models(depth=3), n=st.integers(1, 3))
-def test_chain_lp_equals_asps_on_hypothesis_models(model, n):
+def test_chain_lp_equals_literal_asps_on_hypothesis_models(model, n):
     result = chain_optimal_length(model, n)
-    assert result.expected_length == pytest.approx(_expected(model, n, asps_kernel), abs=TOL)
-    assert _expected(model, n, sps_kernel) <= result.expected_length + TOL
+    assert result.expected_length == pytest.approx(_literal(model, n, asps_literal), abs=TOL)
+    assert _literal(model, n, sps_literal) <= result.expected_length + TOL
     _check_optimum(model, result, chain_outcomes(model, n))
 
 
@@ -102,11 +152,11 @@ def test_chain_lp_optimum_is_lossless(seed):
     _check_optimum(model, chain_optimal_length(model, 3), chain_outcomes(model, 3))
 
 
-def test_chain_lp_after_a_prefix_equals_asps():
+def test_chain_lp_after_a_prefix_equals_literal_asps():
     model = ToyModel.random(3, 4, np.random.default_rng(7))
     prefix = (1,)
     result = optimal_length(model, chain_outcomes(model, 2, prefix), prefix)
-    expected = chain_output_law(model, 2, asps_kernel, prefix).expected_length
+    expected = _literal(model, 2, asps_literal, prefix)
     assert result.expected_length == pytest.approx(expected, abs=TOL)
     assert completion_error(model, result.output_law, result.length, prefix) <= TOL
 
@@ -117,6 +167,7 @@ def test_lp_longer_completion_length_gives_same_optimum():
     short = optimal_length(model, outcomes)
     longer = optimal_length(model, outcomes, length=short.length + 1)
     assert longer.expected_length == pytest.approx(short.expected_length, abs=TOL)
+    assert short.expected_length == pytest.approx(_literal(model, 2, asps_literal), abs=TOL)
 
 
 def test_lp_deduplicates_repeated_paths():
@@ -124,7 +175,10 @@ def test_lp_deduplicates_repeated_paths():
     once = optimal_length(model, [DraftOutcome(1.0, ((0,),))])
     twice = optimal_length(model, [DraftOutcome(1.0, ((), (0,), (0,)))])
     assert twice.n_variables == once.n_variables
-    assert twice.expected_length == pytest.approx(once.expected_length, abs=TOL)
+    # Hand value: the draft is token 0 surely, so a lossless verifier emits
+    # 0 (then a bonus token) at most w.p. p(0) = 0.3: E[len] = 1.3.
+    assert once.expected_length == pytest.approx(1.3, abs=TOL)
+    assert twice.expected_length == pytest.approx(1.3, abs=TOL)
 
 
 def test_lp_leaves_out_outputs_of_target_probability_zero():
@@ -148,18 +202,31 @@ def _tiny_model() -> ToyModel:
 
 
 def test_lp_solves_tiny_probabilities():
+    # By hand, with ε = 1e-12, q = (1 − ε, ε), p = (ε, 1 − ε) at every prefix:
+    # n = 1: E = 1 + Σ min(p, q) = 1 + 2ε.
+    # n = 2 (block verification, r = ε/(1 − ε) the ratio of token 0):
+    #   (0,0) w (1−ε)²: a = (r, r²), h_1 = 0          -> E τ = 2r²
+    #   (0,1) w ε(1−ε): a = (r, 1)                    -> E τ = 2
+    #   (1,0) w ε(1−ε): a = (1, r), stop at 1 surely  -> E τ = 1 + r
+    #   (1,1) w ε²:     a = (1, 1)                    -> E τ = 2
+    #   E = 1 + 2ε² + 2ε(1−ε) + ε + 2ε² = 1 + 3ε + 2ε².
+    # (The float rows are read exactly and renormalised, which moves ε by
+    # ~1e-16 relative: far inside rel=1e-9.)
     model = _tiny_model()
+    eps = 1e-12
+    by_hand = {1: 2 * eps, 2: 3 * eps + 2 * eps**2}
+    for n, excess in by_hand.items():
+        assert float(_literal_exact(model, n, asps_literal) - 1) == pytest.approx(excess, rel=1e-9)
     for n in (1, 2, 3):
         result = chain_optimal_length(model, n)
-        assert 1.0 <= result.expected_length <= 1.0 + 1e-9
-        assert result.expected_length == pytest.approx(_expected(model, n, asps_kernel), abs=TOL)
+        assert result.expected_length == pytest.approx(_literal(model, n, asps_literal), abs=TOL)
 
 
 @settings(max_examples=15)
 @given(model=toy_models(depth=3, relation="tiny"), n=st.integers(1, 3))
-def test_lp_equals_asps_on_tiny_hypothesis_models(model, n):
+def test_lp_equals_literal_asps_on_tiny_hypothesis_models(model, n):
     result = chain_optimal_length(model, n)
-    assert result.expected_length == pytest.approx(_expected(model, n, asps_kernel), abs=TOL)
+    assert result.expected_length == pytest.approx(_literal(model, n, asps_literal), abs=TOL)
 
 
 def test_lp_naive_scaling_fails_on_tiny_probabilities():
@@ -184,7 +251,7 @@ def test_lp_conditional_scaling_fails_where_unit_solves():
     model = ToyModel.random(4, 4, np.random.default_rng(337))
     outcomes = chain_outcomes(model, 4)
     result = solve_lp(build_lp(model, outcomes))
-    assert result.expected_length == pytest.approx(_expected(model, 4, asps_kernel), abs=TOL)
+    assert result.expected_length == pytest.approx(_literal(model, 4, asps_literal), abs=TOL)
     try:
         solve_lp(build_lp(model, outcomes, scaling="conditional"))
     except RuntimeError as err:

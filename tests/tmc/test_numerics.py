@@ -43,7 +43,9 @@ def test_long_chain_large_vocab_is_a_distribution(gap, draft_choice):
     for kern in kernels:
         assert np.isfinite(kern).all()
         assert (kern >= 0).all()
-        assert abs(kern.sum() - 1.0) <= 1e-9
+        # tmc/chain.py promises normalisation to ~1e-12 here; measured worst
+        # |sum − 1| over these 10 cases and 3 kernels: 4.4e-16.
+        assert abs(kern.sum() - 1.0) <= 1e-12
         assert (kern[np.arange(n), ref] == 0).all()
     np.testing.assert_allclose(kernels[1], kernels[2], rtol=0, atol=1e-12)
 

@@ -1,4 +1,13 @@
-"""Samplers: replay with chosen noise, edge cases, and calibrated agreement with kernels."""
+"""Samplers: replay with chosen noise, edge cases, and agreement with exact laws.
+
+Sampler laws are checked against their own float kernels and, so that no
+check compares the code with itself only, against independent laws: the
+literal exact-rational references of ``tests/tmc/reference.py`` and, for
+ASpS, the block-verification sampler (a different algorithm with the same
+law).  Statistical checks are calibrated (false-fail rate, detectable TV,
+sample size fixed before sampling); cases with certain accept tests are
+checked exactly instead.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +28,8 @@ from tmc import (
 )
 from tmc.toy import ToyModel
 from verification.calibrated import chi_square_check, detectable_tv, required_samples
+
+from .reference import asps_literal, block_literal, rational_rows, sps_literal, to_float
 
 Q = np.array([[0.5, 0.5, 0.0], [0.2, 0.3, 0.5]])
 P = np.array([[0.0, 0.5, 0.5], [0.1, 0.1, 0.8], [0.25, 0.25, 0.5]])
@@ -41,9 +52,14 @@ def test_sps_all_accepted_emits_bonus_from_last_target_row():
 
 def test_sps_accept_test_and_resample_use_independent_noise():
     # Changing the resample uniform never changes how many drafts are accepted.
+    # ref[0] = 1 passes (p/q = 0.5/0.5 = 1 > 0.5); ref[1] = 0 fails
+    # (0.6 >= 0.2/0.6); the residual (p_1 − q_1)_+ = (0, 0.2, 0.2) then
+    # gives token 1 for u_last < 1/2 and token 2 above.
+    q = np.array([[0.5, 0.5, 0.0], [0.6, 0.2, 0.2]])
+    p = np.array([[0.0, 0.5, 0.5], [0.2, 0.4, 0.4], [0.25, 0.25, 0.5]])
     for u_last in np.linspace(0.0, 0.999, 7):
-        out = sps_sample_from_uniforms([1, 0], Q, P, [0.5, 0.6, u_last])
-        assert out[0] == 1 and len(out) == 2  # ref[0] accepted (p/q = 1), ref[1] rejected (0.6 >= 0.5)
+        want = [1, 1] if u_last < 0.5 else [1, 2]
+        assert sps_sample_from_uniforms([1, 0], q, p, [0.5, 0.6, u_last]) == want
 
 
 def test_block_scan_stops_at_the_last_position_that_fires():
@@ -58,10 +74,41 @@ def test_block_scan_stops_at_the_last_position_that_fires():
 
 
 def test_asps_uniform_zero_takes_first_positive_cell():
-    kern = asps_kernel([0, 2], Q, P)
-    first = int(np.flatnonzero(kern.reshape(-1) > 0)[0])
-    k, b = divmod(first, 3)
-    assert asps_sample_from_uniforms([0, 2], Q, P, [0.0]) == [0, 2][:k] + [b]
+    # By hand (Algorithm 1): p(ref[0] = 0) = 0, so ASpS's weight drops to
+    # P_N_s = 0 at step 0 and it emits norm((p_0 − q_0)_+) = (0, 0, 1) there;
+    # step 1 then rescales by (q(2)/Σq)/q(2) = 1 and emits nothing.  The law
+    # is the point mass on [2]: cells (0, 0) and (0, 1) before it are zero.
+    assert to_float(asps_literal([0, 2], rational_rows(Q), rational_rows(P)))[0] == [0.0, 0.0, 1.0]
+    assert asps_sample_from_uniforms([0, 2], Q, P, [0.0]) == [2]
+    assert asps_sample_from_uniforms([0, 2], Q, P, [0.999]) == [2]
+
+
+def test_asps_inverse_cdf_decodes_each_cell_of_the_literal_law():
+    # The flattened law in row-major (k, b) order, from the literal exact-
+    # rational Algorithm 1 (tests/tmc/reference.py, not tmc.asps_kernel): a
+    # uniform at the middle of cell c's CDF interval must come out as
+    # ref[:k] + [b].  Checks the inverse CDF and the index decoding exactly.
+    # Cells below 1e-9 are skipped: their exact mass may be 0 while float
+    # rows leave ~1e-17 of rounding there, too narrow to aim a uniform at.
+    toy, rand = TOY, RAND  # module-level models, defined with the case tables below
+    cases = [(ref, *toy.chain_rows(ref)) for ref in [(0, 0), (2, 1)]]
+    drafted = [ref for ref in [(0, 1, 2), (3, 3, 0), (1, 0, 3)] if all(rand.q(ref[:i])[a] > 0 for i, a in enumerate(ref))]
+    cases += [(ref, *rand.chain_rows(ref)) for ref in drafted]
+    cases.append(((1, 2), Q, P))
+    checked = 0
+    for ref, q_rows, p_rows in cases:
+        law = asps_literal(ref, rational_rows(q_rows), rational_rows(p_rows))
+        vocab = len(law[0])
+        flat = [m for row in law for m in row]
+        cdf = 0 * flat[0]
+        for cell, mass in enumerate(flat):
+            if mass > 1e-9:
+                k, b = divmod(cell, vocab)
+                u = float(cdf + mass / 2)
+                assert asps_sample_from_uniforms(ref, q_rows, p_rows, [u]) == list(ref[:k]) + [b], (ref, cell)
+                checked += 1
+            cdf += mass
+    assert checked >= 15  # the cases cover many cells (16 here), not one point mass
 
 
 @pytest.mark.parametrize(
@@ -82,27 +129,35 @@ def test_rng_entry_point_is_replay_of_its_uniforms(sample, replay, width):
 # ------------------------------------------------------- calibrated tests
 
 # Each check below states its false-fail rate: the CI budget of 1e-9 split
-# (Bonferroni) over every sampler-vs-kernel check in this file.  Each detects,
-# with probability >= 1 - 1e-3, a total variation of DETECT_TV between the
-# sampler's law and its kernel on the merged cells.
+# (Bonferroni) over every sampler-vs-law check in this file (N_CHECKS).  Each
+# detects, with probability >= 1 - 1e-3, a total variation of DETECT_TV
+# between the sampler's law and the reference law on the merged cells.
 DETECT_TV = 0.05
 
 
-def _cases():
+def _models():
     toy = paper_toy_model()
-    rng = np.random.default_rng(11)
-    rand = ToyModel.random(4, 3, rng, zero_prob=0.25)
+    rand = ToyModel.random(4, 3, np.random.default_rng(11), zero_prob=0.25)
     uniform3 = np.full(3, 1 / 3)
     greedy = ToyModel(3, {}, {(): np.array([0.0, 1.0, 0.0])}, uniform3, np.array([0.0, 0.0, 1.0]))
     same = ToyModel(3, {}, {}, np.array([0.2, 0.3, 0.5]), np.array([0.2, 0.3, 0.5]))
-    return [
-        ("paper aa", toy, (0, 0)),
-        ("paper ac", toy, (0, 2)),
-        ("random V4 n3", rand, None),  # a draft chain drawn from the model itself
-        ("greedy target", greedy, (2, 1)),
-        ("p == q", same, (2, 2)),
-        ("no drafts", toy, ()),
-    ]
+    return toy, rand, greedy, same
+
+
+TOY, RAND, GREEDY, SAME = _models()
+# Cases whose accept tests are random: checked statistically below.
+CASES = [
+    ("paper aa", TOY, (0, 0)),
+    ("paper ac", TOY, (0, 2)),
+    ("random V4 n3", RAND, None),  # a draft chain drawn from the model itself
+]
+# Cases whose accept / stop tests are all certain (probability 0 or 1), so
+# only the final uniform matters and the law is checked exactly instead.
+CERTAIN_CASES = [
+    ("greedy target", GREEDY, (2, 1)),  # p_0(2) = 0: rejected surely, residual (0, 1, 0)
+    ("p == q", SAME, (2, 2)),  # every ratio is 1: accepted surely, bonus from p_2
+    ("no drafts", TOY, ()),  # n = 0: one token from p_0
+]
 
 
 def _resolve(model, ref, rng):
@@ -115,30 +170,111 @@ def _resolve(model, ref, rng):
     return drawn
 
 
-CASES = _cases()
-SAMPLERS = [(sps_sample, sps_kernel), (asps_sample, asps_kernel), (block_sample, block_kernel)]
-N_CHECKS = len(CASES) * len(SAMPLERS)
+def _literal_law(literal):
+    """A reference law from tests/tmc/reference.py, in exact rationals, as a float kernel."""
+
+    def law(ref, q_rows, p_rows):
+        return np.array(to_float(literal(ref, rational_rows(q_rows), rational_rows(p_rows))))
+
+    law.__name__ = literal.__name__
+    return law
+
+
+# Each sampler is drawn once per case; its counts are then checked against
+# every law listed with it.  The laws that are not the sampler's own kernel
+# come from an independent computation:
+# * block_sample vs asps_kernel — Sun et al.'s block verification is a
+#   different sequential algorithm (backward scan of stop tests, n + 1
+#   uniforms) with provably the same law as ASpS's Algorithm 1, so this
+#   tests asps_kernel against a sampler that never calls it;
+# * asps_sample vs asps_literal — asps_sample draws by inverse CDF from
+#   asps_kernel, so comparing it with asps_kernel would test the kernel
+#   against itself; the literal exact-rational Algorithm 1 (rescaling the
+#   whole P_N each step) checks the kernel and the sampler path (inverse
+#   CDF, (k, b) index decoding) together;
+# * sps_sample and block_sample are also checked against their literal
+#   references (eq. (1) couplings; block verification by enumerating all
+#   2^n stop-test outcomes).
+SAMPLERS = [
+    (sps_sample, (sps_kernel, _literal_law(sps_literal))),
+    (block_sample, (block_kernel, asps_kernel, _literal_law(block_literal))),
+    (asps_sample, (_literal_law(asps_literal),)),
+]
+N_CHECKS = len(CASES) * sum(len(laws) for _, laws in SAMPLERS)
 ALPHA = 1e-9 / N_CHECKS
 
 
-@pytest.mark.parametrize(("sample", "kernel"), SAMPLERS, ids=["sps", "asps", "block"])
-@pytest.mark.parametrize(("name", "model", "ref"), CASES, ids=[c[0] for c in CASES])
-def test_sampler_matches_kernel(sample, kernel, name, model, ref):
-    rng = np.random.default_rng(2024)
-    ref = _resolve(model, ref, rng)
-    q_rows, p_rows = model.chain_rows(ref)
-    probs = kernel(ref, q_rows, p_rows).reshape(-1)
-    n_samples = required_samples(int((probs > 0).sum()), DETECT_TV, ALPHA)
-    assert n_samples <= 40_000, "sample size must stay affordable"
-    counts = np.zeros(probs.shape[0], dtype=np.int64)
-    vocab = model.vocab
+def _draw_counts(sample, model, ref, q_rows, p_rows, n_samples, rng):
+    """Counts over the flattened (k, b) cells of ``n_samples`` steps of ``sample``."""
+    counts = np.zeros((len(ref) + 1) * model.vocab, dtype=np.int64)
     for _ in range(n_samples):
         out = sample(ref, q_rows, p_rows, rng)
         assert list(out[:-1]) == list(ref[: len(out) - 1]), "output must extend an accepted prefix"
-        counts[(len(out) - 1) * vocab + out[-1]] += 1
-    result = chi_square_check(counts, probs, ALPHA)
-    assert result.impossible == 0
-    assert result.passed, result
+        counts[(len(out) - 1) * model.vocab + out[-1]] += 1
+    return counts
+
+
+@pytest.mark.parametrize(("sample", "laws"), SAMPLERS, ids=["sps", "block", "asps"])
+@pytest.mark.parametrize(("name", "model", "ref"), CASES, ids=[c[0] for c in CASES])
+def test_sampler_matches_reference_laws(sample, laws, name, model, ref):
+    """Sampler frequencies against its kernel and independent reference laws.
+
+    Independent algorithms used (table SAMPLERS): ``asps_kernel`` is checked
+    against ``block_sample`` — Sun et al.'s block verification, a backward
+    scan of stop tests that never calls ``asps_kernel`` — and ``asps_sample``
+    (inverse CDF + (k, b) decoding) against ``asps_literal``, the literal
+    exact-rational Algorithm 1; ``sps_sample`` / ``block_sample`` also
+    against ``sps_literal`` / ``block_literal``.  False-fail rate ``ALPHA``
+    per check (1e-9 Bonferroni-split over ``N_CHECKS``); each check detects
+    a TV of ``DETECT_TV`` with probability ≥ 1 − 1e-3.
+    """
+    rng = np.random.default_rng(2024)
+    ref = _resolve(model, ref, rng)
+    q_rows, p_rows = model.chain_rows(ref)
+    probs = [law(ref, q_rows, p_rows).reshape(-1) for law in laws]
+    # Fixed before sampling: enough for the check with the most positive cells.
+    n_samples = max(required_samples(int((pr > 0).sum()), DETECT_TV, ALPHA) for pr in probs)
+    assert n_samples <= 40_000, "sample size must stay affordable"
+    counts = _draw_counts(sample, model, ref, q_rows, p_rows, n_samples, rng)
+    for law, pr in zip(laws, probs):
+        result = chi_square_check(counts, pr, ALPHA)
+        assert result.impossible == 0, (law.__name__, result)
+        assert result.passed, (law.__name__, result)
+
+
+@pytest.mark.parametrize(
+    ("replay", "literal"),
+    [
+        (sps_sample_from_uniforms, sps_literal),
+        (block_sample_from_uniforms, block_literal),
+        (asps_sample_from_uniforms, asps_literal),
+    ],
+    ids=["sps", "block", "asps"],
+)
+@pytest.mark.parametrize(("name", "model", "ref"), CERTAIN_CASES, ids=[c[0] for c in CERTAIN_CASES])
+def test_sampler_with_certain_tests_matches_literal_law_exactly(replay, literal, name, model, ref):
+    """Exact law of the sampler as a function of its noise, against the literal reference.
+
+    The literal law (tests/tmc/reference.py, exact rationals) has one row
+    ``k``: the step surely emits ``ref[:k]`` then one token.  Whatever the
+    accept / stop uniforms are, the final uniform at the middle of token
+    ``b``'s CDF interval in that row must give ``ref[:k] + [b]`` (ASpS's
+    single uniform indexes the flattened law, whose earlier rows are 0).
+    """
+    q_rows, p_rows = model.chain_rows(ref)
+    law = literal(ref, rational_rows(q_rows), rational_rows(p_rows))
+    rows = [k for k, row in enumerate(law) if any(m > 0 for m in row)]
+    assert len(rows) == 1, "the case must have certain accept tests"
+    k = rows[0]
+    assert sum(law[k]) == 1
+    width = 1 if replay is asps_sample_from_uniforms else len(ref) + 1
+    for u_test in (0.0, 0.5, 0.999):
+        cdf = 0 * law[k][0]
+        for b, mass in enumerate(law[k]):
+            if mass > 0:
+                u = [u_test] * (width - 1) + [float(cdf + mass / 2)]
+                assert replay(ref, q_rows, p_rows, u) == list(ref[:k]) + [b], (u, b)
+            cdf += mass
 
 
 def test_chi_square_check_catches_a_biased_sampler():
