@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -47,11 +49,16 @@ def test_demo_prints_paper_tables_and_lengths(capsys):
     assert lines["b"][1:] == ["0.050", "0.050", "0.000", "0.300", "0.000"]  # Table 3's row b (last table)
 
 
-def test_bench_prints_ratio_table(capsys, tmp_path):
-    target = tmp_path / "bench.json"
-    assert main(["bench", "--n", "1,2", "--vocab", "50", "--repeat", "1", "--json", str(target)]) == 0
-    out = capsys.readouterr().out
-    assert "ASpS/SpS" in out and target.exists()
+def test_bench_prints_ratio_table(capsys):
+    assert main(["bench", "--n", "1,2", "--vocab", "50", "--repeat", "1"]) == 0
+    assert "ASpS/SpS" in capsys.readouterr().out
+
+
+def test_bench_json_flag_prints_the_figures(capsys):
+    assert main(["bench", "--n", "1,2", "--vocab", "50", "--repeat", "1", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [r["n"] for r in report["results"]] == [1, 2]
+    assert all(r["sps_us"] > 0 and r["asps_us"] > 0 and r["block_us"] > 0 for r in report["results"])
 
 
 def test_console_script_runs_demo():
@@ -62,14 +69,101 @@ def test_console_script_runs_demo():
     assert "Exact expected output length" in out.stdout
 
 
-@pytest.mark.parametrize("command", ["suite", "audit", "proofs"])
-def test_delegated_commands_print_their_help(command, capsys):
+COMMANDS = ["demo", "acceptance", "bench", "suite", "audit", "proofs"]
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_help_is_clean_plain_text(command, capsys):
+    with pytest.raises(SystemExit) as err:
+        main([command, "--help"])
+    assert err.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: tmc {command}"), out.splitlines()[0]
+    assert not re.search(r"``|:(func|mod|class|data):|\*\*", out), out  # no reStructuredText markup
+
+
+def _run_cli(capsys, argv):
     try:
-        code = main([command, "--help"])
-    except SystemExit as err:  # argparse's own exit
+        code = main(argv)
+    except SystemExit as err:  # argparse's own exit for usage errors
         code = err.code
-    assert code == 0
-    assert "usage" in capsys.readouterr().out.lower()
+    captured = capsys.readouterr()
+    return code, captured.err
+
+
+# Every bad call a new user tried (issue 9): one line on stderr, non-zero exit, no traceback.
+BAD_CALLS = [
+    ["acceptance", "missing-file.json", "--chain", "2"],
+    ["acceptance", ".", "--chain", "2"],
+    ["acceptance", "--random", "0", "--chain", "2"],
+    ["acceptance", "--random", "3", "--seed", "-1", "--chain", "2"],
+    ["acceptance", "--random", "3", "--tree", "2", "--draw", "bogus"],
+    ["bench", "--vocab", "0"],
+    ["bench", "--n", "-1"],
+    ["bench", "--n", "x"],
+    ["bench", "--repeat", "0"],
+    ["bench", "--seed", "-3"],
+    ["demo", "--seed", "-1"],
+    ["demo", "--seed", "x"],
+    ["suite", "--false-fail", "2"],
+    ["suite", "--seed", "-2"],
+    ["audit", "no_such_module_xyz:f", "--kind", "chain"],
+    ["audit", "tmc:sps_sample"],
+    ["audit", "tmc", "--kind", "chain"],
+    ["audit", "tmc:not_there", "--kind", "chain"],
+    ["audit", "tmc:sps_sample", "--kind", "chain", "--budget", "0"],
+    ["audit", "tmc:sps_sample", "--kind", "chain", "--seed", "-1"],
+    ["proofs", "--seed", "-1"],
+    ["proofs", "--only", "Z.99"],
+]
+
+
+@pytest.mark.parametrize("argv", BAD_CALLS, ids=[" ".join(a) for a in BAD_CALLS])
+def test_cli_errors_are_one_line_without_traceback(capsys, argv):
+    code, err = _run_cli(capsys, argv)
+    assert code not in (0, None), err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert "Traceback" not in err and lines[0].startswith("tmc"), err
+
+
+@pytest.mark.parametrize(
+    ("content", "match"),
+    [
+        ('{"vocab": 2, "draft": {"": null}, "target": {"*": [1, 0]}}', "draft"),
+        ('{"vocab": 2, "draft": {"": {"a": 1}}, "target": {"*": [1, 0]}}', "draft"),
+        ('{"vocab": true, "draft": {"*": [1, 0]}, "target": {"*": [1, 0]}}', "vocab"),
+        ('{"vocab": "2", "draft": {"*": [1, 0]}, "target": {"*": [1, 0]}}', "vocab"),
+        ('{"vocab": 2, "draft": {"*": [1, "x"]}, "target": {"*": [1, 0]}}', "draft"),
+        ("null", "expected a JSON object"),
+    ],
+)
+def test_bad_model_files_are_one_line_errors(tmp_path, capsys, content, match):
+    path = tmp_path / "model.json"
+    path.write_text(content, encoding="utf-8")
+    code, err = _run_cli(capsys, ["acceptance", str(path), "--chain", "1"])
+    assert code == 2 and len(err.strip().splitlines()) == 1 and match in err, err
+
+
+def test_audit_reports_a_module_that_fails_to_import(tmp_path, capsys, monkeypatch):
+    (tmp_path / "broken_verifier_mod.py").write_text("raise RuntimeError('boom at import')\n", encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code, err = _run_cli(capsys, ["audit", "broken_verifier_mod:f", "--kind", "chain"])
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "boom at import" in err, err
+
+
+def test_base_install_needs_no_test_extra():
+    """Every documented command works after a plain ``pip install .``: no run-time import of a test-only package."""
+    import tomllib
+
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    base = " ".join(meta["project"]["dependencies"])
+    assert "hypothesis" in base  # tmc audit / tmc proofs search and draw cases with it
+    for pkg in ("tmc", "verification", "proofs_check"):
+        for path in (ROOT / pkg).rglob("*.py"):
+            text = path.read_text(encoding="utf-8")
+            for test_only in ("pytest", "mypy"):
+                assert not re.search(rf"^\s*(import|from) {test_only}\b", text, re.M), f"{path} imports {test_only}"
 
 
 def test_unknown_command_exits_with_usage():

@@ -232,7 +232,9 @@ def block_forward(
         res = np.maximum(_scaled_excess(log_a, p[i], q[i]), 0.0)
         h = float(res.sum())
         denom = h + _one_minus_exp(log_a)  # h_i + 1 − a_i
-        residuals[i] = res
+        # Rounding can leave no residual mass where τ = i still has ~1e-16
+        # probability (p ≈ q): fall back to the one residual rule.
+        residuals[i] = res if h > 0.0 else residual(p[i], q[i], int(toks[i]))
         if i > 0 and denom > 0.0:
             log_stop[i] = _log(h) - math.log(denom)
             log_keep[i] = _log(_one_minus_exp(log_a)) - math.log(denom)

@@ -9,12 +9,14 @@ output** as the scalar ``*_sample_from_uniforms`` on that row — bit for bit,
 not approximately.  That is why they:
 
 * validate the probabilities with the very same functions
-  (:func:`tmc.validate.check_chain`, the private ``_check_p_rows``), so both
-  see the same renormalised float64 rows;
-* build every deterministic quantity (acceptance ratios, residual rows, stop
-  probabilities, the ASpS kernel) with the scalar module's own helpers
-  (``_residual``, ``_block_forward``, ``_reject``, ``proposal_laws``,
-  :func:`tmc.chain.asps_kernel`), once per draft instead of once per step;
+  (:func:`tmc.validate.check_chain`, :func:`tmc.multidraft.check_tree_p_rows`),
+  so both see the same renormalised float64 rows;
+* build every deterministic quantity with the functions the scalar samplers
+  call: the residual rule :func:`tmc.residual.residual` and its acceptance
+  test :func:`tmc.residual.acceptance_probability`, block verification's
+  :func:`tmc.chain.block_forward`, the proposal laws of the tree
+  (:func:`tmc.multidraft.proposal_laws` or any other ``proposals`` rule) and
+  :func:`tmc.chain.asps_kernel` — once per draft instead of once per step;
 * draw tokens with the arithmetic of :func:`tmc.noise.categorical`: the
   cumulative sum of one 1-D row by ``np.cumsum``, the target ``u * total`` as
   one float64 product, ``searchsorted(..., side="right")`` — or, for a small
@@ -47,10 +49,11 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from tmc.chain import _block_forward, _residual, asps_kernel
-from tmc.multidraft import ROOT, DraftTree, _check_p_rows, _reject, proposal_laws
+from tmc.chain import asps_kernel, block_forward
+from tmc.multidraft import ROOT, DraftTree, ProposalFn, check_tree_p_rows, proposal_laws
+from tmc.residual import acceptance_probability, residual
 from tmc.toy import Path, ToyModel
-from tmc.validate import FloatArray, IntArray, check_chain, check_prob_rows
+from tmc.validate import FloatArray, IntArray, as_real_array, check_chain, check_int, check_prob_rows
 
 BoolArray = NDArray[np.bool_]
 
@@ -82,6 +85,7 @@ class ChainBatch:
 
     def counts(self, n: int, vocab: int) -> IntArray:
         """Histogram ``(n + 1, V)`` of the steps over the kernel's cells."""
+        n, vocab = check_int("n", n, minimum=0), check_int("vocab", vocab, minimum=1)
         out: IntArray = np.bincount(self.cells(vocab), minlength=(n + 1) * vocab).reshape(n + 1, vocab)
         return out
 
@@ -243,7 +247,7 @@ def sps_batch(
     uu = check_uniform_batch("u", u, n + 1)  # (T, n + 1)
     ratio = p[np.arange(n), toks] / q[np.arange(n), toks]  # (n,) the scalar's p[k, a] / q[k, a]
     k = _first_rejection(uu[:, :n] < ratio)  # (T,) accepted drafts
-    rows = [_residual(p[i], q[i], int(toks[i])) for i in range(n)] + [p[n]]
+    rows = [residual(p[i], q[i], int(toks[i])) for i in range(n)] + [p[n]]  # the scalar's rows
     last = _CdfTable.from_rows(rows).draw(k, uu[:, n])
     return ChainBatch(k + 1, last)
 
@@ -256,7 +260,7 @@ def asps_batch(
     Equal, trial for trial, to :func:`tmc.chain.asps_sample_from_uniforms`
     (one inverse-CDF draw over the flattened kernel, TMC paper Algorithm 1).
     """
-    kernel = asps_kernel(ref, q_rows, p_rows)  # (n + 1, V), validates the chain
+    kernel = asps_kernel(ref, q_rows, p_rows)  # (n + 1, V): validates once, as the scalar does
     uu = check_uniform_batch("u", u, 1)
     vocab = kernel.shape[1]
     flat = _CdfTable.from_rows([kernel.reshape(-1)]).draw(np.zeros(uu.shape[0], dtype=np.int64), uu[:, 0])
@@ -274,7 +278,7 @@ def block_batch(
     toks, q, p = check_chain(ref, q_rows, p_rows)
     n = toks.shape[0]
     uu = check_uniform_batch("u", u, n + 1)  # (T, n + 1)
-    residuals, log_stop, _ = _block_forward(toks, q, p)
+    residuals, log_stop, _ = block_forward(toks, q, p)
     # math.exp as in the scalar scan (np.exp may differ in the last bit).
     stop_prob = np.array([math.exp(log_stop[i]) for i in range(1, n + 1)], dtype=np.float64)  # (n,)
     fired = (uu[:, :n] < stop_prob)[:, ::-1]  # (T, n) position n first
@@ -293,9 +297,9 @@ CHAIN_BATCH: dict[str, Callable[[ArrayLike | Sequence[int], ArrayLike, ArrayLike
 
 def chain_noise_width(method: str, n: int) -> int:
     """Uniforms per step of a chain verifier: ``n + 1`` (SpS, block) or 1 (ASpS)."""
-    if method not in CHAIN_BATCH:
+    if not isinstance(method, str) or method not in CHAIN_BATCH:
         raise ValueError(f"method must be one of {sorted(CHAIN_BATCH)}, got {method!r}")
-    return 1 if method == "asps" else n + 1
+    return 1 if method == "asps" else check_int("n", n, minimum=0) + 1
 
 
 # ---------------------------------------------------- multi-draft trees
@@ -310,33 +314,36 @@ class _TreePlan:
     final: _CdfTable  # row j: the residual after rejecting every child of node j - 1 (p at a leaf)
 
 
-def _tree_plan(tree: DraftTree, p: FloatArray) -> _TreePlan:
+def _tree_plan(tree: DraftTree, p: FloatArray, proposals: ProposalFn = proposal_laws) -> _TreePlan:
     width = max((len(tree.children(v)) for v in range(ROOT, tree.size)), default=0)
     kids = np.zeros((tree.size + 1, width), dtype=np.int64)
     ratios = np.full((tree.size + 1, width), -np.inf)  # u < -inf never holds: padding never accepts
     finals: list[FloatArray] = []
     for node in range(ROOT, tree.size):
         r = p[node + 1]
-        for i, (kid, law) in enumerate(zip(tree.children(node), proposal_laws(tree, node))):
+        for i, (kid, law) in enumerate(zip(tree.children(node), proposals(tree, node))):
             tok = tree.tokens[kid]
             kids[node + 1, i] = kid
-            ratios[node + 1, i] = r[tok] / law[tok]  # the scalar's test, same operands
-            r = _reject(r, law)  # the residual the scalar would carry to the next child
+            ratios[node + 1, i] = acceptance_probability(float(r[tok]), float(law[tok]))  # the scalar's test
+            r = residual(r, law, tok)  # the residual the scalar would carry to the next child
         finals.append(r)
     return _TreePlan(kids, ratios, _CdfTable.from_rows(finals))
 
 
-def multidraft_batch(tree: DraftTree, p_rows: ArrayLike, u: ArrayLike) -> TreeBatch:
+def multidraft_batch(
+    tree: DraftTree, p_rows: ArrayLike, u: ArrayLike, proposals: ProposalFn = proposal_laws
+) -> TreeBatch:
     """Multi-draft residual verification of one tree for many trials; ``u`` is ``(trials, N + 1)``.
 
-    Equal, trial for trial, to :func:`tmc.multidraft.multidraft_sample_from_uniforms`.
+    Equal, trial for trial, to :func:`tmc.multidraft.multidraft_sample_from_uniforms`
+    with the same ``proposals`` rule (default: each node's recorded draw kind).
     The residual at a node after ``i`` rejected children does not depend on
     the noise, so it is computed once per (node, i); the trials then walk the
     tree together, one level per iteration.
     """
-    p = _check_p_rows(tree, p_rows)
+    p = check_tree_p_rows(tree, p_rows)
     uu = check_uniform_batch("u", u, tree.size + 1)  # (T, N + 1)
-    plan = _tree_plan(tree, p)
+    plan = _tree_plan(tree, p, proposals)
     trials = uu.shape[0]
     node = np.full(trials, ROOT, dtype=np.int64)  # (T,) current accepted node
     active = np.arange(trials)  # trials still testing children
@@ -349,6 +356,24 @@ def multidraft_batch(tree: DraftTree, p_rows: ArrayLike, u: ArrayLike) -> TreeBa
         active = active[moved]
     last = plan.final.draw(node + 1, uu[:, tree.size])
     return TreeBatch(node, last)
+
+
+def categorical_batch(weights: ArrayLike, u: ArrayLike) -> IntArray:
+    """``tmc.noise.categorical(weights, u[t])`` for every ``t``: ``(trials,)`` indices.
+
+    One inverse-CDF table for many draws from the same weights (e.g. picking
+    one of the enumerated drafts of :mod:`tmc.drafts` by its weight).  Like
+    ``categorical``, the weights need not sum to 1 and are not renormalised
+    (which would move CDF steps by an ulp); they must be finite,
+    non-negative and not all zero.
+    """
+    w = as_real_array("weights", weights)
+    if w.ndim != 1 or w.size == 0:
+        raise ValueError(f"weights must be a non-empty 1-D array, got shape {w.shape}")
+    if not np.all(np.isfinite(w)) or bool(np.any(w < 0.0)) or not float(w.sum()) > 0.0:
+        raise ValueError("weights must be finite and non-negative with a positive sum")
+    uu = check_uniform_batch("u", np.asarray(u, dtype=np.float64).reshape(-1, 1), 1)[:, 0]
+    return _CdfTable.from_rows([w]).draw(np.zeros(uu.shape[0], dtype=np.int64), uu)
 
 
 # ------------------------------------------------ draft + verify on a toy
@@ -368,10 +393,15 @@ def _draft_chains(
 ) -> tuple[IntArray, IntArray, list[Path]]:
     """Draft chains, each trial's chain id, and the distinct chains (by id).
 
+    A vectorised *sampler* of drafts from explicit noise, not an enumeration:
+    only the chains some trial draws are ever built, with the arithmetic of
+    :func:`tmc.noise.categorical`, so trial ``t`` is the chain a scalar drafter
+    draws from ``noise[t]``.  Every draft with its probability is enumerated
+    by :mod:`tmc.drafts` (the one enumeration), which this does not repeat.
     Trials sharing a prefix share one row lookup and one CDF.
     """
-    if n < 0:
-        raise ValueError(f"n must be >= 0, got {n}")
+    n = check_int("n", n, minimum=0)
+    prefix = tuple(check_int(f"prefix[{i}]", t) for i, t in enumerate(prefix))
     uu = check_uniform_batch("noise", noise, n)  # (T, n)
     trials, vocab = uu.shape[0], model.vocab
     drafts = np.empty((trials, n), dtype=np.int64)
@@ -421,6 +451,7 @@ def speculative_step_batch(
     together.  Trial ``t`` equals the scalar step
     ``*_sample_from_uniforms(ref_t, *model.chain_rows(ref_t, prefix), noise_verify[t])``.
     """
+    n = check_int("n", n, minimum=0)
     width = chain_noise_width(method, n)
     drafts, chain_id, chains = _draft_chains(model, n, noise_draft, prefix)
     uu = check_uniform_batch("noise_verify", noise_verify, width)

@@ -13,24 +13,30 @@ model, then SpS) against the scalar draft-then-verify loop.
 The batch code is plain numpy elementwise work, which numpy runs on one
 thread; the figures are one-core figures.  Inputs: random rows with exact
 zeros (:func:`tmc.toy.random_row`, ``p`` independent of ``q``), draft tokens
-drawn from ``q``.
+drawn from ``q``; draft trees drawn by :func:`tmc.drafts.sample_tree_draft`
+(the one place drafts are sampled), with the target rows it records.
+
+Registered as ``tmc bench batch`` through the ``tmc.benchmarks`` entry-point
+group (:func:`bench`).
 """
 
 from __future__ import annotations
 
+import argparse
 import timeit
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from tmc.bench import hardware
 from tmc.chain import asps_sample_from_uniforms, block_sample_from_uniforms, sps_sample_from_uniforms
-from tmc.multidraft import Draw, DraftTree, multidraft_sample_from_uniforms
+from tmc.commands.bench import hardware
+from tmc.commands.table import format_table
+from tmc.drafts import check_widths, sample_tree_draft
+from tmc.multidraft import ALL_DRAWS, multidraft_sample_from_uniforms
 from tmc.noise import categorical
-from tmc.report import format_table
 from tmc.toy import Path, ToyModel, random_row
-from tmc.validate import FloatArray
+from tmc.validate import FloatArray, check_int
 from verification.batch import (
     asps_batch,
     block_batch,
@@ -74,33 +80,6 @@ def _chain_inputs(vocab: int, n: int, rng: np.random.Generator) -> tuple[list[in
     return ref, q, p
 
 
-def _sample_children(q: FloatArray, width: int, draw: Draw, rng: np.random.Generator) -> list[int]:
-    if draw == Draw.TOPK:
-        return sorted(range(q.shape[0]), key=lambda t: (-q[t], t))[:width]
-    if draw == Draw.IID:
-        return [int(t) for t in rng.choice(q.shape[0], size=width, p=q)]
-    k = min(width, int((q > 0).sum()))
-    return [int(t) for t in rng.choice(q.shape[0], size=k, replace=False, p=q)]
-
-
-def bench_tree(model: ToyModel, widths: Sequence[int], draw: Draw, rng: np.random.Generator) -> DraftTree:
-    """One draft tree of the given shape sampled from the toy draft (nodes breadth first)."""
-    parents: list[int] = []
-    tokens: list[int] = []
-    rows: dict[int, FloatArray] = {}
-    frontier: list[tuple[int, Path]] = [(-1, ())]
-    for width in widths:
-        nxt: list[tuple[int, Path]] = []
-        for node, path in frontier:
-            rows[node] = model.q(path)
-            for tok in _sample_children(rows[node], width, draw, rng):
-                parents.append(node)
-                tokens.append(tok)
-                nxt.append((len(tokens) - 1, path + (tok,)))
-        frontier = nxt
-    return DraftTree.build(parents, tokens, draw, rows, model.vocab)
-
-
 def _scalar_steps(model: ToyModel, n: int, noise_draft: FloatArray, noise_verify: FloatArray) -> None:
     """The scalar reference of a speculative step: draft by inverse CDF, then SpS."""
     for nd, nv in zip(noise_draft, noise_verify):
@@ -120,6 +99,11 @@ def run_batch_bench(
     seed: int = 0,
 ) -> dict[str, Any]:
     """Steps per second of every batch verifier and its scalar sampler, side by side."""
+    trials = check_int("trials", trials, minimum=1)
+    scalar_steps = check_int("scalar_steps", scalar_steps, minimum=1)
+    repeat = check_int("repeat", repeat, minimum=1)
+    shape_widths = check_widths(tree_widths)
+    seed = check_int("seed", seed, minimum=0)
     rng = np.random.default_rng(seed)
     results: list[dict[str, Any]] = []
     for vocab in vocabs:
@@ -135,11 +119,11 @@ def run_batch_bench(
             batch_s = _best_seconds(lambda: speculative_step_batch(model, n, "sps", nd, nv), repeat)
             scalar_s = _best_seconds(lambda: _scalar_steps(model, n, nd[:scalar_steps], nv[:scalar_steps]), 1)
             results.append(_row("draft+sps", vocab, f"n={n}", trials, batch_s, scalar_steps, scalar_s))
-        model = ToyModel.random(vocab, len(tree_widths), rng)
-        shape = "tree " + "x".join(str(w) for w in tree_widths)
-        for draw in Draw:
-            tree = bench_tree(model, tree_widths, draw, rng)
-            p_rows = np.array([model.p(())] + [model.p(tree.path(i)) for i in range(tree.size)])
+        model = ToyModel.random(vocab, len(shape_widths), rng)
+        shape = "tree " + "x".join(str(w) for w in shape_widths)
+        for draw in ALL_DRAWS:
+            draft = sample_tree_draft(model, shape_widths, draw, rng)
+            tree, p_rows = draft.tree, draft.p_rows
             u = rng.random((trials, tree.size + 1))
             batch_s = _best_seconds(lambda: multidraft_batch(tree, p_rows, u), repeat)
             scalar_s = _best_seconds(
@@ -148,6 +132,7 @@ def run_batch_bench(
             results.append(_row(f"multidraft-{draw.value}", vocab, shape, trials, batch_s, scalar_steps, scalar_s))
     return {
         "hardware": hardware(),
+        "seed": seed,
         "trials": trials,
         "scalar_steps": scalar_steps,
         "repeat": repeat,
@@ -174,6 +159,12 @@ def render(report: dict[str, Any]) -> str:
     head = ["verifier", "V", "draft", "trials", "batch steps/s", "scalar steps/s", "speed-up", f"≥{report['goal_steps_per_s']:.0e}"]
     title = f"Batch vs scalar samplers, one core ({report['hardware']})"
     return format_table(head, rows, title=title)
+
+
+def bench(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+    """``tmc bench batch``: the report and its table (uses ``--seed``; ``--n``/``--vocab`` are the kernels')."""
+    report = run_batch_bench(seed=args.seed)
+    return report, render(report)
 
 
 if __name__ == "__main__":

@@ -37,10 +37,15 @@ preserve the target law:
   residual rule, which assumes every child was drawn i.i.d. from ``q``, run on
   trees drawn without replacement, or deterministically (top-k).  The same
   rule on i.i.d. drafts (:data:`IID_RULE_ON_IID`) is lossless: the bias is in
-  the pairing, not in the rule.
+  the pairing, not in the rule.  These are :mod:`tmc.multidraft`'s own
+  verifier with one argument changed, ``proposals=iid_proposals``: the
+  biased examples differ from the correct code in that one function only.
 
 The lossless references wrap :mod:`tmc.chain` (SpS, ASpS, block) and
 :mod:`tmc.multidraft` (residual verification with the recorded proposal law).
+Wherever an example takes a residual it uses the one residual rule,
+:func:`tmc.residual.residual`, and its acceptance test
+:func:`tmc.residual.acceptance_probability`.
 
 Where the papers leave a detail open, the choice made here is stated in the
 docstring of the function that makes it.
@@ -65,17 +70,27 @@ from tmc.chain import (
     sps_kernel,
     sps_sample,
 )
-from tmc.multidraft import ROOT, Draw, DraftTree, multidraft_kernel, multidraft_sample
+from tmc.multidraft import ALL_DRAWS as ALL_DRAWS  # re-exported: the audit imports it from here
+from tmc.multidraft import (
+    ROOT,
+    Draw,
+    DraftTree,
+    check_tree_p_rows,
+    multidraft_kernel,
+    multidraft_sample,
+    multidraft_sample_from_uniforms,
+)
 from tmc.noise import categorical, check_uniforms
-from tmc.validate import check_chain, check_prob_rows
+from tmc.residual import acceptance_probability, residual
+from tmc.validate import as_rng, check_chain
 
 FloatArray = NDArray[np.float64]
+Rng = np.random.Generator | int  # a Generator or an integer seed (tmc.validate.as_rng)
+# A record's sampler gets a Generator: the record's __call__ turns an integer seed into one.
 ChainSampleFn = Callable[[ArrayLike | Sequence[int], ArrayLike, ArrayLike, np.random.Generator], list[int]]
 ChainKernelFn = Callable[[ArrayLike | Sequence[int], ArrayLike, ArrayLike], FloatArray]
 TreeSampleFn = Callable[[DraftTree, ArrayLike, np.random.Generator], list[int]]
 TreeKernelFn = Callable[[DraftTree, ArrayLike], FloatArray]
-
-ALL_DRAWS: tuple[Draw, ...] = (Draw.IID, Draw.SWOR, Draw.TOPK)
 
 
 @dataclass(frozen=True)
@@ -101,9 +116,10 @@ class ChainVerifier:
         return "chain"
 
     def __call__(
-        self, ref: ArrayLike | Sequence[int], q_rows: ArrayLike, p_rows: ArrayLike, rng: np.random.Generator
+        self, ref: ArrayLike | Sequence[int], q_rows: ArrayLike, p_rows: ArrayLike, rng: Rng
     ) -> list[int]:
-        return self.sample(ref, q_rows, p_rows, rng)
+        """One step; ``rng`` is a ``numpy.random.Generator`` or an integer seed."""
+        return self.sample(ref, q_rows, p_rows, as_rng(rng))
 
 
 @dataclass(frozen=True)
@@ -131,23 +147,15 @@ class TreeVerifier:
     def kind(self) -> Literal["tree"]:
         return "tree"
 
-    def __call__(self, tree: DraftTree, p_rows: ArrayLike, rng: np.random.Generator) -> list[int]:
-        return self.sample(tree, p_rows, rng)
+    def __call__(self, tree: DraftTree, p_rows: ArrayLike, rng: Rng) -> list[int]:
+        """One step; ``rng`` is a ``numpy.random.Generator`` or an integer seed."""
+        return self.sample(tree, p_rows, as_rng(rng))
 
 
 Verifier = ChainVerifier | TreeVerifier
 
 
 # ------------------------------------------------------------ tree helpers
-
-
-def _check_tree_p_rows(tree: DraftTree, p_rows: ArrayLike) -> FloatArray:
-    p = check_prob_rows("p_rows", p_rows)
-    if p.shape != (tree.size + 1, tree.vocab):
-        raise ValueError(
-            f"p_rows has shape {p.shape}; expected (N + 1, V) = ({tree.size + 1}, {tree.vocab})"
-        )
-    return p
 
 
 def _draft_row(tree: DraftTree, node: int) -> FloatArray:
@@ -159,34 +167,8 @@ def _draft_row(tree: DraftTree, node: int) -> FloatArray:
 
 
 def _depths(tree: DraftTree) -> list[int]:
-    """Depth of each node (1 for the root's children); parents precede children."""
-    depth: list[int] = []
-    for par in tree.parents:
-        depth.append(1 if par == ROOT else depth[par] + 1)
-    return depth
-
-
-def _clamped_ratio(num: float, den: float) -> float:
-    """``min(1, num / den)`` with the float semantics of the original code.
-
-    ``num / 0`` with ``num > 0`` is ``inf`` and clamps to 1; ``0 / 0`` is NaN
-    and fails every ``u < ratio`` test, so it counts as 0.
-    """
-    if num <= 0.0:
-        return 0.0
-    if den <= 0.0:
-        return 1.0
-    return min(1.0, num / den)
-
-
-def _positive_residual(p_row: FloatArray, q_row: FloatArray) -> FloatArray:
-    """``norm((p − q)_+)``; ``p`` itself when no mass is left (then reached with probability 0)."""
-    res = np.maximum(p_row - q_row, 0.0)
-    total = float(res.sum())
-    if total > 0.0:
-        out: FloatArray = res / total
-        return out
-    return p_row
+    """Depth of each node (1 for the root's children)."""
+    return [tree.node_depth(i) for i in range(tree.size)]
 
 
 # ------------------------------------------------- BIASED: tutorial walk
@@ -196,7 +178,7 @@ def _tutorial_accept_probs(tree: DraftTree, p: FloatArray) -> FloatArray:
     """Per-node acceptance probability ``min(1, p_parent(x) / q_parent(x))``."""
     acc = np.zeros(tree.size)
     for i, (par, tok) in enumerate(zip(tree.parents, tree.tokens)):
-        acc[i] = _clamped_ratio(float(p[par + 1, tok]), float(_draft_row(tree, par)[tok]))
+        acc[i] = acceptance_probability(float(p[par + 1, tok]), float(_draft_row(tree, par)[tok]))
     return acc
 
 
@@ -205,12 +187,16 @@ def _tutorial_root_fallback(tree: DraftTree, p: FloatArray) -> FloatArray:
 
     Every first-level child stores a token from ``norm((p_root − q_root)_+)``
     (they share ``q_root``); the tutorial returns one of them.  A tree with no
-    children at all emits from ``p``.
+    children at all emits from ``p``.  The residual is :func:`tmc.residual.residual`
+    with the first child as the rejected token; which child only matters in
+    its degenerate case ``p_root = q_root``, where the fallback is reached
+    with probability 0 (up to rounding).
     """
     root: FloatArray = p[0]
-    if not tree.children(ROOT):
+    kids = tree.children(ROOT)
+    if not kids:
         return root
-    return _positive_residual(p[0], _draft_row(tree, ROOT))
+    return residual(p[0], _draft_row(tree, ROOT), tree.tokens[kids[0]])
 
 
 def tutorial_tree_walk_kernel(tree: DraftTree, p_rows: ArrayLike) -> FloatArray:
@@ -223,7 +209,7 @@ def tutorial_tree_walk_kernel(tree: DraftTree, p_rows: ArrayLike) -> FloatArray:
     a later subtree wins only when it reaches strictly deeper, which gives the
     law of the selected node by one bottom-up pass.
     """
-    p = _check_tree_p_rows(tree, p_rows)
+    p = check_tree_p_rows(tree, p_rows)
     acc = _tutorial_accept_probs(tree, p)
     depth = {ROOT: 0, **dict(enumerate(_depths(tree)))}
     chosen: dict[int, dict[int, float]] = {}  # node -> law of the selected node, given node passed
@@ -258,7 +244,7 @@ def tutorial_tree_walk_from_uniforms(tree: DraftTree, p_rows: ArrayLike, u: Arra
     ``u[i]`` is node ``i``'s independent accept test, ``u[N]`` draws the final
     (bonus or fallback) token.
     """
-    p = _check_tree_p_rows(tree, p_rows)
+    p = check_tree_p_rows(tree, p_rows)
     uu = check_uniforms("u", u, tree.size + 1)
     passed = uu[: tree.size] < _tutorial_accept_probs(tree, p)
     best, best_depth = ROOT, 0
@@ -276,9 +262,14 @@ def tutorial_tree_walk_from_uniforms(tree: DraftTree, p_rows: ArrayLike, u: Arra
     return list(tree.path(best)) + [categorical(row, float(uu[tree.size]))]
 
 
-def tutorial_tree_walk_sample(tree: DraftTree, p_rows: ArrayLike, rng: np.random.Generator) -> list[int]:
-    """One step of the tutorial's independent-per-node tree walk.  BIASED (see module doc)."""
-    return tutorial_tree_walk_from_uniforms(tree, p_rows, rng.random(tree.size + 1))
+def tutorial_tree_walk_sample(tree: DraftTree, p_rows: ArrayLike, rng: Rng) -> list[int]:
+    """One step of the tutorial's independent-per-node tree walk.  BIASED (see module doc).
+
+    ``rng`` is a ``numpy.random.Generator`` or an integer seed.
+    """
+    if not isinstance(tree, DraftTree):
+        raise ValueError(f"tree must be a DraftTree, got {type(tree).__name__}")
+    return tutorial_tree_walk_from_uniforms(tree, p_rows, as_rng(rng).random(tree.size + 1))
 
 
 # ---------------------------------------------------- BIASED: WETAP beam
@@ -300,7 +291,7 @@ def wetap_select(tree: DraftTree, p_rows: ArrayLike, tau: float) -> int:
     largest cumulative *target* probability ``P`` (ties: the earlier node).
     ``P/Q`` follows float semantics: ``Q = 0 < P`` passes, ``P = 0`` never does.
     """
-    p = _check_tree_p_rows(tree, p_rows)
+    p = check_tree_p_rows(tree, p_rows)
     _check_tau(tau)
     depth = _depths(tree)
     log_p: list[float] = []
@@ -337,7 +328,7 @@ def wetap_beam_kernel(tree: DraftTree, p_rows: ArrayLike, tau: float = 0.5) -> F
     The accepted node is a deterministic function of the tree and ``p``; the
     step then emits one token from ``p`` after it (line 48–49).
     """
-    p = _check_tree_p_rows(tree, p_rows)
+    p = check_tree_p_rows(tree, p_rows)
     node = wetap_select(tree, p, tau)
     kernel = np.zeros_like(p)
     kernel[node + 1] = p[node + 1]
@@ -346,7 +337,7 @@ def wetap_beam_kernel(tree: DraftTree, p_rows: ArrayLike, tau: float = 0.5) -> F
 
 def wetap_beam_from_uniforms(tree: DraftTree, p_rows: ArrayLike, u: ArrayLike, tau: float = 0.5) -> list[int]:
     """One WETAP verification step driven by one uniform (the final token).  BIASED."""
-    p = _check_tree_p_rows(tree, p_rows)
+    p = check_tree_p_rows(tree, p_rows)
     uu = check_uniforms("u", u, 1)
     node = wetap_select(tree, p, tau)
     return list(tree.path(node)) + [categorical(p[node + 1], float(uu[0]))]
@@ -361,8 +352,8 @@ def wetap_beam_verifier(tau: float = 0.5) -> TreeVerifier:
     """
     _check_tau(tau)
 
-    def sample(tree: DraftTree, p_rows: ArrayLike, rng: np.random.Generator) -> list[int]:
-        return wetap_beam_from_uniforms(tree, p_rows, rng.random(1), tau)
+    def sample(tree: DraftTree, p_rows: ArrayLike, rng: Rng) -> list[int]:
+        return wetap_beam_from_uniforms(tree, p_rows, as_rng(rng).random(1), tau)
 
     def kernel(tree: DraftTree, p_rows: ArrayLike) -> FloatArray:
         return wetap_beam_kernel(tree, p_rows, tau)
@@ -398,10 +389,12 @@ def greedy_match_kernel(ref: ArrayLike | Sequence[int], q_rows: ArrayLike, p_row
     return kernel
 
 
-def greedy_match_sample(
-    ref: ArrayLike | Sequence[int], q_rows: ArrayLike, p_rows: ArrayLike, rng: np.random.Generator
-) -> list[int]:
-    """One exact-match step (uses no noise).  BIASED when the target is sampled at temperature > 0."""
+def greedy_match_sample(ref: ArrayLike | Sequence[int], q_rows: ArrayLike, p_rows: ArrayLike, rng: Rng) -> list[int]:
+    """One exact-match step (uses no noise).  BIASED when the target is sampled at temperature > 0.
+
+    ``rng`` (a ``numpy.random.Generator`` or an integer seed) is checked but not used.
+    """
+    as_rng(rng)
     k, b = divmod(int(np.argmax(greedy_match_kernel(ref, q_rows, p_rows))), np.asarray(p_rows).shape[-1])
     return [int(t) for t in np.asarray(ref).reshape(-1)[:k]] + [b]
 
@@ -409,56 +402,49 @@ def greedy_match_sample(
 # -------------------------------------- BIASED: i.i.d. rule, wrong pairing
 
 
+def iid_proposals(tree: DraftTree, node: int) -> list[FloatArray]:
+    """SpecInfer's proposal rule: the draft row ``q(· | node)`` for every child of ``node``.
+
+    The one thing the i.i.d.-rule examples change in :mod:`tmc.multidraft`'s
+    verifier (whose default, :func:`tmc.multidraft.proposal_laws`, reads each
+    child's law from its recorded draw kind).  Right for children drawn i.i.d.
+    from ``q``; wrong for children drawn without replacement or by top-k.
+    """
+    kids = tree.children(node)
+    if not kids:
+        return []
+    row = tree.q_rows.get(node)
+    if row is None:
+        raise ValueError(
+            f"tree has no q_rows[{node}]: the i.i.d. rule verifies the children of node {node} "
+            "against the draft row q(. | node), so every node with children needs one"
+        )
+    return [row] * len(kids)
+
+
 def iid_rule_kernel(tree: DraftTree, p_rows: ArrayLike) -> FloatArray:
     """Exact output law ``(N + 1, V)`` of SpecInfer's rule applied whatever the draw kind.
 
     Residual verification (DESIGN.md §4) with proposal ``q_i = q(· | node)``
     for every child, i.e. as if all siblings were drawn i.i.d. from the draft
-    softmax.  Lossless on i.i.d. trees; BIASED on trees drawn without
-    replacement or by top-k.
+    softmax: :func:`tmc.multidraft.multidraft_kernel` with
+    ``proposals=iid_proposals``.  Lossless on i.i.d. trees; BIASED on trees
+    drawn without replacement or by top-k.
     """
-    p = _check_tree_p_rows(tree, p_rows)
-    kernel = np.zeros_like(p)
-    stack: list[tuple[int, float]] = [(ROOT, 1.0)]  # (accepted node, probability of reaching it)
-    while stack:
-        node, reach = stack.pop()
-        r = p[node + 1]
-        kids = tree.children(node)
-        q_row = _draft_row(tree, node) if kids else r
-        for kid in kids:
-            accept = _clamped_ratio(float(r[tree.tokens[kid]]), float(q_row[tree.tokens[kid]]))
-            if accept > 0.0:
-                stack.append((kid, reach * accept))
-            reach *= 1.0 - accept
-            if reach == 0.0:
-                break
-            r = _positive_residual(r, q_row)
-        kernel[node + 1] += reach * r
-    return kernel
+    return multidraft_kernel(tree, p_rows, proposals=iid_proposals)
 
 
 def iid_rule_from_uniforms(tree: DraftTree, p_rows: ArrayLike, u: ArrayLike) -> list[int]:
     """One step of the i.i.d. rule driven by ``N + 1`` uniforms (layout of :mod:`tmc.multidraft`)."""
-    p = _check_tree_p_rows(tree, p_rows)
-    uu = check_uniforms("u", u, tree.size + 1)
-    node = ROOT
-    while True:
-        r = p[node + 1]
-        kids = tree.children(node)
-        q_row = _draft_row(tree, node) if kids else r
-        for kid in kids:
-            tok = tree.tokens[kid]
-            if uu[kid] < _clamped_ratio(float(r[tok]), float(q_row[tok])):
-                node = kid
-                break
-            r = _positive_residual(r, q_row)
-        else:
-            return list(tree.path(node)) + [categorical(r, float(uu[tree.size]))]
+    return multidraft_sample_from_uniforms(tree, p_rows, u, proposals=iid_proposals)
 
 
-def iid_rule_sample(tree: DraftTree, p_rows: ArrayLike, rng: np.random.Generator) -> list[int]:
-    """One step of SpecInfer's i.i.d. rule, ignoring how the children were drawn."""
-    return iid_rule_from_uniforms(tree, p_rows, rng.random(tree.size + 1))
+def iid_rule_sample(tree: DraftTree, p_rows: ArrayLike, rng: Rng) -> list[int]:
+    """One step of SpecInfer's i.i.d. rule, ignoring how the children were drawn.
+
+    ``rng`` is a ``numpy.random.Generator`` or an integer seed.
+    """
+    return multidraft_sample(tree, p_rows, rng, proposals=iid_proposals)
 
 
 # ------------------------------------------------------------ the records

@@ -20,7 +20,21 @@ from tmc.toy import Path, ToyModel
 from tmc.tree import TreeDistribution, TreeSpace
 
 FloatArray = NDArray[np.float64]
-RELATIONS = ("independent", "identical", "near_tie", "greedy", "tiny", "disjoint")
+
+#: Every relation :func:`target_row` accepts between the target row ``p`` and
+#: the draft row ``q``; :func:`toy_models` draws from all of them by default.
+ALL_RELATIONS: tuple[str, ...] = ("independent", "identical", "near_tie", "greedy", "tiny", "disjoint")
+
+#: The relations the bias audit searches (``verification.audit``), in its
+#: shrinking order: :data:`ALL_RELATIONS` without ``near_tie`` and ``disjoint``.
+RELATIONS: tuple[str, ...] = ("independent", "identical", "greedy", "tiny")
+
+
+def check_relation(relation: object) -> str:
+    """``relation`` if it is one of :data:`ALL_RELATIONS`; ``ValueError`` naming them otherwise."""
+    if not isinstance(relation, str) or relation not in ALL_RELATIONS:
+        raise ValueError(f"relation must be one of {', '.join(ALL_RELATIONS)}; got {relation!r}")
+    return relation
 
 
 @st.composite
@@ -43,7 +57,8 @@ def prob_rows(draw: st.DrawFn, vocab: int, *, tiny: bool = False, max_weight: in
 
 @st.composite
 def target_row(draw: st.DrawFn, relation: str, q: FloatArray, *, max_weight: int = 6) -> FloatArray:
-    """A target row standing in ``relation`` (one of :data:`RELATIONS`) to the draft row ``q``."""
+    """A target row standing in ``relation`` (one of :data:`ALL_RELATIONS`) to the draft row ``q``."""
+    check_relation(relation)
     vocab = q.shape[0]
     if relation == "identical":
         return q.copy()
@@ -70,7 +85,7 @@ def toy_models(
 ) -> ToyModel:
     """A toy model with rows for every prefix of length ``<= depth``."""
     vocab = draw(st.integers(min_vocab, max_vocab))
-    rel = relation if relation is not None else draw(st.sampled_from(RELATIONS))
+    rel = check_relation(relation) if relation is not None else draw(st.sampled_from(ALL_RELATIONS))
     d_rows: dict[Path, FloatArray] = {}
     t_rows: dict[Path, FloatArray] = {}
     for length in range(depth + 1):

@@ -4,10 +4,35 @@ For every verifier × a fixed table of toy models and draft shapes it runs
 
 * an **exact** check: the completion identity of the verifier's averaged
   output law (exhaustive enumeration of the drafts), worst violation ≤ 1e-9;
-* a **statistical** check: full speculative steps (draft drawn from ``q``,
-  then verified) are sampled — with the vectorised batch samplers where the
-  verifier has one — and their output strings compared with the exact
-  averaged law by a calibrated chi-square test.
+* a **statistical** check: full speculative steps (a draft drawn from ``q``,
+  then verified) are sampled and their output strings compared with the
+  exact averaged law by a calibrated chi-square test.
+
+Each job enumerates its drafts once (:mod:`tmc.drafts`); the same list gives
+the exact law (:func:`tmc.laws.output_law`) and the rows of the sampled
+steps.  A draft chain is drawn token by token from ``q``
+(:func:`verification.batch.draft_chain_batch`, independent of the
+enumeration) and looked up in the list; a draft tree is picked from the list
+by its weight.  Steps are verified with the vectorised batch samplers
+(:mod:`verification.batch`, trial for trial equal to the scalar ones); the
+BIASED examples that are not :mod:`tmc.multidraft`'s verifier with another
+proposal rule (tutorial walk, WETAP, greedy match) with their own samplers.
+
+What the statistical check compares ("check" column of the table):
+
+* SpS, block, multi-draft trees: ``sampler vs kernel`` — the verifier's
+  sampler (an accept/reject walk) against its own exact kernel, two
+  different computations of one law.
+* ASpS: ``kernel vs block sampler``.  ASpS's sampler draws by inverse CDF
+  from :func:`tmc.chain.asps_kernel` itself (TMC paper Algorithm 1 samples
+  from ``P_N``), so comparing it with that kernel would only test the
+  inverse-CDF draw.  Instead ASpS's kernel is compared with samples of an
+  independent algorithm with the same output law: block verification's
+  sampler (Sun et al. 2024, :func:`verification.batch.block_batch`).  There
+  is no separate row for the ASpS sampler: against the block kernel it would
+  test only that the two kernels agree, which
+  ``tests/tmc/test_chain_exact.py`` (``asps_kernel == block_kernel`` per
+  draft) establishes exactly.
 
 One false-fail budget (default 1e-9) is split evenly (Bonferroni) over the
 statistical checks; each check states the total variation it is guaranteed
@@ -17,7 +42,6 @@ before sampling.  A suite run is reproducible from its seed.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -25,23 +49,33 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from tmc.enumeration import OutputLaw, chain_output_law, enumerate_draft_trees, tree_output_law, tree_p_rows
-from tmc.multidraft import Draw, DraftTree
-from tmc.noise import categorical
-from tmc.report import format_table
+from tmc.commands.table import format_table
+from tmc.drafts import Draft, DraftChain, TreeDraft, chain_drafts, check_widths, tree_drafts
+from tmc.laws import OutputLaw, output_law
+from tmc.multidraft import Draw, ProposalFn, proposal_laws
 from tmc.toy import Path, ToyModel, paper_toy_model
-from verification.batch import CHAIN_BATCH, chain_noise_width, multidraft_batch, speculative_step_batch
+from tmc.validate import as_rng, check_int
+from verification.batch import (
+    CHAIN_BATCH,
+    categorical_batch,
+    chain_noise_width,
+    draft_chain_batch,
+    multidraft_batch,
+)
 from verification.calibrated import chi_square_check, required_samples
 from verification.examples import (
     ASPS,
     BIASED_EXAMPLES,
     BLOCK,
     IID_RULE_ON_IID,
+    IID_RULE_ON_SWOR,
+    IID_RULE_ON_TOPK,
     MULTIDRAFT,
     SPS,
     ChainVerifier,
     TreeVerifier,
     Verifier,
+    iid_proposals,
 )
 
 FloatArray = NDArray[np.float64]
@@ -89,8 +123,25 @@ def suite_models(seed: int = 0) -> list[ToyModel]:
     ]
 
 
-CHAIN_LENGTHS = (1, 2)
-TREE_SHAPES = ((2,), (2, 1), (3,))
+SUITE_CHAIN_LENGTHS: tuple[int, ...] = (1, 2)  # chain lengths n of the suite's chain jobs
+SUITE_TREE_SHAPES: tuple[tuple[int, ...], ...] = ((2,), (2, 1), (3,))  # tree widths of its tree jobs
+
+SAMPLER_VS_KERNEL = "sampler vs kernel"
+KERNEL_VS_BLOCK_SAMPLER = "kernel vs block sampler"
+EXACT_CHECK = "completion identity"
+
+#: Batch sampler of each chain verifier's statistical check: its own, except
+#: ASpS, whose kernel is checked against block verification's sampler.
+CHAIN_SAMPLER: dict[str, str] = {SPS.name: "sps", ASPS.name: "block", BLOCK.name: "block"}
+
+#: Proposal rule of each tree verifier that is :mod:`tmc.multidraft`'s
+#: verifier (batch-sampled by :func:`verification.batch.multidraft_batch`).
+TREE_PROPOSALS: dict[str, ProposalFn] = {
+    MULTIDRAFT.name: proposal_laws,
+    IID_RULE_ON_IID.name: iid_proposals,
+    IID_RULE_ON_SWOR.name: iid_proposals,
+    IID_RULE_ON_TOPK.name: iid_proposals,
+}
 
 
 @dataclass(frozen=True)
@@ -103,6 +154,13 @@ class SuiteConfig:
     include_biased: bool = False  # also run the shipped BIASED examples (they should fail)
     quick: bool = False  # fewer models and shapes (for tests)
 
+    def __post_init__(self) -> None:
+        if not 0.0 < self.false_fail < 1.0:
+            raise ValueError(f"false_fail must be in (0, 1), got {self.false_fail!r}")
+        if not 0.0 < self.detect_tv <= 1.0:
+            raise ValueError(f"detect_tv must be in (0, 1], got {self.detect_tv!r}")
+        object.__setattr__(self, "seed", check_int("seed", self.seed, minimum=0))
+
 
 @dataclass(frozen=True)
 class Job:
@@ -114,12 +172,26 @@ class Job:
     widths: tuple[int, ...] = ()  # tree shape
     draw: Draw | None = None  # tree draw kind
 
+    def __post_init__(self) -> None:
+        if self.chain_n is not None:
+            object.__setattr__(self, "chain_n", check_int("chain_n", self.chain_n, minimum=0))
+            return
+        object.__setattr__(self, "widths", check_widths(self.widths))
+        if self.draw is None:
+            raise ValueError("a tree job needs a draw kind (draw=...)")
+        object.__setattr__(self, "draw", Draw.parse(self.draw))
+
     @property
     def shape(self) -> str:
         if self.chain_n is not None:
             return f"chain n={self.chain_n}"
         assert self.draw is not None
         return f"tree {','.join(map(str, self.widths))} {self.draw.value}"
+
+    @property
+    def check(self) -> str:
+        """Name of this job's statistical check (see the module doc)."""
+        return KERNEL_VS_BLOCK_SAMPLER if self.verifier.name == ASPS.name else SAMPLER_VS_KERNEL
 
 
 @dataclass(frozen=True)
@@ -129,7 +201,7 @@ class Row:
     verifier: str  # verifier name
     model: str  # toy model name
     shape: str  # draft shape
-    check: str  # "completion identity" or "sampler vs kernel"
+    check: str  # EXACT_CHECK, SAMPLER_VS_KERNEL or KERNEL_VS_BLOCK_SAMPLER
     passed: bool  # verdict
     worst_exact: float | None  # worst completion-identity violation (exact check)
     p_value: float | None  # chi-square p-value (statistical check)
@@ -149,8 +221,8 @@ def suite_jobs(config: SuiteConfig) -> list[Job]:
     if config.include_biased:
         chains += [v for v in BIASED_EXAMPLES if isinstance(v, ChainVerifier)]
         trees += [v for v in BIASED_EXAMPLES if isinstance(v, TreeVerifier)]
-    lengths = CHAIN_LENGTHS[-1:] if config.quick else CHAIN_LENGTHS
-    shapes = TREE_SHAPES[1:2] if config.quick else TREE_SHAPES
+    lengths = SUITE_CHAIN_LENGTHS[-1:] if config.quick else SUITE_CHAIN_LENGTHS
+    shapes = SUITE_TREE_SHAPES[1:2] if config.quick else SUITE_TREE_SHAPES
     jobs: list[Job] = []
     for model in models:
         jobs += [Job(v, model, n) for v in chains for n in lengths]
@@ -161,46 +233,67 @@ def suite_jobs(config: SuiteConfig) -> list[Job]:
 # ------------------------------------------------------------- the checks
 
 
-def exact_law(job: Job) -> OutputLaw:
-    """The verifier's averaged output law by enumerating every draft."""
-    v = job.verifier
-    assert v.kernel is not None, "suite verifiers expose an exact kernel"
-    if isinstance(v, ChainVerifier):
-        assert job.chain_n is not None
-        return chain_output_law(job.model, job.chain_n, v.kernel)
+def job_drafts(job: Job) -> list[Draft]:
+    """Every draft of the job with its weight (:mod:`tmc.drafts`), enumerated once per job."""
+    if job.chain_n is not None:
+        return list(chain_drafts(job.model, job.chain_n))
     assert job.draw is not None
-    return tree_output_law(job.model, job.widths, job.draw, v.kernel)
+    return list(tree_drafts(job.model, job.widths, job.draw))
 
 
-def _chain_steps(job: Job, trials: int, rng: np.random.Generator) -> list[Path]:
+def exact_law(job: Job, drafts: Sequence[Draft] | None = None) -> OutputLaw:
+    """The verifier's averaged output law over the job's drafts (enumerated if not given)."""
+    kernel = job.verifier.kernel
+    assert kernel is not None, "suite verifiers expose an exact kernel"
+    return output_law(job.model, job_drafts(job) if drafts is None else drafts, kernel)
+
+
+def _pick_chains(model: ToyModel, drafts: Sequence[DraftChain], n: int, noise: FloatArray) -> NDArray[np.int64]:
+    """Index into ``drafts`` of the chain each trial drafts from ``q`` with its ``(trials, n)`` noise.
+
+    Drafting is :func:`verification.batch.draft_chain_batch` (token ``i`` by
+    inverse CDF of ``q(· | ref[:i])``), a sampler independent of the
+    enumeration; a drawn chain missing from ``drafts`` would be a bug in one
+    of the two.
+    """
+    vocab = model.vocab
+    code_of = vocab ** np.arange(n - 1, -1, -1, dtype=np.int64)  # (n,) base-V place values
+    index = np.full(vocab**n, -1, dtype=np.int64)
+    for i, d in enumerate(drafts):
+        index[int(np.dot(d.ref, code_of)) if n else 0] = i
+    picks: NDArray[np.int64] = index[draft_chain_batch(model, n, noise) @ code_of]
+    assert bool(np.all(picks >= 0)), "a sampled draft chain is missing from the enumeration"
+    return picks
+
+
+def _chain_steps(job: Job, drafts: Sequence[DraftChain], trials: int, rng: np.random.Generator) -> list[Path]:
     v, n = job.verifier, job.chain_n
-    assert n is not None
-    if v.name in CHAIN_BATCH:
-        noise_v = rng.random((trials, chain_noise_width(v.name, n)))
-        return speculative_step_batch(job.model, n, v.name, rng.random((trials, n)), noise_v).outputs()
+    assert n is not None and isinstance(v, ChainVerifier)
+    method = CHAIN_SAMPLER.get(v.name)
     out: list[Path] = []
-    for _ in range(trials):
-        ref: list[int] = []
-        for _ in range(n):
-            ref.append(categorical(job.model.q(tuple(ref)), float(rng.random())))
-        q_rows, p_rows = job.model.chain_rows(tuple(ref))
-        assert isinstance(v, ChainVerifier)
-        out.append(tuple(v.sample(ref, q_rows, p_rows, rng)))
+    if method is None:  # no batch sampler: the verifier's own, one step at a time
+        picks = _pick_chains(job.model, drafts, n, rng.random((trials, n)))
+        for i in picks.tolist():
+            d = drafts[i]
+            out.append(tuple(v.sample(d.ref, d.q_rows, d.p_rows, rng)))
+        return out
+    noise_v = rng.random((trials, chain_noise_width(method, n)))
+    picks = _pick_chains(job.model, drafts, n, rng.random((trials, n)))
+    for i in np.unique(picks).tolist():
+        d = drafts[i]
+        out += [tuple(t) for t in CHAIN_BATCH[method](d.ref, d.q_rows, d.p_rows, noise_v[picks == i]).tokens(d.ref)]
     return out
 
 
-def _tree_steps(job: Job, trials: int, rng: np.random.Generator) -> list[Path]:
-    assert job.draw is not None
-    trees = list(enumerate_draft_trees(job.model, job.widths, job.draw))
-    weights = np.array([w for w, _ in trees])
-    picks = np.array([categorical(weights, float(x)) for x in rng.random(trials)])
+def _tree_steps(job: Job, drafts: Sequence[TreeDraft], trials: int, rng: np.random.Generator) -> list[Path]:
+    picks = categorical_batch([d.weight for d in drafts], rng.random(trials))
+    proposals = TREE_PROPOSALS.get(job.verifier.name)
     out: list[Path] = []
-    for idx in np.unique(picks):
-        tree: DraftTree = trees[int(idx)][1]
-        count = int((picks == idx).sum())
-        p_rows = tree_p_rows(job.model, tree)
-        if job.verifier is MULTIDRAFT:
-            batch = multidraft_batch(tree, p_rows, rng.random((count, tree.size + 1)))
+    for i in np.unique(picks).tolist():
+        tree, p_rows = drafts[i].tree, drafts[i].p_rows
+        count = int((picks == i).sum())
+        if proposals is not None:
+            batch = multidraft_batch(tree, p_rows, rng.random((count, tree.size + 1)), proposals)
             out += [tuple(t) for t in batch.tokens(tree)]
         else:
             assert isinstance(job.verifier, TreeVerifier)
@@ -208,12 +301,22 @@ def _tree_steps(job: Job, trials: int, rng: np.random.Generator) -> list[Path]:
     return out
 
 
-def statistical_check(job: Job, law: OutputLaw, alpha: float, tv: float, rng: np.random.Generator) -> Row:
+def statistical_check(
+    job: Job, drafts: Sequence[Draft], law: OutputLaw, alpha: float, tv: float, rng: np.random.Generator | int
+) -> Row:
+    """Chi-square test of sampled steps on the job's drafts against the exact law ``law``.
+
+    ``rng`` is a ``numpy.random.Generator`` or an integer seed.
+    """
+    gen = as_rng(rng)
     cells = sorted(law.output_law)
     index = {s: i for i, s in enumerate(cells)}
     probs = np.array([law.output_law[s] for s in cells] + [0.0])  # last cell: any other output
     trials = required_samples(len(cells), tv, alpha, POWER_MISS)
-    steps = _chain_steps(job, trials, rng) if job.chain_n is not None else _tree_steps(job, trials, rng)
+    if job.chain_n is not None:
+        steps = _chain_steps(job, [d for d in drafts if isinstance(d, DraftChain)], trials, gen)
+    else:
+        steps = _tree_steps(job, [d for d in drafts if isinstance(d, TreeDraft)], trials, gen)
     counts = np.bincount([index.get(s, len(cells)) for s in steps], minlength=len(probs))
     result = chi_square_check(counts, probs, alpha)
     top = np.argsort(-probs[:-1])[:12]
@@ -222,7 +325,7 @@ def statistical_check(job: Job, law: OutputLaw, alpha: float, tv: float, rng: np
         "empirical": [float(counts[i] / trials) for i in top],
     }
     return Row(
-        job.verifier.name, job.model.name, job.shape, "sampler vs kernel", bool(result.passed), None,
+        job.verifier.name, job.model.name, job.shape, job.check, bool(result.passed), None,
         float(result.p_value), int(trials), alpha, tv, job.verifier.biased, plot,
     )
 
@@ -236,15 +339,16 @@ def run_suite(config: SuiteConfig, progress: Callable[[str], None] | None = None
     for i, job in enumerate(jobs):
         if progress is not None:
             progress(f"[{i + 1}/{len(jobs)}] {job.verifier.name} on {job.model.name}, {job.shape}")
-        law = exact_law(job)
+        drafts = job_drafts(job)  # once: the exact law and the sampled steps use the same list
+        law = exact_law(job, drafts)
         rows.append(
             Row(
-                job.verifier.name, job.model.name, job.shape, "completion identity",
+                job.verifier.name, job.model.name, job.shape, EXACT_CHECK,
                 bool(law.completion_error <= EXACT_TOL), float(law.completion_error), None, 0, None, None,
                 job.verifier.biased,
             )
         )
-        rows.append(statistical_check(job, law, alpha, config.detect_tv, rng))
+        rows.append(statistical_check(job, drafts, law, alpha, config.detect_tv, rng))
     return rows
 
 
@@ -277,7 +381,7 @@ def render(rows: Sequence[Row], config: SuiteConfig) -> str:
         for r in rows
     ]
     head = ["verifier", "model", "shape", "check", "verdict", "worst exact", "p-value", "samples", "false-fail"]
-    stat = [r for r in rows if r.check != "completion identity"]
+    stat = [r for r in rows if r.check != EXACT_CHECK]
     summary = (
         f"{len(rows)} checks, {len(failures(rows))} failed (lossless verifiers); "
         f"false-fail budget {config.false_fail:g} split over {len(stat)} statistical checks; "
@@ -318,34 +422,3 @@ def write_plot(rows: Sequence[Row], path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
-
-
-def cli_main(argv: Sequence[str] | None = None) -> int:
-    """``tmc suite``: exit 0 when every lossless verifier passes every check, 1 otherwise."""
-    import argparse
-    import sys
-
-    parser = argparse.ArgumentParser(prog="tmc suite", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--false-fail", type=float, default=1e-9, help="family-wise false-fail rate")
-    parser.add_argument("--tv", type=float, default=0.05, help="total variation each check must detect")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--include-biased", action="store_true", help="also run the shipped BIASED examples")
-    parser.add_argument("--quick", action="store_true", help="two models, one shape each")
-    parser.add_argument("--json", default="", help="write the rows to this JSON file")
-    parser.add_argument("--plot", default="", help="write a PNG of exact vs empirical marginals")
-    args = parser.parse_args(argv)
-    if not 0.0 < args.false_fail < 1.0 or not 0.0 < args.tv <= 1.0:
-        parser.error("--false-fail must be in (0, 1) and --tv in (0, 1]")
-    config = SuiteConfig(args.false_fail, args.tv, args.seed, args.include_biased, args.quick)
-    rows = run_suite(config, progress=lambda m: print(m, file=sys.stderr))
-    print(render(rows, config))
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump(to_json(rows, config), fh, indent=2)
-    if args.plot:
-        try:
-            write_plot(rows, args.plot)
-        except ModuleNotFoundError:
-            print("tmc suite: --plot needs matplotlib: pip install -e '.[plot]'", file=sys.stderr)
-            return 2
-    return 1 if failures(rows) or missed_biases(rows) else 0

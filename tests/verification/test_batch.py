@@ -20,29 +20,33 @@ from hypothesis import strategies as st
 
 import verification.batch as batch
 from tmc.chain import (
-    _block_forward,
     asps_kernel,
     asps_sample_from_uniforms,
+    block_forward,
     block_sample_from_uniforms,
     sps_sample_from_uniforms,
 )
+from tmc.drafts import sample_tree_draft
 from tmc.enumeration import enumerate_draft_trees, tree_p_rows
-from tmc.multidraft import Draw, DraftTree, multidraft_sample_from_uniforms
+from tmc.multidraft import Draw, DraftTree, ProposalFn, check_tree_p_rows, multidraft_sample_from_uniforms, proposal_laws
 from tmc.noise import categorical
+from tmc.residual import residual
 from tmc.toy import Path, ToyModel, paper_toy_model
 from tmc.validate import check_chain
 from verification.batch import (
     ChainBatch,
     asps_batch,
     block_batch,
+    categorical_batch,
     check_uniform_batch,
     draft_chain_batch,
     multidraft_batch,
     speculative_step_batch,
     sps_batch,
 )
-from verification.bench_batch import bench_tree, render, run_batch_bench
-from verification.strategies import toy_models
+from verification.bench_batch import bench, render, run_batch_bench
+from verification.examples import iid_proposals
+from verification.strategies import ALL_RELATIONS, RELATIONS, check_relation, toy_models
 
 TOP = 1.0 - 2.0**-53  # the largest float64 below 1
 CHAIN = {
@@ -96,9 +100,9 @@ def _chain_noise(method: str, ref: Sequence[int], q: np.ndarray, p: np.ndarray, 
         return _noise([_cdf_points([asps_kernel(ref, q, p).reshape(-1)])], rng)
     if method == "sps":
         tests = [_around([pp[i, toks[i]] / qq[i, toks[i]]]) for i in range(n)]
-        finals = [np.maximum(pp[i] - qq[i], 0.0) for i in range(n)] + [pp[n]]
+        finals = [residual(pp[i], qq[i], int(toks[i])) for i in range(n)] + [pp[n]]
     else:
-        residuals, log_stop, _ = _block_forward(toks, qq, pp)
+        residuals, log_stop, _ = block_forward(toks, qq, pp)
         tests = [_around([math.exp(log_stop[i])]) for i in range(1, n + 1)]
         finals = list(residuals) + [pp[n]]
     return _noise(tests + [_cdf_points(finals)], rng)
@@ -158,6 +162,25 @@ def test_chain_batch_equals_scalar_on_edge_cases(method: str, name: str, ref: li
     _assert_chain_equal(method, ref, q, p, _chain_noise(method, ref, q, p, rng))
 
 
+def _tiny_row(weights: list[int]) -> np.ndarray:
+    row = np.asarray(weights, dtype=np.float64)
+    row[row == 0] = 1e-12 * row.sum()
+    out: np.ndarray = row / row.sum()
+    return out
+
+
+def test_block_near_tie_never_draws_from_an_empty_residual() -> None:
+    """Regression (found by the bit-equality property): with p = q up to 2e-28 rounding
+    leaves (a_i p_i - q_i)_+ all zero while a stop draw u = 1 - 2^-53 still reaches
+    tau = 0; both samplers must then draw from the one residual rule, not from a zero row."""
+    q = np.array([_tiny_row([0, 0, 3])])
+    p = np.array([_tiny_row([0, 0, 1]), _tiny_row([1, 2, 0])])
+    u = np.array([[TOP, 0.5]])
+    want = [block_sample_from_uniforms([0], q, p, row) for row in u]
+    assert block_batch([0], q, p, u).tokens([0]) == want
+    assert len(want[0]) == 1 and 0 <= want[0][0] < 3
+
+
 def test_sps_batch_rejects_zero_target_token_with_u_zero() -> None:
     q = np.array([[0.5, 0.5, 0.0], [0.2, 0.3, 0.5]])
     p = np.array([[0.0, 0.5, 0.5], [0.1, 0.1, 0.8], [0.25, 0.25, 0.5]])
@@ -185,8 +208,10 @@ def test_chain_batch_with_no_trials() -> None:
 TREE_SHAPES = [(1,), (2,), (3,), (2, 1), (2, 2), (1, 1, 1)]
 
 
-def _tree_noise(tree: DraftTree, p_rows: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    plan = batch._tree_plan(tree, batch._check_p_rows(tree, p_rows))
+def _tree_noise(
+    tree: DraftTree, p_rows: np.ndarray, rng: np.random.Generator, proposals: ProposalFn = proposal_laws
+) -> np.ndarray:
+    plan = batch._tree_plan(tree, check_tree_p_rows(tree, p_rows), proposals)
     tests: list[list[float]] = [[] for _ in range(tree.size)]
     for kids, ratios in zip(plan.kids, plan.ratios):
         for kid, ratio in zip(kids, ratios):
@@ -196,9 +221,11 @@ def _tree_noise(tree: DraftTree, p_rows: np.ndarray, rng: np.random.Generator) -
     return _noise(tests + [_cdf_points(finals)], rng, trials=48)
 
 
-def _assert_tree_equal(tree: DraftTree, p_rows: np.ndarray, u: np.ndarray) -> None:
-    got = multidraft_batch(tree, p_rows, u)
-    assert got.tokens(tree) == [multidraft_sample_from_uniforms(tree, p_rows, row) for row in u]
+def _assert_tree_equal(
+    tree: DraftTree, p_rows: np.ndarray, u: np.ndarray, proposals: ProposalFn = proposal_laws
+) -> None:
+    got = multidraft_batch(tree, p_rows, u, proposals)
+    assert got.tokens(tree) == [multidraft_sample_from_uniforms(tree, p_rows, row, proposals) for row in u]
 
 
 @settings(max_examples=40)
@@ -223,6 +250,22 @@ def test_tree_batch_equals_scalar_on_every_paper_tree(draw: Draw) -> None:
     for _, tree in enumerate_draft_trees(model, (2, 1), draw):
         p_rows = tree_p_rows(model, tree)
         _assert_tree_equal(tree, p_rows, _tree_noise(tree, p_rows, rng))
+
+
+@settings(max_examples=30)
+@given(
+    model=toy_models(max_vocab=3, depth=3),
+    widths=st.sampled_from(TREE_SHAPES),
+    draw=st.sampled_from(list(Draw)),
+    start=st.integers(0, 50),
+)
+def test_tree_batch_with_the_iid_rule_equals_scalar(model: ToyModel, widths: tuple[int, ...], draw: Draw, start: int) -> None:
+    # The audit's i.i.d.-rule examples differ from multidraft only in `proposals`.
+    rng = np.random.default_rng(start)
+    trees = islice(enumerate_draft_trees(model, widths, draw), start % 5, None, 5)
+    for _, tree in islice(trees, 2):
+        p_rows = tree_p_rows(model, tree)
+        _assert_tree_equal(tree, p_rows, _tree_noise(tree, p_rows, rng, iid_proposals), iid_proposals)
 
 
 def test_tree_batch_edge_cases() -> None:
@@ -280,6 +323,16 @@ def test_cdf_table_draw_equals_categorical(path: str, monkeypatch: pytest.Monkey
     want = [categorical(WEIGHT_ROWS[r], float(x)) for r, x in zip(rows, uu)]
     assert got.tolist() == want
     assert (got == 0).any() and (got == 2).any()  # the subnormal row hit its clip at least once
+
+
+def test_categorical_batch_equals_categorical() -> None:
+    w = np.array([0.2, 0.0, 0.5, 0.3])
+    u = _cdf_points([w]) + np.random.default_rng(2).random(40).tolist()
+    assert categorical_batch(w, u).tolist() == [categorical(w, x) for x in u]
+    assert categorical_batch(2 * w, u).tolist() == [categorical(2 * w, x) for x in u]  # not renormalised
+    for bad in ([0.5, -0.1], [0.0, 0.0], [np.nan, 1.0], [[0.5, 0.5]]):
+        with pytest.raises(ValueError, match="weights"):
+            categorical_batch(bad, [0.1])
 
 
 # -------------------------------------------------- draft + verify on toys
@@ -412,9 +465,22 @@ def test_bad_step_inputs_raise() -> None:
         draft_chain_batch(model, 2, np.zeros((3, 1)))
     with pytest.raises(ValueError, match="n must be >= 0"):
         draft_chain_batch(model, -1, np.zeros((3, 0)))
-    bad = ToyModel(2, {}, {}, np.array([0.7, 0.7]), np.array([0.5, 0.5]))
-    with pytest.raises(ValueError, match=r"draft row q\(\. \| \(\)\) row 0 sums"):
-        draft_chain_batch(bad, 1, np.zeros((3, 1)))
+    with pytest.raises(ValueError, match="n must be an integer, got 1.5"):
+        draft_chain_batch(model, 1.5, np.zeros((3, 1)))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="n must be an integer"):
+        speculative_step_batch(model, "2", "sps", np.zeros((3, 2)), np.zeros((3, 3)))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"prefix\[0\] must be an integer"):
+        draft_chain_batch(model, 1, np.zeros((3, 1)), prefix=(0.5,))  # type: ignore[arg-type]
+    assert speculative_step_batch(model, 2.0, "sps", np.zeros((3, 2)), np.zeros((3, 3))).drafts.shape == (3, 2)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="draft_default row 0 sums"):  # ToyModel validates its rows
+        ToyModel(2, {}, {}, np.array([0.7, 0.7]), np.array([0.5, 0.5]))
+
+
+def test_relations_are_validated() -> None:
+    assert set(RELATIONS) <= set(ALL_RELATIONS) and check_relation("near_tie") == "near_tie"
+    for bad in ("nearly", None, 3):
+        with pytest.raises(ValueError, match="relation must be one of independent"):
+            check_relation(bad)
 
 
 def test_check_uniform_batch_accepts_float32_and_lists() -> None:
@@ -436,6 +502,22 @@ def test_run_batch_bench_reports_every_verifier() -> None:
 
 
 def test_bench_tree_records_its_draw_kind() -> None:
+    # The benchmark draws its trees with tmc.drafts.sample_tree_draft.
     model = ToyModel.random(4, 2, np.random.default_rng(0), zero_prob=0.0)
-    tree = bench_tree(model, (2, 2), Draw.SWOR, np.random.default_rng(1))
+    tree = sample_tree_draft(model, (2, 2), Draw.SWOR, np.random.default_rng(1)).tree
     assert tree.size == 6 and set(tree.draws) == {Draw.SWOR}
+
+
+def test_bench_entry_point_returns_report_and_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    import argparse
+
+    import verification.bench_batch as bench_batch
+
+    small = bench_batch.run_batch_bench
+    monkeypatch.setattr(
+        bench_batch, "run_batch_bench",
+        lambda seed=0: small(trials=100, scalar_steps=3, vocabs=(3,), lengths=(1,), tree_widths=(2,), repeat=1, seed=seed),
+    )
+    report, text = bench(argparse.Namespace(seed=4, n="1,4", vocab=32000, repeat=5, json=False))
+    assert report["seed"] == 4 and len(report["results"]) == 7
+    assert text.startswith("Batch vs scalar samplers") and "multidraft-topk" in text

@@ -1,13 +1,34 @@
-"""``tmc suite``: verdicts, exit status, JSON and PNG outputs."""
+"""``tmc suite``: verdicts, the ASpS cross-check, exit status, JSON and PNG outputs."""
 
 from __future__ import annotations
 
 import json
+import sys
 
+import numpy as np
 import pytest
 
+import verification.suite as suite
+from tmc.chain import asps_sample, sps_kernel
 from tmc.cli import main
-from verification.suite import SuiteConfig, failures, missed_biases, run_suite
+from tmc.drafts import chain_drafts
+from tmc.laws import output_law
+from tmc.toy import paper_toy_model
+from tmc.multidraft import Draw
+from verification.examples import ASPS, BLOCK, MULTIDRAFT, ChainVerifier
+from verification.suite import (
+    EXACT_CHECK,
+    KERNEL_VS_BLOCK_SAMPLER,
+    SAMPLER_VS_KERNEL,
+    Job,
+    SuiteConfig,
+    exact_law,
+    failures,
+    job_drafts,
+    missed_biases,
+    run_suite,
+    statistical_check,
+)
 
 
 @pytest.fixture(scope="module")
@@ -25,27 +46,151 @@ def test_lossless_verifiers_pass_every_check(quick_rows):
 def test_biased_examples_fail_the_exact_check(quick_rows):
     assert missed_biases(quick_rows) == []
     for name in {r.verifier for r in quick_rows if r.expected_biased}:
-        exact = [r for r in quick_rows if r.verifier == name and r.check == "completion identity"]
+        exact = [r for r in quick_rows if r.verifier == name and r.check == EXACT_CHECK]
         assert any(not r.passed and r.worst_exact > 1e-3 for r in exact), name
 
 
 def test_statistical_rows_state_their_budget(quick_rows):
-    stat = [r for r in quick_rows if r.check == "sampler vs kernel"]
+    stat = [r for r in quick_rows if r.check != EXACT_CHECK]
     assert stat and all(r.samples > 0 and r.alpha is not None and r.detect_tv == 0.05 for r in stat)
     assert sum(r.alpha for r in stat) == pytest.approx(1e-9)
+    assert {r.check for r in stat} == {SAMPLER_VS_KERNEL, KERNEL_VS_BLOCK_SAMPLER}
 
 
-def test_cli_writes_json_and_png_and_exits_zero(tmp_path, capsys):
-    js, png = tmp_path / "suite.json", tmp_path / "suite.png"
-    assert main(["suite", "--quick", "--json", str(js), "--plot", str(png)]) == 0
+def test_asps_kernel_is_checked_against_the_block_sampler(quick_rows):
+    # ASpS's sampler is the inverse CDF of its own kernel: testing one against
+    # the other could not fail.  Its kernel is tested against block samples.
+    asps = [r for r in quick_rows if r.verifier == "asps" and r.check != EXACT_CHECK]
+    assert asps and all(r.check == KERNEL_VS_BLOCK_SAMPLER for r in asps)
+    assert all(r.check == SAMPLER_VS_KERNEL for r in quick_rows if r.verifier != "asps" and r.check != EXACT_CHECK)
+    assert suite.CHAIN_SAMPLER == {"sps": "sps", "asps": "block", "block": "block"}
+
+
+def test_kernel_vs_block_sampler_check_can_fail():
+    # Negative control: a kernel with a different law (SpS's) under the ASpS
+    # name is compared with block samples, and the check must catch it.
+    model = paper_toy_model()
+    job = Job(ChainVerifier("asps", asps_sample, sps_kernel), model, 2)
+    drafts = job_drafts(job)
+    law = exact_law(job, drafts)
+    block_law = output_law(model, drafts, BLOCK.kernel)
+    tv = 0.5 * sum(abs(law.output_law.get(s, 0.0) - block_law.output_law.get(s, 0.0))
+                   for s in set(law.output_law) | set(block_law.output_law))
+    assert tv > 0.03  # the check below is sized to detect this with probability >= 0.999
+    row = statistical_check(job, drafts, law, 1e-9, 0.03, 0)
+    assert row.check == KERNEL_VS_BLOCK_SAMPLER and not row.passed
+
+
+def test_each_job_enumerates_its_drafts_once(monkeypatch):
+    calls: list[int] = []
+    real = suite.chain_drafts
+
+    def counting(model, n, prefix=()):
+        calls.append(n)
+        return real(model, n, prefix)
+
+    monkeypatch.setattr(suite, "chain_drafts", counting)
+    model = paper_toy_model()
+    monkeypatch.setattr(suite, "suite_jobs", lambda config: [Job(ASPS, model, 2)])
+    rows = run_suite(SuiteConfig(seed=1))
+    assert calls == [2] and [r.passed for r in rows] == [True, True]
+
+
+def test_exact_law_matches_the_laws_module():
+    model = paper_toy_model()
+    job = Job(ASPS, model, 2)
+    assert exact_law(job).output_law == output_law(model, chain_drafts(model, 2), ASPS.kernel).output_law
+
+
+def test_statistical_check_takes_a_seed_or_a_generator():
+    job = Job(BLOCK, paper_toy_model(), 1)
+    drafts = job_drafts(job)
+    law = exact_law(job, drafts)
+    by_seed = statistical_check(job, drafts, law, 1e-9, 0.2, 5)
+    by_rng = statistical_check(job, drafts, law, 1e-9, 0.2, np.random.default_rng(5))
+    assert by_seed == by_rng and by_seed.passed
+    with pytest.raises(ValueError, match="rng must be"):
+        statistical_check(job, drafts, law, 1e-9, 0.2, 0.5)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"seed": 1.5}, "seed must be an integer"),
+        ({"seed": -1}, "seed must be >= 0"),
+        ({"false_fail": 0.0}, "false_fail must be in"),
+        ({"detect_tv": 1.5}, "detect_tv must be in"),
+    ],
+)
+def test_suite_config_rejects_bad_values(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        SuiteConfig(**kwargs)
+
+
+def test_job_rejects_bad_shapes():
+    model = paper_toy_model()
+    with pytest.raises(ValueError, match="chain_n must be an integer"):
+        Job(BLOCK, model, 1.5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="widths must be positive"):
+        Job(MULTIDRAFT, model, None, (2, 0), Draw.IID)
+    with pytest.raises(ValueError, match="needs a draw kind"):
+        Job(MULTIDRAFT, model, None, (2,))
+    assert Job(MULTIDRAFT, model, None, (2,), "swor").draw is Draw.SWOR  # type: ignore[arg-type]
+    assert Job(BLOCK, model, 2.0).chain_n == 2  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------ CLI
+
+
+@pytest.fixture
+def canned(monkeypatch, quick_rows):
+    """The CLI on the quick rows, without running the suite again."""
+    lossless = [r for r in quick_rows if not r.expected_biased]
+    monkeypatch.setattr(suite, "run_suite", lambda config, progress=None: lossless)
+    return lossless
+
+
+def test_cli_json_is_one_object_on_stdout(canned, capsys):
+    assert main(["suite", "--quick", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["config"]["false_fail"] == 1e-9 and data["config"]["quick"] is True
+    assert len(data["rows"]) == len(canned) > 10
+
+
+def test_cli_prints_the_table_and_writes_png(canned, tmp_path, capsys):
+    png = tmp_path / "suite.png"
+    assert main(["suite", "--quick", "--plot", str(png)]) == 0
     out = capsys.readouterr().out
-    assert "tmc suite" in out and "0 failed" in out
-    data = json.loads(js.read_text())
-    assert data["config"]["false_fail"] == 1e-9 and len(data["rows"]) > 10
+    assert out.startswith("tmc suite") and "0 failed" in out and KERNEL_VS_BLOCK_SAMPLER in out
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_cli_rejects_bad_budget():
+def test_cli_without_matplotlib_says_so_in_one_line(canned, monkeypatch, tmp_path, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` now fails
+    assert main(["suite", "--quick", "--plot", str(tmp_path / "x.png")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("tmc suite:") and "matplotlib" in err
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_cli_end_to_end_exits_zero(capsys):
+    assert main(["suite", "--quick", "--seed", "2"]) == 0
+    assert "0 failed" in capsys.readouterr().out
+
+
+def test_cli_help_is_plain_text(capsys):
     with pytest.raises(SystemExit) as err:
-        main(["suite", "--false-fail", "2"])
+        main(["suite", "--help"])
+    assert err.value.code == 0
+    text = capsys.readouterr().out
+    assert "--json" in text and "one JSON object on stdout" in text
+    for markup in ("``", ":func:", ":mod:", ":data:", "**"):
+        assert markup not in text
+
+
+@pytest.mark.parametrize("argv", [["--false-fail", "2"], ["--tv", "0"], ["--seed", "-1"], ["--json", "out.json"]])
+def test_cli_rejects_bad_arguments(argv, capsys):
+    with pytest.raises(SystemExit) as err:
+        main(["suite", *argv])
     assert err.value.code == 2
+    assert capsys.readouterr().err.count("\n") == 1
