@@ -10,6 +10,7 @@ probabilities (1e-12).
 
 from __future__ import annotations
 
+import functools
 from itertools import product
 
 import numpy as np
@@ -37,6 +38,20 @@ def check_relation(relation: object) -> str:
     return relation
 
 
+def _some_weight(weights: list[int]) -> bool:
+    return sum(weights) > 0
+
+
+@functools.lru_cache(maxsize=None)
+def _weight_lists(vocab: int, max_weight: int) -> st.SearchStrategy[list[int]]:
+    """Integer weight rows with positive total, built once per shape.
+
+    Building the filtered strategy anew at every draw made hypothesis re-analyse
+    the filter's source each time (most of the time of an exact audit).
+    """
+    return st.lists(st.integers(0, max_weight), min_size=vocab, max_size=vocab).filter(_some_weight)
+
+
 @st.composite
 def prob_rows(draw: st.DrawFn, vocab: int, *, tiny: bool = False, max_weight: int = 6) -> FloatArray:
     """One probability row over ``vocab`` tokens with exact zeros and ties.
@@ -44,9 +59,7 @@ def prob_rows(draw: st.DrawFn, vocab: int, *, tiny: bool = False, max_weight: in
     Entries are integer weights ``0..max_weight`` normalised; with ``tiny`` the
     zeros become 1e-12 of the total instead.
     """
-    weights = draw(
-        st.lists(st.integers(0, max_weight), min_size=vocab, max_size=vocab).filter(lambda w: sum(w) > 0)
-    )
+    weights = draw(_weight_lists(vocab, max_weight))
     row = np.asarray(weights, dtype=np.float64)
     if tiny:
         small = row == 0

@@ -1,0 +1,111 @@
+"""Options of one bias audit: a frozen :class:`AuditConfig`, validated on construction.
+
+Notation (DESIGN.md §3): ``p`` is the target, ``q`` the draft.  Every option of
+:func:`verification.audit.audit` lives here, with a comment per field; each
+field is checked in ``__post_init__``, which raises ``ValueError`` naming the
+field.  Draw kinds given as strings are converted to :class:`tmc.multidraft.Draw`
+here, once: nothing past this boundary sees a string draw kind.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from tmc.multidraft import Draw
+from tmc.validate import check_int
+from verification.audit.space import (
+    AUDIT_CHAIN_LENGTHS,
+    AUDIT_TREE_SHAPES,
+    Kind,
+    check_chain_lengths,
+    check_tree_shapes,
+)
+
+__all__ = ["AuditConfig", "Kind", "Mode", "ModeChoice"]
+
+Mode = Literal["exact", "sampling"]
+ModeChoice = Literal["auto", "exact", "sampling"]
+
+MODE_CHOICES: tuple[ModeChoice, ...] = ("auto", "exact", "sampling")
+DEFAULT_EXACT_BUDGET = 500  # cases generated when the kernel is enumerated
+DEFAULT_SAMPLING_BUDGET = 40  # cases generated when each case is sampled (each costs ~10^3 steps)
+MAX_VOCAB_LIMIT = 4  # exhaustive enumeration of drafts is exponential in the vocabulary
+
+
+@dataclass(frozen=True)
+class AuditConfig:
+    """How one audit searches and how its statistical tests are calibrated."""
+
+    mode: ModeChoice = "auto"  # "auto": exact when the verifier exposes a kernel; "exact"; "sampling"
+    budget: int | None = None  # cases hypothesis generates in all; None: 500 exact, 40 sampling
+    seed: int = 0  # seed of the search and of every sampled step (>= 0); an audit is reproducible from it
+    draws: tuple[Draw, ...] | None = None  # tree draw kinds searched; None: the kinds the verifier is paired with
+    max_vocab: int = 3  # largest vocabulary searched, 1..4 (drafts of >= 5 nodes stop at 2, see space.py)
+    chain_lengths: tuple[int, ...] = AUDIT_CHAIN_LENGTHS  # draft chain lengths searched (chain verifiers)
+    tree_shapes: tuple[tuple[int, ...], ...] = AUDIT_TREE_SHAPES  # tree shapes searched (tree verifiers)
+    tol: float = 1e-9  # exact mode: a completion TV at or below this is float rounding, not bias
+    tv: float = 0.1  # sampling mode: TV each case's test detects with probability >= 1 - beta
+    alpha: float = 1e-6  # false-fail rate of the verdict (sampling confirmation; exact-mode sampler check)
+    beta: float = 1e-3  # miss probability of every calibrated test at the TV it is sized for
+    shrink_cap: int | None = None  # distinct cases evaluated while shrinking; None: 5 x budget exact, budget sampling
+    check_sampler: bool = True  # exact mode: also test the sampler against its kernel (calibrated chi-square)
+    sampler_tv: float = 0.2  # exact mode: TV between sampler and kernel each sampler check detects
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODE_CHOICES:
+            raise ValueError(f"mode must be one of {', '.join(MODE_CHOICES)}, got {self.mode!r}")
+        if self.budget is not None:
+            object.__setattr__(self, "budget", check_int("budget", self.budget, minimum=1))
+        object.__setattr__(self, "seed", check_int("seed", self.seed, minimum=0))
+        object.__setattr__(self, "draws", _parse_draws(self.draws))
+        max_vocab = check_int("max_vocab", self.max_vocab, minimum=1)
+        if max_vocab > MAX_VOCAB_LIMIT:
+            raise ValueError(f"max_vocab must be in 1..{MAX_VOCAB_LIMIT} (exhaustive enumeration), got {max_vocab}")
+        object.__setattr__(self, "max_vocab", max_vocab)
+        object.__setattr__(self, "chain_lengths", check_chain_lengths("chain_lengths", self.chain_lengths))
+        object.__setattr__(self, "tree_shapes", check_tree_shapes("tree_shapes", self.tree_shapes))
+        _check_real("tol", self.tol, low=0.0, high=math.inf, closed_low=True, closed_high=False)
+        _check_real("tv", self.tv, low=0.0, high=1.0, closed_low=False, closed_high=True)
+        _check_real("sampler_tv", self.sampler_tv, low=0.0, high=1.0, closed_low=False, closed_high=True)
+        _check_real("alpha", self.alpha, low=0.0, high=1.0, closed_low=False, closed_high=False)
+        _check_real("beta", self.beta, low=0.0, high=1.0, closed_low=False, closed_high=False)
+        if self.shrink_cap is not None:
+            object.__setattr__(self, "shrink_cap", check_int("shrink_cap", self.shrink_cap, minimum=0))
+        if not isinstance(self.check_sampler, bool):
+            raise ValueError(f"check_sampler must be True or False, got {self.check_sampler!r}")
+
+    def budget_for(self, mode: Mode) -> int:
+        """The case budget of a search in ``mode``."""
+        if self.budget is not None:
+            return self.budget
+        return DEFAULT_EXACT_BUDGET if mode == "exact" else DEFAULT_SAMPLING_BUDGET
+
+    def shrink_cap_for(self, mode: Mode) -> int:
+        """Distinct cases the shrinker may evaluate in ``mode``."""
+        if self.shrink_cap is not None:
+            return self.shrink_cap
+        budget = self.budget_for(mode)
+        return 5 * budget if mode == "exact" else budget
+
+
+def _parse_draws(draws: object) -> tuple[Draw, ...] | None:
+    if draws is None:
+        return None
+    if isinstance(draws, (str, Draw)):
+        draws = (draws,)
+    if not isinstance(draws, (tuple, list)) or not draws:
+        raise ValueError(f"draws must be a non-empty sequence of draw kinds, got {draws!r}")
+    kinds = [Draw.parse(d, f"draws[{i}]") for i, d in enumerate(draws)]
+    return tuple(dict.fromkeys(kinds))  # repeated kinds searched once, first-seen order
+
+
+def _check_real(name: str, value: object, *, low: float, high: float, closed_low: bool, closed_high: bool) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    above = value >= low if closed_low else value > low
+    below = value <= high if closed_high else value < high
+    if not (above and below):
+        interval = f"{'[' if closed_low else '('}{low:g}, {high:g}{']' if closed_high else ')'}"
+        raise ValueError(f"{name} must be in {interval}, got {value!r}")
