@@ -67,12 +67,22 @@ def _bounded_int(text: str, low: int) -> int:
 
 def probability(text: str) -> float:
     """``argparse`` type: a number in the open interval (0, 1)."""
+    return _number_in(text, upper_closed=False)
+
+
+def tv_distance(text: str) -> float:
+    """``argparse`` type: a total variation distance in ``(0, 1]``."""
+    return _number_in(text, upper_closed=True)
+
+
+def _number_in(text: str, *, upper_closed: bool) -> float:
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0.0 < value < 1.0:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1), got {text}")
+    if not (0.0 < value < 1.0 or (upper_closed and value == 1.0)):
+        interval = "(0, 1]" if upper_closed else "(0, 1)"
+        raise argparse.ArgumentTypeError(f"must be in {interval}, got {text}")
     return value
 
 

@@ -12,7 +12,7 @@ import argparse
 import json
 import sys
 
-from tmc.cli import add_json, add_seed, fail, probability
+from tmc.cli import add_json, add_seed, fail, probability, tv_distance
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -33,7 +33,7 @@ def _register_suite(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     suite.add_argument("--false-fail", type=probability, default=1e-9, metavar="RATE",
                        help="family-wise false-fail rate, split over the statistical checks (default 1e-9)")
-    suite.add_argument("--tv", type=probability, default=0.05, metavar="TV",
+    suite.add_argument("--tv", type=tv_distance, default=0.05, metavar="TV",
                        help="total variation each statistical check must detect (default 0.05)")
     add_seed(suite, "models table and of all sampling")
     suite.add_argument("--include-biased", action="store_true", help="also run the shipped BIASED examples (they must fail)")

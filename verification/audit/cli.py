@@ -17,7 +17,7 @@ import json
 import sys
 from collections.abc import Sequence
 
-from tmc.cli import Parser, add_json, add_seed, positive_int, probability
+from tmc.cli import Parser, add_json, add_seed, positive_int, probability, tv_distance
 from tmc.multidraft import ALL_DRAWS
 from verification.audit.config import MAX_VOCAB_LIMIT
 
@@ -59,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sampling", action="store_true", help="sample even when the verifier exposes a kernel")
     parser.add_argument("--max-vocab", type=vocab_size, default=3,
                         help=f"largest vocabulary searched, 1..{MAX_VOCAB_LIMIT} (default 3)")
-    parser.add_argument("--tv", type=total_variation, default=0.1,
+    parser.add_argument("--tv", type=tv_distance, default=0.1,
                         help="sampling: total variation each case's test detects, in (0, 1] (default 0.1)")
     parser.add_argument("--alpha", type=probability, default=1e-6,
                         help="false-fail rate of the verdict, in (0, 1) (default 1e-6)")
@@ -72,17 +72,6 @@ def vocab_size(text: str) -> int:
     value = positive_int(text)
     if value > MAX_VOCAB_LIMIT:
         raise argparse.ArgumentTypeError(f"must be at most {MAX_VOCAB_LIMIT} (exhaustive enumeration), got {value}")
-    return value
-
-
-def total_variation(text: str) -> float:
-    """``argparse`` type: a total variation distance in ``(0, 1]``."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0.0 < value <= 1.0:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
     return value
 
 
