@@ -3,10 +3,9 @@
 Notation (DESIGN.md §3): ``p`` is the target model, ``q`` the draft.  A step
 verifies ``n`` draft tokens ``ref`` with ``q_rows[i] = q(· | prefix + ref[:i])``
 (shape ``(n, V)``) and ``p_rows[i] = p(· | prefix + ref[:i])`` (shape
-``(n + 1, V)``).  A *kernel* is the exact output law of one step, an array
-``K`` of shape ``(n + 1, V)``: ``K[k, b]`` is the probability that the step
-emits ``ref[:k] + [b]``.  For every lossless verifier here ``K.sum() == 1``
-and ``K[k, ref[k]] == 0`` for ``k < n``.
+``(n + 1, V)``).  Kernels follow the one indexing convention stated in the
+:mod:`tmc` package docstring (``K[k, b]``: emit ``ref[:k] + [b]``); for every
+lossless verifier here ``K[k, ref[k]] == 0`` for ``k < n`` as well.
 
 References:
 

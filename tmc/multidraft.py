@@ -13,17 +13,17 @@ are verified in index order.  Every node records how it was drawn:
 Verification at an accepted node starts from the residual target ``r = p``
 and walks the children in order: child ``x_i`` drawn from ``q_i`` is
 accepted with probability ``min(1, r(x_i) / q_i(x_i))``; on rejection
-``r ← norm((r − q_i)_+)``.  For a point mass this is "accept with
+``r ← norm((r − q_i)_+)`` (:mod:`tmc.residual`).  For a point mass this is "accept with
 probability ``r(x_i)``, else remove ``x_i`` from ``r``".  If every child is
 rejected one token is drawn from ``r``; at an accepted leaf a bonus token is
 drawn from ``p``.  Because the proposal law comes from each node's recorded
 draw kind, a tree cannot be verified with the wrong rule.
 
 Arrays: ``p_rows`` has shape ``(N + 1, V)`` — row 0 is ``p(· | prefix)`` at
-the root, row ``i + 1`` is ``p`` after node ``i``'s path.  The *kernel* has
-the same shape: ``K[j, b]`` is the probability that the step accepts the path
-to node ``j − 1`` (``j = 0``: the root, nothing accepted) and then emits ``b``.
-A width-1 tree is a chain and its kernel is :func:`tmc.sps_kernel`'s.
+the root, row ``i + 1`` is ``p`` after node ``i``'s path.  Kernels have the
+same shape and follow the one indexing convention stated in the :mod:`tmc`
+package docstring.  A width-1 tree is a chain and its kernel is
+:func:`tmc.sps_kernel`'s.  The residual update is :func:`tmc.residual.residual`.
 
 Noise layout of the sampler: ``N + 1`` uniforms; ``u[i]`` is the accept test
 of node ``i`` (each node is tested at most once) and ``u[N]`` draws the final
