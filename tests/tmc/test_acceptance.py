@@ -101,3 +101,16 @@ def test_multidraft_is_below_the_lp_limit(seed, widths, draw):
         # Random draws: residual verification leaves a measurable gap (about 3-8%
         # on these models; see the issue #3 note), never zero here.
         assert limit - tree > 1e-3
+
+
+def test_bench_gap_table_and_json(capsys):
+    """``tmc bench gap`` on a tiny set: every verifier at or below the LP limit, topk at the limit."""
+    assert main(["bench", "gap", "--models", "2", "--gap-vocab", "3", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    rows = report["results"]
+    assert len(rows) == 6 * 3 and report["models_per_shape"] == 2
+    for row in rows:
+        gap = row["multidraft"]
+        assert -1e-4 <= gap["mean_pct_below_lp"] <= gap["max_pct_below_lp"] + 1e-12
+        if row["draw"] == "topk":  # one deterministic draft: accepting with probability r(x) is optimal
+            assert gap["max_pct_below_lp"] < 1e-4

@@ -18,7 +18,7 @@ from tmc.cli import add_json, add_seed, fail, nonnegative_int, positive_int
 #: Entry-point group through which packages add ``tmc bench`` benchmarks: each
 #: entry is a function ``bench(args) -> (report dict, rendered table)``.
 BENCH_GROUP = "tmc.benchmarks"
-CORE_BENCHMARKS = ("kernels", "exact")
+CORE_BENCHMARKS = ("kernels", "exact", "gap")
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -94,24 +94,27 @@ def _register_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "bench",
         help="time the kernels per step, the exact enumerations and LPs, or a registered benchmark",
         description="Benchmarks print figures, never assert them: kernels (SpS/ASpS/block time per step), "
-        "exact (enumeration and LP wall times)" + "".join(f", {name}" for name in extra) + ".",
+        "exact (enumeration and LP wall times), gap (each tree verifier's % below the LP limit on a fixed "
+        "set of random toy models)" + "".join(f", {name}" for name in extra) + ".",
     )
     bench.add_argument("what", nargs="?", choices=[*CORE_BENCHMARKS, *extra], default="kernels")
     bench.add_argument("--n", default="1,4,16,64", help="kernels: comma-separated chain lengths (default 1,4,16,64)")
     bench.add_argument("--vocab", type=positive_int, default=32000, help="kernels: vocabulary size V (default 32000)")
     bench.add_argument("--repeat", type=positive_int, default=5, help="kernels: best of this many repeats (default 5)")
+    bench.add_argument("--models", type=positive_int, default=20, help="gap: random toy models per row (default 20)")
+    bench.add_argument("--gap-vocab", default="3,4", help="gap: comma-separated vocabulary sizes (default 3,4)")
     add_seed(bench, "benchmark inputs")
     add_json(bench)
     bench.set_defaults(func=_cmd_bench)
 
 
-def _chain_lengths(text: str) -> list[int]:
+def _chain_lengths(text: str, flag: str = "--n", minimum: int = 0) -> list[int]:
     try:
         ns = [int(x) for x in text.split(",")]
     except ValueError:
-        fail(f"--n takes comma-separated chain lengths, got {text!r}")
-    if not ns or any(n < 0 for n in ns):
-        fail(f"--n chain lengths must be integers >= 0, got {text!r}")
+        fail(f"{flag} takes comma-separated integers, got {text!r}")
+    if not ns or any(n < minimum for n in ns):
+        fail(f"{flag} values must be integers >= {minimum}, got {text!r}")
     return ns
 
 
@@ -124,6 +127,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         print(f"timing SpS / ASpS / block kernels for n in {ns}, V = {args.vocab} ...", file=sys.stderr)
         report = bench.run_kernel_bench(ns, vocab=args.vocab, repeat=args.repeat, seed=args.seed)
         text = bench.render(report)
+    elif args.what == "gap":
+        vocabs = _chain_lengths(args.gap_vocab, "--gap-vocab", minimum=1)
+        print(f"exact E[len] of every tree verifier and the LP limit, V in {vocabs}, {args.models} models per row ...", file=sys.stderr)
+        report = bench.run_gap_bench(vocabs, args.models, progress=lambda m: print(m, file=sys.stderr))
+        text = bench.render_gap(report)
     elif args.what == "exact":
         print("timing exact enumerations and LP solves ...", file=sys.stderr)
         report = bench.run_exact_bench(seed=args.seed)

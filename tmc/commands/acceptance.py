@@ -12,6 +12,7 @@ goes to every verifier and to the LP.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -21,15 +22,31 @@ from tmc.commands.table import format_table
 from tmc.drafts import DraftChain, TreeDraft, chain_drafts, tree_drafts
 from tmc.laws import ChainKernel, OutputLaw, TreeKernel, output_law
 from tmc.lp import lp_limit
-from tmc.multidraft import DraftTree, Draw, multidraft_kernel
+from tmc.multidraft import ALL_DRAWS, DraftTree, Draw, multidraft_kernel
 from tmc.toy import PAPER_TOY_FILE, ToyModel, load_model
 
 __all__ = ["PAPER_TOY_FILE", "chain_report", "load_model", "random_model", "render", "tree_report"]
 
 #: Chain verifiers reported for a chain draft, by JSON key.
 CHAIN_VERIFIERS: dict[str, ChainKernel] = {"sps": sps_kernel, "asps": asps_kernel, "block": block_kernel}
+
+
+@dataclass(frozen=True)
+class TreeRule:
+    """A lossless tree verifier as the reports use it."""
+
+    kernel: TreeKernel  # exact (N + 1, V) output law of one tree
+    draws: tuple[Draw, ...] = ALL_DRAWS  # draw kinds of the trees it verifies
+
+
 #: Tree verifiers reported for a tree draft (and for a chain seen as a width-1 tree), by JSON key.
-TREE_VERIFIERS: dict[str, TreeKernel] = {"multidraft": multidraft_kernel}
+TREE_VERIFIERS: dict[str, TreeRule] = {"multidraft": TreeRule(multidraft_kernel)}
+
+
+def tree_verifiers(draw: Draw | str) -> dict[str, TreeKernel]:
+    """The tree verifiers that apply to trees drawn ``draw``, by JSON key."""
+    kind = Draw.parse(draw)
+    return {name: rule.kernel for name, rule in TREE_VERIFIERS.items() if kind in rule.draws}
 
 
 def _entry(law: OutputLaw) -> dict[str, Any]:
@@ -50,7 +67,7 @@ def chain_report(model: ToyModel, n: int) -> dict[str, Any]:
     drafts = chain_drafts(model, n)
     report: dict[str, Any] = {name: _entry(output_law(model, drafts, fn)) for name, fn in CHAIN_VERIFIERS.items()}
     trees = _as_trees(drafts)
-    report.update({name: _entry(output_law(model, trees, fn)) for name, fn in TREE_VERIFIERS.items()})
+    report.update({name: _entry(output_law(model, trees, fn)) for name, fn in tree_verifiers(Draw.IID).items()})
     report["lp"] = {"expected_length": lp_limit(model, drafts).expected_length}
     return report
 
@@ -58,7 +75,7 @@ def chain_report(model: ToyModel, n: int) -> dict[str, Any]:
 def tree_report(model: ToyModel, widths: Sequence[int], draw: Draw | str) -> dict[str, Any]:
     """Tree verifiers and LP limit for a fixed tree shape (trees enumerated once)."""
     drafts = tree_drafts(model, widths, draw)
-    report: dict[str, Any] = {name: _entry(output_law(model, drafts, fn)) for name, fn in TREE_VERIFIERS.items()}
+    report: dict[str, Any] = {name: _entry(output_law(model, drafts, fn)) for name, fn in tree_verifiers(draw).items()}
     report["lp"] = {"expected_length": lp_limit(model, drafts).expected_length}
     return report
 

@@ -115,3 +115,66 @@ def render_exact(report: dict[str, Any]) -> str:
     rows = [[r["task"], r["cases"], f"{r['value']:.6f}", f"{r['seconds']:.3f}"] for r in report["results"]]
     head = ["computation", "drafts / LP vars", "value", "seconds"]
     return format_table(head, rows, title=f"Exact enumeration and LP timings ({report['hardware']})")
+
+
+#: The fixed benchmark set of ``tmc bench gap``: shapes (children per node at each depth).
+GAP_SHAPES: tuple[tuple[int, ...], ...] = ((2,), (3,), (2, 1), (1, 2), (2, 2), (2, 1, 1))
+GAP_VOCABS: tuple[int, ...] = (3, 4)
+GAP_MODELS = 20  # random toy models per (V, shape), seeds 0..GAP_MODELS-1
+
+
+def run_gap_bench(
+    vocabs: Sequence[int] = GAP_VOCABS,
+    models: int = GAP_MODELS,
+    shapes: Sequence[tuple[int, ...]] = GAP_SHAPES,
+    progress: Any = None,
+) -> dict[str, Any]:
+    """Each tree verifier's expected length as % below the LP limit on a fixed set of toy models.
+
+    Model ``s`` of vocabulary ``V`` is ``ToyModel.random(V, depth, seed=s)``
+    (exact zeros with probability 0.2, Dirichlet(1) rows), ``s = 0..models-1``;
+    every draw kind, every verifier that applies to it.  Drafts are enumerated
+    once per (model, shape, draw) and shared by the verifiers and the LP.
+    """
+    from tmc.commands.acceptance import tree_verifiers
+    from tmc.drafts import tree_drafts
+    from tmc.laws import output_law
+    from tmc.lp import lp_limit
+    from tmc.multidraft import ALL_DRAWS
+    from tmc.toy import ToyModel
+
+    rows: list[dict[str, Any]] = []
+    for vocab in vocabs:
+        for shape in shapes:
+            for draw in ALL_DRAWS:
+                start = timeit.default_timer()
+                gaps: dict[str, list[float]] = {name: [] for name in tree_verifiers(draw)}
+                for seed in range(models):
+                    model = ToyModel.random(vocab, len(shape), seed)
+                    drafts = tree_drafts(model, shape, draw)
+                    limit = lp_limit(model, drafts).expected_length
+                    for name, kernel in tree_verifiers(draw).items():
+                        length = output_law(model, drafts, kernel).expected_length
+                        gaps[name].append(100.0 * (limit - length) / limit)
+                row: dict[str, Any] = {"vocab": vocab, "shape": list(shape), "draw": draw.value, "models": models}
+                for name, values in gaps.items():
+                    row[name] = {"mean_pct_below_lp": float(np.mean(values)), "max_pct_below_lp": float(np.max(values))}
+                rows.append(row)
+                if progress is not None:
+                    progress(f"V={vocab} {shape} {draw.value}: {timeit.default_timer() - start:.1f} s")
+    return {"hardware": hardware(), "models_per_shape": models, "results": rows}
+
+
+def _pct(x: float) -> str:
+    """Two decimals; LP round-off (|x| < 1e-4 %) shows as 0.00 rather than -0.00."""
+    return f"{0.0 if abs(x) < 1e-4 else x:.2f}"
+
+
+def render_gap(report: dict[str, Any]) -> str:
+    names = sorted({k for r in report["results"] for k in r if k not in ("vocab", "shape", "draw", "models")})
+    table = []
+    for r in report["results"]:
+        cells = [f"{_pct(r[n]['mean_pct_below_lp'])} / {_pct(r[n]['max_pct_below_lp'])}" if n in r else "-" for n in names]
+        table.append([f"V={r['vocab']}", ",".join(map(str, r["shape"])), r["draw"], *cells])
+    title = f"% below the LP limit, mean / max over {report['models_per_shape']} random models per row"
+    return format_table(["V", "shape", "draw", *names], table, title=title)
