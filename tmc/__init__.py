@@ -27,7 +27,11 @@ Main entry points:
   ``Generator`` or an integer seed) and ``*_sample_from_uniforms``;
 * tree verification — :class:`DraftTree` (validated on construction, each
   node's :class:`Draw` kind recorded), :func:`multidraft_kernel`,
-  :func:`multidraft_sample`;
+  :func:`multidraft_sample` (recursive residual verification) and
+  :func:`traversal_kernel`, :func:`traversal_sample` (Traversal Verification,
+  Weng et al. 2025: leaf-to-root, sequence-level acceptance) and
+  :func:`kseq_kernel`, :func:`kseq_sample` (SpecTr's K-SEQ, Sun et al. 2023,
+  at nodes with i.i.d. children);
 * drafts and exact laws — :func:`chain_drafts` / :func:`tree_drafts` (every
   draft of a toy model with its weight, enumerated once), :func:`output_law`
   (averaged law, expected length, completion-identity error),
@@ -58,6 +62,7 @@ from tmc.chain import (
 )
 from tmc.drafts import DraftChain, TreeDraft, chain_drafts, tree_drafts
 from tmc.enumeration import ChainLaw, chain_joint_law, chain_output_law, tree_output_law
+from tmc.kseq import kseq_kernel, kseq_rho, kseq_sample, kseq_sample_from_uniforms
 from tmc.laws import OutputLaw, averaged_law, completion_error, output_law
 from tmc.multidraft import (
     ALL_DRAWS,
@@ -69,6 +74,7 @@ from tmc.multidraft import (
     proposal_laws,
 )
 from tmc.toy import ToyModel, load_model, paper_toy_model
+from tmc.traversal import traversal_kernel, traversal_sample, traversal_sample_from_uniforms
 
 __all__ = [
     "ALL_DRAWS",
@@ -91,6 +97,10 @@ __all__ = [
     "chain_joint_law",
     "chain_output_law",
     "completion_error",
+    "kseq_kernel",
+    "kseq_rho",
+    "kseq_sample",
+    "kseq_sample_from_uniforms",
     "load_model",
     "lp_limit",
     "multidraft_kernel",
@@ -102,6 +112,9 @@ __all__ = [
     "sps_kernel",
     "sps_sample",
     "sps_sample_from_uniforms",
+    "traversal_kernel",
+    "traversal_sample",
+    "traversal_sample_from_uniforms",
     "tree_drafts",
     "tree_output_law",
 ]

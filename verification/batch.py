@@ -50,9 +50,11 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from tmc.chain import asps_kernel, block_forward
+from tmc.kseq import RhoRule, kseq_node_rule
 from tmc.multidraft import ROOT, DraftTree, ProposalFn, check_tree_p_rows, proposal_laws
 from tmc.residual import acceptance_probability, residual
 from tmc.toy import Path, ToyModel
+from tmc.traversal import traversal_tests
 from tmc.validate import FloatArray, IntArray, as_real_array, check_chain, check_int, check_prob_rows
 
 BoolArray = NDArray[np.bool_]
@@ -314,19 +316,34 @@ class _TreePlan:
     final: _CdfTable  # row j: the residual after rejecting every child of node j - 1 (p at a leaf)
 
 
-def _tree_plan(tree: DraftTree, p: FloatArray, proposals: ProposalFn = proposal_laws) -> _TreePlan:
+#: ``rule(tree, node, p_row) -> (accept, final)``: the test of each child of
+#: ``node`` and the law emitted when every child is rejected.
+NodeRuleFn = Callable[[DraftTree, int, FloatArray], tuple[Sequence[float], FloatArray]]
+
+
+def _residual_walk(proposals: ProposalFn) -> NodeRuleFn:
+    def rule(tree: DraftTree, node: int, p_row: FloatArray) -> tuple[Sequence[float], FloatArray]:
+        r, accept = p_row, []
+        for kid, law in zip(tree.children(node), proposals(tree, node)):
+            tok = tree.tokens[kid]
+            accept.append(acceptance_probability(float(r[tok]), float(law[tok])))  # the scalar's test
+            r = residual(r, law, tok)  # the residual the scalar would carry to the next child
+        return accept, r
+
+    return rule
+
+
+def _tree_plan(tree: DraftTree, p: FloatArray, rule: NodeRuleFn) -> _TreePlan:
     width = max((len(tree.children(v)) for v in range(ROOT, tree.size)), default=0)
     kids = np.zeros((tree.size + 1, width), dtype=np.int64)
     ratios = np.full((tree.size + 1, width), -np.inf)  # u < -inf never holds: padding never accepts
     finals: list[FloatArray] = []
     for node in range(ROOT, tree.size):
-        r = p[node + 1]
-        for i, (kid, law) in enumerate(zip(tree.children(node), proposals(tree, node))):
-            tok = tree.tokens[kid]
+        accept, final = rule(tree, node, p[node + 1])
+        for i, (kid, a) in enumerate(zip(tree.children(node), accept)):
             kids[node + 1, i] = kid
-            ratios[node + 1, i] = acceptance_probability(float(r[tok]), float(law[tok]))  # the scalar's test
-            r = residual(r, law, tok)  # the residual the scalar would carry to the next child
-        finals.append(r)
+            ratios[node + 1, i] = a
+        finals.append(final)
     return _TreePlan(kids, ratios, _CdfTable.from_rows(finals))
 
 
@@ -341,9 +358,28 @@ def multidraft_batch(
     the noise, so it is computed once per (node, i); the trials then walk the
     tree together, one level per iteration.
     """
-    p = check_tree_p_rows(tree, p_rows)
+    return _walk_tree(tree, check_tree_p_rows(tree, p_rows), u, _residual_walk(proposals))
+
+
+def kseq_batch(tree: DraftTree, p_rows: ArrayLike, u: ArrayLike, *, rho_rule: RhoRule | None = None) -> TreeBatch:
+    """K-SEQ tree verification of one tree for many trials; ``u`` is ``(trials, N + 1)``.
+
+    Equal, trial for trial, to :func:`tmc.kseq.kseq_sample_from_uniforms`:
+    each node's rule (:func:`tmc.kseq.kseq_node_rule`) does not depend on the
+    noise, so the trials walk one plan, as in :func:`multidraft_batch`.
+    """
+
+    def rule(tree: DraftTree, node: int, p_row: FloatArray) -> tuple[Sequence[float], FloatArray]:
+        r = kseq_node_rule(tree, node, p_row) if rho_rule is None else kseq_node_rule(tree, node, p_row, rho_rule=rho_rule)
+        return r.accept, r.final
+
+    return _walk_tree(tree, check_tree_p_rows(tree, p_rows), u, rule)
+
+
+def _walk_tree(tree: DraftTree, p: FloatArray, u: ArrayLike, rule: NodeRuleFn) -> TreeBatch:
+    """The trials walk the tree together, one level per iteration, on the plan of ``rule``."""
     uu = check_uniform_batch("u", u, tree.size + 1)  # (T, N + 1)
-    plan = _tree_plan(tree, p, proposals)
+    plan = _tree_plan(tree, p, rule)
     trials = uu.shape[0]
     node = np.full(trials, ROOT, dtype=np.int64)  # (T,) current accepted node
     active = np.arange(trials)  # trials still testing children
@@ -356,6 +392,28 @@ def multidraft_batch(
         active = active[moved]
     last = plan.final.draw(node + 1, uu[:, tree.size])
     return TreeBatch(node, last)
+
+
+def traversal_batch(tree: DraftTree, p_rows: ArrayLike, u: ArrayLike, *, update_value: bool = True) -> TreeBatch:
+    """Traversal Verification of one tree for many trials; ``u`` is ``(trials, N + 1)``.
+
+    Equal, trial for trial, to :func:`tmc.traversal.traversal_sample_from_uniforms`.
+    The sequence of tests (node, acceptance value, emitted row) does not depend
+    on the noise (:func:`tmc.traversal.traversal_tests`), so it is computed once;
+    each trial stops at its first test with ``u[node] < value`` (the root's
+    test, last, always passes) and draws its token from that test's row.
+    """
+    p = check_tree_p_rows(tree, p_rows)
+    uu = check_uniform_batch("u", u, tree.size + 1)  # (T, N + 1)
+    tests = list(traversal_tests(tree, p, update_value=update_value))
+    nodes = np.array([t.node for t in tests], dtype=np.int64)  # (S,) the root last
+    values = np.array([t.value for t in tests], dtype=np.float64)  # (S,)
+    cols = np.where(nodes == ROOT, tree.size, nodes)  # the root has no test of its own
+    passed = uu[:, cols] < values  # (T, S)
+    passed[:, nodes == ROOT] = True
+    first = _first_rejection(~passed)  # (T,) index of the first passing test
+    last = _CdfTable.from_rows([t.row for t in tests]).draw(first, uu[:, tree.size])
+    return TreeBatch(nodes[first], last)
 
 
 def categorical_batch(weights: ArrayLike, u: ArrayLike) -> IntArray:

@@ -33,6 +33,11 @@ preserve the target law:
 * :data:`GREEDY_MATCH` — exact-match ("greedy") verification used with a
   sampled target: keep draft tokens while they equal ``argmax p``, then emit
   ``argmax p``.  Lossless only when every target row is one-hot.
+* :data:`BROKEN_TRAVERSAL` — Traversal Verification (:mod:`tmc.traversal`)
+  with the parent's acceptance value left un-updated after a child is
+  deleted (:mod:`verification.broken_traversal`).
+* :data:`BROKEN_KSEQ` — SpecTr's K-SEQ (:mod:`tmc.kseq`) with the division
+  factor fixed to ``ρ = 1`` (:mod:`verification.broken_kseq`).
 * :data:`IID_RULE_ON_SWOR` and :data:`IID_RULE_ON_TOPK` — SpecInfer's
   residual rule, which assumes every child was drawn i.i.d. from ``q``, run on
   trees drawn without replacement, or deterministically (top-k).  The same
@@ -82,7 +87,11 @@ from tmc.multidraft import (
 )
 from tmc.noise import categorical, check_uniforms
 from tmc.residual import acceptance_probability, residual
+from tmc.kseq import kseq_kernel, kseq_sample
+from tmc.traversal import traversal_kernel, traversal_sample
 from tmc.validate import as_rng, check_chain
+from verification.broken_kseq import broken_kseq_kernel, broken_kseq_sample
+from verification.broken_traversal import broken_traversal_kernel, broken_traversal_sample
 
 FloatArray = NDArray[np.float64]
 Rng = np.random.Generator | int  # a Generator or an integer seed (tmc.validate.as_rng)
@@ -504,14 +513,49 @@ MULTIDRAFT = TreeVerifier(
     source="tmc.multidraft: residual verification with each node's recorded proposal law",
 )
 
+TRAVERSAL = TreeVerifier(
+    name="traversal",
+    sample=traversal_sample,
+    kernel=traversal_kernel,
+    biased=False,
+    draws=ALL_DRAWS,
+    source="tmc.traversal: Traversal Verification (Weng et al., NeurIPS 2025), leaf to root",
+)
+BROKEN_TRAVERSAL = TreeVerifier(
+    name="broken_traversal",
+    sample=broken_traversal_sample,
+    kernel=broken_traversal_kernel,
+    biased=True,
+    draws=ALL_DRAWS,
+    source="Traversal Verification with the parent's acceptance value left un-updated after a deletion",
+)
+KSEQ = TreeVerifier(
+    name="kseq",
+    sample=kseq_sample,
+    kernel=kseq_kernel,
+    biased=False,
+    draws=ALL_DRAWS,
+    source="tmc.kseq: SpecTr K-SEQ (Sun et al., NeurIPS 2023) at i.i.d. nodes, residual rule elsewhere",
+)
+BROKEN_KSEQ = TreeVerifier(
+    name="kseq_rho_one",
+    sample=broken_kseq_sample,
+    kernel=broken_kseq_kernel,
+    biased=True,
+    draws=(Draw.IID,),
+    source="SpecTr K-SEQ (Sun et al., NeurIPS 2023) with the division factor fixed to 1",
+)
+
 BIASED_EXAMPLES: tuple[Verifier, ...] = (
     TUTORIAL_TREE_WALK,
     WETAP_BEAM,
     GREEDY_MATCH,
     IID_RULE_ON_SWOR,
     IID_RULE_ON_TOPK,
+    BROKEN_TRAVERSAL,
+    BROKEN_KSEQ,
 )
-CORRECT_EXAMPLES: tuple[Verifier, ...] = (SPS, ASPS, BLOCK, MULTIDRAFT, IID_RULE_ON_IID)
+CORRECT_EXAMPLES: tuple[Verifier, ...] = (SPS, ASPS, BLOCK, MULTIDRAFT, IID_RULE_ON_IID, TRAVERSAL, KSEQ)
 EXAMPLES: tuple[Verifier, ...] = BIASED_EXAMPLES + CORRECT_EXAMPLES
 
 

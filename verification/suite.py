@@ -43,7 +43,7 @@ before sampling.  A suite run is reproducible from its seed.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -52,6 +52,7 @@ from numpy.typing import NDArray
 from tmc.commands.table import format_table
 from tmc.drafts import Draft, DraftChain, TreeDraft, chain_drafts, check_widths, tree_drafts
 from tmc.laws import OutputLaw, output_law
+from tmc.kseq import RhoRule
 from tmc.multidraft import Draw, ProposalFn, proposal_laws
 from tmc.toy import Path, ToyModel, paper_toy_model
 from tmc.validate import as_rng, check_int
@@ -60,18 +61,25 @@ from verification.batch import (
     categorical_batch,
     chain_noise_width,
     draft_chain_batch,
+    kseq_batch,
     multidraft_batch,
+    traversal_batch,
 )
+from verification.broken_kseq import rho_one
 from verification.calibrated import chi_square_check, required_samples
 from verification.examples import (
     ASPS,
     BIASED_EXAMPLES,
     BLOCK,
+    BROKEN_KSEQ,
+    BROKEN_TRAVERSAL,
     IID_RULE_ON_IID,
     IID_RULE_ON_SWOR,
     IID_RULE_ON_TOPK,
+    KSEQ,
     MULTIDRAFT,
     SPS,
+    TRAVERSAL,
     ChainVerifier,
     TreeVerifier,
     Verifier,
@@ -142,6 +150,14 @@ TREE_PROPOSALS: dict[str, ProposalFn] = {
     IID_RULE_ON_SWOR.name: iid_proposals,
     IID_RULE_ON_TOPK.name: iid_proposals,
 }
+
+#: Traversal Verification's verifiers (batch-sampled by
+#: :func:`verification.batch.traversal_batch`) and their ``update_value`` flag.
+TRAVERSAL_UPDATE: dict[str, bool] = {TRAVERSAL.name: True, BROKEN_TRAVERSAL.name: False}
+
+#: K-SEQ's verifiers (batch-sampled by :func:`verification.batch.kseq_batch`)
+#: and their division-factor rule (None: SpecTr's ρ*).
+KSEQ_RULE: dict[str, RhoRule | None] = {KSEQ.name: None, BROKEN_KSEQ.name: rho_one}
 
 
 @dataclass(frozen=True)
@@ -217,7 +233,8 @@ def suite_jobs(config: SuiteConfig) -> list[Job]:
     if config.quick:
         models = models[:2]
     chains: list[ChainVerifier] = [SPS, ASPS, BLOCK]
-    trees: list[TreeVerifier] = [MULTIDRAFT, IID_RULE_ON_IID]
+    # K-SEQ differs from multidraft only at i.i.d. nodes: the suite runs it on i.i.d. trees.
+    trees: list[TreeVerifier] = [MULTIDRAFT, IID_RULE_ON_IID, TRAVERSAL, replace(KSEQ, draws=(Draw.IID,))]
     if config.include_biased:
         chains += [v for v in BIASED_EXAMPLES if isinstance(v, ChainVerifier)]
         trees += [v for v in BIASED_EXAMPLES if isinstance(v, TreeVerifier)]
@@ -294,6 +311,13 @@ def _tree_steps(job: Job, drafts: Sequence[TreeDraft], trials: int, rng: np.rand
         count = int((picks == i).sum())
         if proposals is not None:
             batch = multidraft_batch(tree, p_rows, rng.random((count, tree.size + 1)), proposals)
+            out += [tuple(t) for t in batch.tokens(tree)]
+        elif job.verifier.name in KSEQ_RULE:
+            batch = kseq_batch(tree, p_rows, rng.random((count, tree.size + 1)), rho_rule=KSEQ_RULE[job.verifier.name])
+            out += [tuple(t) for t in batch.tokens(tree)]
+        elif job.verifier.name in TRAVERSAL_UPDATE:
+            update = TRAVERSAL_UPDATE[job.verifier.name]
+            batch = traversal_batch(tree, p_rows, rng.random((count, tree.size + 1)), update_value=update)
             out += [tuple(t) for t in batch.tokens(tree)]
         else:
             assert isinstance(job.verifier, TreeVerifier)

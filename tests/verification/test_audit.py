@@ -54,8 +54,10 @@ from verification.examples import (
     BLOCK,
     IID_RULE_ON_IID,
     IID_RULE_ON_SWOR,
+    KSEQ,
     MULTIDRAFT,
     SPS,
+    TRAVERSAL,
     TUTORIAL_TREE_WALK,
     WETAP_BEAM,
     ChainVerifier,
@@ -90,7 +92,20 @@ MINIMAL = {
     "wetap_beam(tau=0.5)": (2, (1,), Draw.TOPK, [0.5, 0.5], [0.5, 0.5], 0.5),
     "iid_rule_on_topk": (2, (1,), Draw.TOPK, [0.5, 0.5], [0.5, 0.5], 0.5),
     "iid_rule_on_swor": (3, (2,), Draw.SWOR, [2 * THIRD, 0.0, THIRD], [0.0, 0.5, 0.5], THIRD),
+    "broken_traversal": (2, (1, 1), Draw.IID, [0.0, 1.0], [0.5, 0.5], 0.125),
+    "kseq_rho_one": (2, (2,), Draw.IID, [0.0, 1.0], [0.5, 0.5], 0.25),
 }
+# kseq_rho_one, q = (0, 1), p = (1/2, 1/2): both drafts are token 1, each accepted with
+#   min(1, p(1) / (1 * q(1))) = 1/2, so "1 b" has 3/4; beta = Σ min(q, p) = 1/2,
+#   c = (1 - (1/2)^2) / (1/2) = 3/2 and p_res ∝ (p - min(q, p) c)+ = (1/2, 0): "0" has 1/4.
+#   Completed: (1, b) 3/8 and (0, b) 1/8 against 1/4: TV = 1/2 (4 * 1/8) = 1/4.
+# broken_traversal, q = (0, 1), p = (1/2, 1/2) after every prefix, the draft is always "1 1".
+#   Correct Traversal: the leaf's value is min(1, 1/2 * 1/2) = 1/4, so "1 1 b" has 1/8 each.
+#   Deleting the leaf leaves node "1" with h = Σ(a p - q)+ = 1/4, R = (1 - a) + h = 3/4, value
+#   1/3 and row (1, 0): "1 0" has 3/4 * 1/3 = 1/4; the root then emits 0 with 1/2.  Lossless.
+#   BIASED (value left at 1/2): "1 0" has 3/4 * 1/2 = 3/8 and "0" has 3/8.  Completed to
+#   length 3 against P = 1/8 per path: 4 cells of 3/32 (-1/32) and 2 of 3/16 (+1/16):
+#   TV = 1/2 (4/32 + 2/16) = 1/8.
 # The case of issue 9's report, V = 3, q = (0, 1/2, 1/2), p = (1/3, 0, 2/3), (2,) swor: children
 # (1, 2) or (2, 1), each 1/2.  (1, 2): 1 is rejected (p(1) = 0), r = norm((p - q)+) = (2/3, 0, 1/3);
 # 2 is accepted with min(1, r(2)/q(2)) = 2/3, else r = norm((r - q)+) = (1, 0, 0) emits 0.
@@ -216,7 +231,9 @@ def test_iid_rule_on_swor_laws_are_the_hand_derived_ones():
 
 
 @pytest.mark.parametrize(
-    "verifier", [SPS, ASPS, BLOCK, MULTIDRAFT, IID_RULE_ON_IID, wetap_beam_verifier(1.0)], ids=lambda v: v.name
+    "verifier",
+    [SPS, ASPS, BLOCK, MULTIDRAFT, IID_RULE_ON_IID, TRAVERSAL, KSEQ, wetap_beam_verifier(1.0)],
+    ids=lambda v: v.name,
 )
 def test_audit_passes_each_lossless_verifier_and_its_sampler(verifier):
     result = audit(verifier, config=AuditConfig(budget=100, sampler_tv=0.3))

@@ -19,6 +19,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import verification.batch as batch
+from tmc.kseq import kseq_node_rule, kseq_sample_from_uniforms
+from tmc.traversal import traversal_sample_from_uniforms, traversal_tests
 from tmc.chain import (
     asps_kernel,
     asps_sample_from_uniforms,
@@ -40,7 +42,9 @@ from verification.batch import (
     categorical_batch,
     check_uniform_batch,
     draft_chain_batch,
+    kseq_batch,
     multidraft_batch,
+    traversal_batch,
     speculative_step_batch,
     sps_batch,
 )
@@ -211,7 +215,7 @@ TREE_SHAPES = [(1,), (2,), (3,), (2, 1), (2, 2), (1, 1, 1)]
 def _tree_noise(
     tree: DraftTree, p_rows: np.ndarray, rng: np.random.Generator, proposals: ProposalFn = proposal_laws
 ) -> np.ndarray:
-    plan = batch._tree_plan(tree, check_tree_p_rows(tree, p_rows), proposals)
+    plan = batch._tree_plan(tree, check_tree_p_rows(tree, p_rows), batch._residual_walk(proposals))
     tests: list[list[float]] = [[] for _ in range(tree.size)]
     for kids, ratios in zip(plan.kids, plan.ratios):
         for kid, ratio in zip(kids, ratios):
@@ -521,3 +525,92 @@ def test_bench_entry_point_returns_report_and_table(monkeypatch: pytest.MonkeyPa
     report, text = bench(argparse.Namespace(seed=4, n="1,4", vocab=32000, repeat=5, json=False))
     assert report["seed"] == 4 and len(report["results"]) == 7
     assert text.startswith("Batch vs scalar samplers") and "multidraft-topk" in text
+
+
+# ------------------------------------------------- Traversal Verification
+
+
+def _traversal_noise(tree: DraftTree, p_rows: np.ndarray, rng: np.random.Generator, update_value: bool) -> np.ndarray:
+    """Noise on and next to every acceptance value and every CDF step of every emitted row."""
+    p = check_tree_p_rows(tree, p_rows)
+    tests = list(traversal_tests(tree, p, update_value=update_value))
+    columns: list[list[float]] = [[] for _ in range(tree.size)]
+    for t in tests:
+        if t.node >= 0:
+            columns[t.node] = _around([t.value])
+    return _noise(columns + [_cdf_points([t.row for t in tests])], rng, trials=48)
+
+
+def _assert_traversal_equal(tree: DraftTree, p_rows: np.ndarray, u: np.ndarray, update_value: bool = True) -> None:
+    got = traversal_batch(tree, p_rows, u, update_value=update_value)
+    want = [traversal_sample_from_uniforms(tree, p_rows, row, update_value=update_value) for row in u]
+    assert got.tokens(tree) == want
+
+
+@settings(max_examples=40)
+@given(
+    model=toy_models(max_vocab=3, depth=3),
+    widths=st.sampled_from(TREE_SHAPES),
+    draw=st.sampled_from(list(Draw)),
+    start=st.integers(0, 50),
+    update_value=st.booleans(),
+)
+def test_traversal_batch_equals_scalar_step_for_step(
+    model: ToyModel, widths: tuple[int, ...], draw: Draw, start: int, update_value: bool
+) -> None:
+    """Bit-equal to :func:`tmc.traversal_sample_from_uniforms`, also for the BIASED variant's flag."""
+    rng = np.random.default_rng(start)
+    trees = islice(enumerate_draft_trees(model, widths, draw), start % 7, None, 7)
+    for _, tree in islice(trees, 3):
+        p_rows = tree_p_rows(model, tree)
+        _assert_traversal_equal(tree, p_rows, _traversal_noise(tree, p_rows, rng, update_value), update_value)
+
+
+def test_traversal_batch_edge_cases() -> None:
+    third = np.full(3, 1 / 3)
+    hot = np.array([0.0, 1.0, 0.0])
+    rng = np.random.default_rng(2)
+    cases = [
+        (DraftTree.build([-1, -1], [0, 2], "swor", {-1: third}, 3), np.array([hot, third, third])),
+        (DraftTree.build([-1, -1, 0], [0, 0, 1], "iid", {-1: third, 0: third}, 3), np.array([third] * 4)),
+        (DraftTree.build([-1, -1, -1], [0, 1, 2], "topk", {}, 3), np.array([hot] * 4)),
+        (DraftTree.build([], [], "iid", {}, 3), np.array([[0.2, 0.0, 0.8]])),
+        (DraftTree.build([-1, 0], [0, 0], "iid", {-1: [1.0], 0: [1.0]}, 1), np.ones((3, 1))),
+    ]
+    for tree, p_rows in cases:
+        u = np.vstack(
+            [_traversal_noise(tree, p_rows, rng, True), np.zeros((1, tree.size + 1)), np.full((1, tree.size + 1), TOP)]
+        )
+        _assert_traversal_equal(tree, p_rows, u)
+
+
+# ------------------------------------------------------------------ K-SEQ
+
+
+def _kseq_noise(tree: DraftTree, p_rows: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Noise on and next to every acceptance probability and every CDF step of every final law."""
+    p = check_tree_p_rows(tree, p_rows)
+    columns: list[list[float]] = [[] for _ in range(tree.size)]
+    finals = []
+    for node in range(-1, tree.size):
+        rule = kseq_node_rule(tree, node, p[node + 1])
+        for kid, a in zip(tree.children(node), rule.accept):
+            columns[kid] = _around([a])
+        finals.append(rule.final)
+    return _noise(columns + [_cdf_points(finals)], rng, trials=48)
+
+
+@settings(max_examples=40)
+@given(
+    model=toy_models(max_vocab=3, depth=3),
+    widths=st.sampled_from(TREE_SHAPES),
+    draw=st.sampled_from(list(Draw)),
+    start=st.integers(0, 50),
+)
+def test_kseq_batch_equals_scalar_step_for_step(model: ToyModel, widths: tuple[int, ...], draw: Draw, start: int) -> None:
+    rng = np.random.default_rng(start)
+    trees = islice(enumerate_draft_trees(model, widths, draw), start % 7, None, 7)
+    for _, tree in islice(trees, 3):
+        p_rows = tree_p_rows(model, tree)
+        u = _kseq_noise(tree, p_rows, rng)
+        assert kseq_batch(tree, p_rows, u).tokens(tree) == [kseq_sample_from_uniforms(tree, p_rows, row) for row in u]

@@ -52,8 +52,9 @@ def _register_acceptance(sub: argparse._SubParsersAction[argparse.ArgumentParser
     acc = sub.add_parser(
         "acceptance",
         help="exact tokens per step of each verifier and the LP limit on a toy model",
-        description="Exact E[tokens per step] of SpS / ASpS / block / multi-draft verification "
-        "on a toy model, as a percentage of the LP limit (the best any lossless verifier can do).",
+        description="Exact E[tokens per step] of SpS / ASpS / block verification (chains) and of "
+        "multi-draft residual, Traversal and K-SEQ verification (trees; K-SEQ on i.i.d. trees) on a toy "
+        "model, as a percentage of the LP limit (the best any lossless verifier can do).",
     )
     acc.add_argument("model", nargs="?", help="toy model JSON file (see README); or use --random")
     shape = acc.add_mutually_exclusive_group(required=True)

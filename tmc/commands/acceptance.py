@@ -21,9 +21,11 @@ from tmc.chain import asps_kernel, block_kernel, sps_kernel
 from tmc.commands.table import format_table
 from tmc.drafts import DraftChain, TreeDraft, chain_drafts, tree_drafts
 from tmc.laws import ChainKernel, OutputLaw, TreeKernel, output_law
+from tmc.kseq import kseq_kernel
 from tmc.lp import lp_limit
 from tmc.multidraft import ALL_DRAWS, DraftTree, Draw, multidraft_kernel
 from tmc.toy import PAPER_TOY_FILE, ToyModel, load_model
+from tmc.traversal import traversal_kernel
 
 __all__ = ["PAPER_TOY_FILE", "chain_report", "load_model", "random_model", "render", "tree_report"]
 
@@ -40,7 +42,12 @@ class TreeRule:
 
 
 #: Tree verifiers reported for a tree draft (and for a chain seen as a width-1 tree), by JSON key.
-TREE_VERIFIERS: dict[str, TreeRule] = {"multidraft": TreeRule(multidraft_kernel)}
+TREE_VERIFIERS: dict[str, TreeRule] = {
+    "multidraft": TreeRule(multidraft_kernel),
+    "traversal": TreeRule(traversal_kernel),
+    # K-SEQ runs the residual rule at swor / topk nodes, so it is reported for i.i.d. trees only.
+    "kseq": TreeRule(kseq_kernel, (Draw.IID,)),
+}
 
 
 def tree_verifiers(draw: Draw | str) -> dict[str, TreeKernel]:
