@@ -171,7 +171,8 @@ def _pct(x: float) -> str:
 
 
 def render_gap(report: dict[str, Any]) -> str:
-    names = sorted({k for r in report["results"] for k in r if k not in ("vocab", "shape", "draw", "models")})
+    fixed = ("vocab", "shape", "draw", "models")
+    names = list(dict.fromkeys(k for r in report["results"] for k in r if k not in fixed))  # report order
     table = []
     for r in report["results"]:
         cells = [f"{_pct(r[n]['mean_pct_below_lp'])} / {_pct(r[n]['max_pct_below_lp'])}" if n in r else "-" for n in names]
