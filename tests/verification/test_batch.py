@@ -272,11 +272,11 @@ def test_tree_batch_with_the_iid_rule_equals_scalar(model: ToyModel, widths: tup
         _assert_tree_equal(tree, p_rows, _tree_noise(tree, p_rows, rng, iid_proposals), iid_proposals)
 
 
-def test_tree_batch_edge_cases() -> None:
+def _edge_trees() -> list[tuple[DraftTree, np.ndarray]]:
+    """Trees where accept tests and final draws sit on their boundaries."""
     third = np.full(3, 1 / 3)
     hot = np.array([0.0, 1.0, 0.0])
-    rng = np.random.default_rng(1)
-    cases = [
+    return [
         # p(x) = 0 for both drafted children, greedy (one-hot) target
         (DraftTree.build([-1, -1], [0, 2], "swor", {-1: third}, 3), np.array([hot, third, third])),
         # p == q everywhere: every child accepted when drawn i.i.d.
@@ -288,9 +288,17 @@ def test_tree_batch_edge_cases() -> None:
         # V = 1
         (DraftTree.build([-1, 0], [0, 0], "iid", {-1: [1.0], 0: [1.0]}, 1), np.ones((3, 1))),
     ]
-    for tree, p_rows in cases:
-        u = np.vstack([_tree_noise(tree, p_rows, rng), np.zeros((1, tree.size + 1)), np.full((1, tree.size + 1), TOP)])
-        _assert_tree_equal(tree, p_rows, u)
+
+
+def _with_extremes(u: np.ndarray) -> np.ndarray:
+    """``u`` plus one all-zero row and one all-TOP row."""
+    return np.vstack([u, np.zeros((1, u.shape[1])), np.full((1, u.shape[1]), TOP)])
+
+
+def test_tree_batch_edge_cases() -> None:
+    rng = np.random.default_rng(1)
+    for tree, p_rows in _edge_trees():
+        _assert_tree_equal(tree, p_rows, _with_extremes(_tree_noise(tree, p_rows, rng)))
 
 
 def test_tree_batch_rejects_zero_target_child_with_u_zero() -> None:
@@ -567,21 +575,9 @@ def test_traversal_batch_equals_scalar_step_for_step(
 
 
 def test_traversal_batch_edge_cases() -> None:
-    third = np.full(3, 1 / 3)
-    hot = np.array([0.0, 1.0, 0.0])
     rng = np.random.default_rng(2)
-    cases = [
-        (DraftTree.build([-1, -1], [0, 2], "swor", {-1: third}, 3), np.array([hot, third, third])),
-        (DraftTree.build([-1, -1, 0], [0, 0, 1], "iid", {-1: third, 0: third}, 3), np.array([third] * 4)),
-        (DraftTree.build([-1, -1, -1], [0, 1, 2], "topk", {}, 3), np.array([hot] * 4)),
-        (DraftTree.build([], [], "iid", {}, 3), np.array([[0.2, 0.0, 0.8]])),
-        (DraftTree.build([-1, 0], [0, 0], "iid", {-1: [1.0], 0: [1.0]}, 1), np.ones((3, 1))),
-    ]
-    for tree, p_rows in cases:
-        u = np.vstack(
-            [_traversal_noise(tree, p_rows, rng, True), np.zeros((1, tree.size + 1)), np.full((1, tree.size + 1), TOP)]
-        )
-        _assert_traversal_equal(tree, p_rows, u)
+    for tree, p_rows in _edge_trees():
+        _assert_traversal_equal(tree, p_rows, _with_extremes(_traversal_noise(tree, p_rows, rng, True)))
 
 
 # ------------------------------------------------------------------ K-SEQ
@@ -613,4 +609,11 @@ def test_kseq_batch_equals_scalar_step_for_step(model: ToyModel, widths: tuple[i
     for _, tree in islice(trees, 3):
         p_rows = tree_p_rows(model, tree)
         u = _kseq_noise(tree, p_rows, rng)
+        assert kseq_batch(tree, p_rows, u).tokens(tree) == [kseq_sample_from_uniforms(tree, p_rows, row) for row in u]
+
+
+def test_kseq_batch_edge_cases() -> None:
+    rng = np.random.default_rng(3)
+    for tree, p_rows in _edge_trees():
+        u = _with_extremes(_kseq_noise(tree, p_rows, rng))
         assert kseq_batch(tree, p_rows, u).tokens(tree) == [kseq_sample_from_uniforms(tree, p_rows, row) for row in u]
