@@ -29,7 +29,9 @@ Main entry points:
   node's :class:`Draw` kind recorded), :func:`multidraft_kernel`,
   :func:`multidraft_sample` (recursive residual verification) and
   :func:`traversal_kernel`, :func:`traversal_sample` (Traversal Verification,
-  Weng et al. 2025: leaf-to-root, sequence-level acceptance) and
+  Weng et al. 2025: leaf-to-root, sequence-level acceptance),
+  :func:`ordered_traversal_kernel` (Traversal visiting siblings by decreasing
+  ``p/q`` with order-statistic proposal laws: this project's verifier) and
   :func:`kseq_kernel`, :func:`kseq_sample` (SpecTr's K-SEQ, Sun et al. 2023,
   at nodes with i.i.d. children);
 * drafts and exact laws — :func:`chain_drafts` / :func:`tree_drafts` (every
@@ -73,6 +75,7 @@ from tmc.multidraft import (
     multidraft_sample_from_uniforms,
     proposal_laws,
 )
+from tmc.ordered_traversal import ordered_traversal_kernel, ordered_traversal_sample
 from tmc.toy import ToyModel, load_model, paper_toy_model
 from tmc.traversal import traversal_kernel, traversal_sample, traversal_sample_from_uniforms
 
@@ -106,6 +109,8 @@ __all__ = [
     "multidraft_kernel",
     "multidraft_sample",
     "multidraft_sample_from_uniforms",
+    "ordered_traversal_kernel",
+    "ordered_traversal_sample",
     "output_law",
     "paper_toy_model",
     "proposal_laws",

@@ -32,7 +32,7 @@ from typing import TypeVar
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from tmc.drafts import Draft, DraftChain, TreeDraft
+from tmc.drafts import Draft, DraftChain
 from tmc.multidraft import DraftTree, tree_kernel_outputs
 from tmc.toy import Path, ToyModel
 

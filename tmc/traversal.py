@@ -97,7 +97,7 @@ CDF from the accepted node's row.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -109,6 +109,16 @@ from tmc.residual import acceptance_probability, residual
 from tmc.validate import as_rng
 
 FloatArray = NDArray[np.float64]
+
+#: ``rule(tree, node, p_row) -> (children, laws)``: the order in which a node's
+#: children are visited and the proposal law each is verified against (the law
+#: of its token given the children visited before it).
+ChildrenRule = Callable[[DraftTree, int, FloatArray], tuple[Sequence[int], Sequence[FloatArray]]]
+
+
+def recorded_children(tree: DraftTree, node: int, p_row: FloatArray) -> tuple[Sequence[int], Sequence[FloatArray]]:
+    """The default :data:`ChildrenRule`: draw order and each node's recorded proposal law."""
+    return tree.children(node), proposal_laws(tree, node)
 
 
 @dataclass(frozen=True)
@@ -129,8 +139,9 @@ class _Frame:
     value: float  # current acceptance value a
     miss: float  # 1 − a
     row: FloatArray  # (V,) current residual row r
-    laws: list[FloatArray]  # proposal law of each child, in order
-    next_kid: int = 0  # index into the children of the next child to visit
+    kids: Sequence[int]  # children in visiting order
+    laws: Sequence[FloatArray]  # proposal law of each child, in visiting order
+    next_kid: int = 0  # index into kids of the next child to visit
 
 
 def _excess(value: float, miss: float, row: FloatArray, law: FloatArray) -> FloatArray:
@@ -176,11 +187,14 @@ def _delete_child(
     return min(1.0, h / total), min(1.0, frame.miss / total), row
 
 
-def _frame(tree: DraftTree, p: FloatArray, node: int, value: float, miss: float) -> _Frame:
-    return _Frame(node, value, miss, p[node + 1], proposal_laws(tree, node))
+def _frame(tree: DraftTree, p: FloatArray, node: int, value: float, miss: float, rule: ChildrenRule) -> _Frame:
+    kids, laws = rule(tree, node, p[node + 1])
+    return _Frame(node, value, miss, p[node + 1], kids, laws)
 
 
-def traversal_tests(tree: DraftTree, p: FloatArray, *, update_value: bool = True) -> Iterator[NodeTest]:
+def traversal_tests(
+    tree: DraftTree, p: FloatArray, *, update_value: bool = True, children: ChildrenRule = recorded_children
+) -> Iterator[NodeTest]:
     """The tests of Traversal Verification in order, computed lazily; the root's comes last.
 
     ``p`` must already be validated (:func:`tmc.multidraft.check_tree_p_rows`).
@@ -189,14 +203,13 @@ def traversal_tests(tree: DraftTree, p: FloatArray, *, update_value: bool = True
     ``update_value=False`` is the hook of the BIASED variant (see
     :func:`_delete_child`).
     """
-    stack = [_frame(tree, p, ROOT, 1.0, 0.0)]
+    stack = [_frame(tree, p, ROOT, 1.0, 0.0, children)]
     while stack:
         top = stack[-1]
-        kids = tree.children(top.node)
-        if top.next_kid < len(kids):
-            kid = kids[top.next_kid]
+        if top.next_kid < len(top.kids):
+            kid = top.kids[top.next_kid]
             value, miss = _child_state(top.value, top.miss, top.row, top.laws[top.next_kid], tree.tokens[kid])
-            stack.append(_frame(tree, p, kid, value, miss))
+            stack.append(_frame(tree, p, kid, value, miss, children))
             continue
         stack.pop()
         if not stack:
@@ -211,11 +224,13 @@ def traversal_tests(tree: DraftTree, p: FloatArray, *, update_value: bool = True
         parent.next_kid += 1
 
 
-def _traversal_kernel(tree: DraftTree, p: FloatArray, *, update_value: bool = True) -> FloatArray:
+def _traversal_kernel(
+    tree: DraftTree, p: FloatArray, *, update_value: bool = True, children: ChildrenRule = recorded_children
+) -> FloatArray:
     """Exact ``(N + 1, V)`` kernel on validated rows: ``K[test] = Π (1 − a_earlier) · a · r``."""
     kernel = np.zeros_like(p)
     reach = 1.0  # probability that every earlier test failed
-    for test in traversal_tests(tree, p, update_value=update_value):
+    for test in traversal_tests(tree, p, update_value=update_value, children=children):
         if test.node == ROOT:
             kernel[0] += reach * test.row
             break
@@ -227,38 +242,58 @@ def _traversal_kernel(tree: DraftTree, p: FloatArray, *, update_value: bool = Tr
     return kernel
 
 
-def _traversal_step(tree: DraftTree, p: FloatArray, uu: FloatArray, *, update_value: bool = True) -> list[int]:
+def _traversal_step(
+    tree: DraftTree, p: FloatArray, uu: FloatArray, *, update_value: bool = True, children: ChildrenRule = recorded_children
+) -> list[int]:
     """One step on validated rows and ``N + 1`` validated uniforms (layout in the module doc)."""
-    for test in traversal_tests(tree, p, update_value=update_value):
+    for test in traversal_tests(tree, p, update_value=update_value, children=children):
         if test.node == ROOT or uu[test.node] < test.value:
             return list(tree.path(test.node)) + [categorical(test.row, float(uu[tree.size]))]
     raise AssertionError("the root's test always passes")  # pragma: no cover
 
 
-def traversal_kernel(tree: DraftTree, p_rows: ArrayLike, *, update_value: bool = True) -> FloatArray:
+def traversal_kernel(
+    tree: DraftTree, p_rows: ArrayLike, *, update_value: bool = True, children: ChildrenRule = recorded_children
+) -> FloatArray:
     """Exact output law ``(N + 1, V)`` of Traversal Verification (indexing of :mod:`tmc`).
 
-    ``update_value=False`` leaves a parent's acceptance value unchanged after
-    a child is deleted: that variant is BIASED and exists only as the audit's
-    negative example (``verification.broken_traversal``).
+    ``children`` sets the visiting order of each node's children and the law
+    each is verified against (default: draw order, recorded laws; another
+    lossless rule is :mod:`tmc.ordered_traversal`'s).  ``update_value=False``
+    leaves a parent's acceptance value unchanged after a child is deleted:
+    that variant is BIASED and exists only as the audit's negative example
+    (``verification.broken_traversal``).
     """
-    return _traversal_kernel(tree, check_tree_p_rows(tree, p_rows), update_value=update_value)
+    p = check_tree_p_rows(tree, p_rows)
+    return _traversal_kernel(tree, p, update_value=update_value, children=children)
 
 
 def traversal_sample_from_uniforms(
-    tree: DraftTree, p_rows: ArrayLike, u: ArrayLike, *, update_value: bool = True
+    tree: DraftTree,
+    p_rows: ArrayLike,
+    u: ArrayLike,
+    *,
+    update_value: bool = True,
+    children: ChildrenRule = recorded_children,
 ) -> list[int]:
     """One Traversal Verification step driven by ``N + 1`` uniforms: the emitted tokens."""
     p = check_tree_p_rows(tree, p_rows)
-    return _traversal_step(tree, p, check_uniforms("u", u, tree.size + 1), update_value=update_value)
+    uu = check_uniforms("u", u, tree.size + 1)
+    return _traversal_step(tree, p, uu, update_value=update_value, children=children)
 
 
 def traversal_sample(
-    tree: DraftTree, p_rows: ArrayLike, rng: np.random.Generator | int, *, update_value: bool = True
+    tree: DraftTree,
+    p_rows: ArrayLike,
+    rng: np.random.Generator | int,
+    *,
+    update_value: bool = True,
+    children: ChildrenRule = recorded_children,
 ) -> list[int]:
     """One Traversal Verification step: the accepted path plus one token.
 
     ``rng`` is a ``numpy.random.Generator`` or an integer seed.
     """
     p = check_tree_p_rows(tree, p_rows)
-    return _traversal_step(tree, p, as_rng(rng).random(tree.size + 1), update_value=update_value)
+    uu = as_rng(rng).random(tree.size + 1)
+    return _traversal_step(tree, p, uu, update_value=update_value, children=children)

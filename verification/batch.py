@@ -54,7 +54,7 @@ from tmc.kseq import RhoRule, kseq_node_rule
 from tmc.multidraft import ROOT, DraftTree, ProposalFn, check_tree_p_rows, proposal_laws
 from tmc.residual import acceptance_probability, residual
 from tmc.toy import Path, ToyModel
-from tmc.traversal import traversal_tests
+from tmc.traversal import ChildrenRule, recorded_children, traversal_tests
 from tmc.validate import FloatArray, IntArray, as_real_array, check_chain, check_int, check_prob_rows
 
 BoolArray = NDArray[np.bool_]
@@ -394,7 +394,14 @@ def _walk_tree(tree: DraftTree, p: FloatArray, u: ArrayLike, rule: NodeRuleFn) -
     return TreeBatch(node, last)
 
 
-def traversal_batch(tree: DraftTree, p_rows: ArrayLike, u: ArrayLike, *, update_value: bool = True) -> TreeBatch:
+def traversal_batch(
+    tree: DraftTree,
+    p_rows: ArrayLike,
+    u: ArrayLike,
+    *,
+    update_value: bool = True,
+    children: ChildrenRule = recorded_children,
+) -> TreeBatch:
     """Traversal Verification of one tree for many trials; ``u`` is ``(trials, N + 1)``.
 
     Equal, trial for trial, to :func:`tmc.traversal.traversal_sample_from_uniforms`.
@@ -405,7 +412,7 @@ def traversal_batch(tree: DraftTree, p_rows: ArrayLike, u: ArrayLike, *, update_
     """
     p = check_tree_p_rows(tree, p_rows)
     uu = check_uniform_batch("u", u, tree.size + 1)  # (T, N + 1)
-    tests = list(traversal_tests(tree, p, update_value=update_value))
+    tests = list(traversal_tests(tree, p, update_value=update_value, children=children))
     nodes = np.array([t.node for t in tests], dtype=np.int64)  # (S,) the root last
     values = np.array([t.value for t in tests], dtype=np.float64)  # (S,)
     cols = np.where(nodes == ROOT, tree.size, nodes)  # the root has no test of its own

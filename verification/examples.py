@@ -88,6 +88,7 @@ from tmc.multidraft import (
 from tmc.noise import categorical, check_uniforms
 from tmc.residual import acceptance_probability, residual
 from tmc.kseq import kseq_kernel, kseq_sample
+from tmc.ordered_traversal import ordered_traversal_kernel, ordered_traversal_sample
 from tmc.traversal import traversal_kernel, traversal_sample
 from tmc.validate import as_rng, check_chain
 from verification.broken_kseq import broken_kseq_kernel, broken_kseq_sample
@@ -529,6 +530,14 @@ BROKEN_TRAVERSAL = TreeVerifier(
     draws=ALL_DRAWS,
     source="Traversal Verification with the parent's acceptance value left un-updated after a deletion",
 )
+ORDERED_TRAVERSAL = TreeVerifier(
+    name="ordered_traversal",
+    sample=ordered_traversal_sample,
+    kernel=ordered_traversal_kernel,
+    biased=False,
+    draws=ALL_DRAWS,
+    source="tmc.ordered_traversal: Traversal Verification visiting siblings by decreasing p/q (this project)",
+)
 KSEQ = TreeVerifier(
     name="kseq",
     sample=kseq_sample,
@@ -555,7 +564,16 @@ BIASED_EXAMPLES: tuple[Verifier, ...] = (
     BROKEN_TRAVERSAL,
     BROKEN_KSEQ,
 )
-CORRECT_EXAMPLES: tuple[Verifier, ...] = (SPS, ASPS, BLOCK, MULTIDRAFT, IID_RULE_ON_IID, TRAVERSAL, KSEQ)
+CORRECT_EXAMPLES: tuple[Verifier, ...] = (
+    SPS,
+    ASPS,
+    BLOCK,
+    MULTIDRAFT,
+    IID_RULE_ON_IID,
+    TRAVERSAL,
+    ORDERED_TRAVERSAL,
+    KSEQ,
+)
 EXAMPLES: tuple[Verifier, ...] = BIASED_EXAMPLES + CORRECT_EXAMPLES
 
 

@@ -54,7 +54,9 @@ from tmc.drafts import Draft, DraftChain, TreeDraft, chain_drafts, check_widths,
 from tmc.laws import OutputLaw, output_law
 from tmc.kseq import RhoRule
 from tmc.multidraft import Draw, ProposalFn, proposal_laws
+from tmc.ordered_traversal import ratio_ordered_children
 from tmc.toy import Path, ToyModel, paper_toy_model
+from tmc.traversal import ChildrenRule, recorded_children
 from tmc.validate import as_rng, check_int
 from verification.batch import (
     CHAIN_BATCH,
@@ -78,6 +80,7 @@ from verification.examples import (
     IID_RULE_ON_TOPK,
     KSEQ,
     MULTIDRAFT,
+    ORDERED_TRAVERSAL,
     SPS,
     TRAVERSAL,
     ChainVerifier,
@@ -152,8 +155,12 @@ TREE_PROPOSALS: dict[str, ProposalFn] = {
 }
 
 #: Traversal Verification's verifiers (batch-sampled by
-#: :func:`verification.batch.traversal_batch`) and their ``update_value`` flag.
-TRAVERSAL_UPDATE: dict[str, bool] = {TRAVERSAL.name: True, BROKEN_TRAVERSAL.name: False}
+#: :func:`verification.batch.traversal_batch`): their ``update_value`` flag and children rule.
+TRAVERSAL_RULES: dict[str, tuple[bool, ChildrenRule]] = {
+    TRAVERSAL.name: (True, recorded_children),
+    ORDERED_TRAVERSAL.name: (True, ratio_ordered_children),
+    BROKEN_TRAVERSAL.name: (False, recorded_children),
+}
 
 #: K-SEQ's verifiers (batch-sampled by :func:`verification.batch.kseq_batch`)
 #: and their division-factor rule (None: SpecTr's ρ*).
@@ -234,7 +241,13 @@ def suite_jobs(config: SuiteConfig) -> list[Job]:
         models = models[:2]
     chains: list[ChainVerifier] = [SPS, ASPS, BLOCK]
     # K-SEQ differs from multidraft only at i.i.d. nodes: the suite runs it on i.i.d. trees.
-    trees: list[TreeVerifier] = [MULTIDRAFT, IID_RULE_ON_IID, TRAVERSAL, replace(KSEQ, draws=(Draw.IID,))]
+    trees: list[TreeVerifier] = [
+        MULTIDRAFT,
+        IID_RULE_ON_IID,
+        TRAVERSAL,
+        ORDERED_TRAVERSAL,
+        replace(KSEQ, draws=(Draw.IID,)),
+    ]
     if config.include_biased:
         chains += [v for v in BIASED_EXAMPLES if isinstance(v, ChainVerifier)]
         trees += [v for v in BIASED_EXAMPLES if isinstance(v, TreeVerifier)]
@@ -315,9 +328,10 @@ def _tree_steps(job: Job, drafts: Sequence[TreeDraft], trials: int, rng: np.rand
         elif job.verifier.name in KSEQ_RULE:
             batch = kseq_batch(tree, p_rows, rng.random((count, tree.size + 1)), rho_rule=KSEQ_RULE[job.verifier.name])
             out += [tuple(t) for t in batch.tokens(tree)]
-        elif job.verifier.name in TRAVERSAL_UPDATE:
-            update = TRAVERSAL_UPDATE[job.verifier.name]
-            batch = traversal_batch(tree, p_rows, rng.random((count, tree.size + 1)), update_value=update)
+        elif job.verifier.name in TRAVERSAL_RULES:
+            update, children = TRAVERSAL_RULES[job.verifier.name]
+            noise = rng.random((count, tree.size + 1))
+            batch = traversal_batch(tree, p_rows, noise, update_value=update, children=children)
             out += [tuple(t) for t in batch.tokens(tree)]
         else:
             assert isinstance(job.verifier, TreeVerifier)

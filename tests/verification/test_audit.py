@@ -56,6 +56,7 @@ from verification.examples import (
     IID_RULE_ON_SWOR,
     KSEQ,
     MULTIDRAFT,
+    ORDERED_TRAVERSAL,
     SPS,
     TRAVERSAL,
     TUTORIAL_TREE_WALK,
@@ -232,7 +233,7 @@ def test_iid_rule_on_swor_laws_are_the_hand_derived_ones():
 
 @pytest.mark.parametrize(
     "verifier",
-    [SPS, ASPS, BLOCK, MULTIDRAFT, IID_RULE_ON_IID, TRAVERSAL, KSEQ, wetap_beam_verifier(1.0)],
+    [SPS, ASPS, BLOCK, MULTIDRAFT, IID_RULE_ON_IID, TRAVERSAL, ORDERED_TRAVERSAL, KSEQ, wetap_beam_verifier(1.0)],
     ids=lambda v: v.name,
 )
 def test_audit_passes_each_lossless_verifier_and_its_sampler(verifier):

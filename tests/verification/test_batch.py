@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 
 import verification.batch as batch
 from tmc.kseq import kseq_node_rule, kseq_sample_from_uniforms
-from tmc.traversal import traversal_sample_from_uniforms, traversal_tests
+from tmc.ordered_traversal import ratio_ordered_children
+from tmc.traversal import recorded_children, traversal_sample_from_uniforms, traversal_tests
 from tmc.chain import (
     asps_kernel,
     asps_sample_from_uniforms,
@@ -538,10 +539,12 @@ def test_bench_entry_point_returns_report_and_table(monkeypatch: pytest.MonkeyPa
 # ------------------------------------------------- Traversal Verification
 
 
-def _traversal_noise(tree: DraftTree, p_rows: np.ndarray, rng: np.random.Generator, update_value: bool) -> np.ndarray:
+def _traversal_noise(
+    tree: DraftTree, p_rows: np.ndarray, rng: np.random.Generator, update_value: bool, children=recorded_children
+) -> np.ndarray:
     """Noise on and next to every acceptance value and every CDF step of every emitted row."""
     p = check_tree_p_rows(tree, p_rows)
-    tests = list(traversal_tests(tree, p, update_value=update_value))
+    tests = list(traversal_tests(tree, p, update_value=update_value, children=children))
     columns: list[list[float]] = [[] for _ in range(tree.size)]
     for t in tests:
         if t.node >= 0:
@@ -549,10 +552,12 @@ def _traversal_noise(tree: DraftTree, p_rows: np.ndarray, rng: np.random.Generat
     return _noise(columns + [_cdf_points([t.row for t in tests])], rng, trials=48)
 
 
-def _assert_traversal_equal(tree: DraftTree, p_rows: np.ndarray, u: np.ndarray, update_value: bool = True) -> None:
-    got = traversal_batch(tree, p_rows, u, update_value=update_value)
-    want = [traversal_sample_from_uniforms(tree, p_rows, row, update_value=update_value) for row in u]
-    assert got.tokens(tree) == want
+def _assert_traversal_equal(
+    tree: DraftTree, p_rows: np.ndarray, u: np.ndarray, update_value: bool = True, children=recorded_children
+) -> None:
+    got = traversal_batch(tree, p_rows, u, update_value=update_value, children=children)
+    rule = dict(update_value=update_value, children=children)
+    assert got.tokens(tree) == [traversal_sample_from_uniforms(tree, p_rows, row, **rule) for row in u]
 
 
 @settings(max_examples=40)
@@ -562,16 +567,19 @@ def _assert_traversal_equal(tree: DraftTree, p_rows: np.ndarray, u: np.ndarray, 
     draw=st.sampled_from(list(Draw)),
     start=st.integers(0, 50),
     update_value=st.booleans(),
+    children=st.sampled_from([recorded_children, ratio_ordered_children]),
 )
 def test_traversal_batch_equals_scalar_step_for_step(
-    model: ToyModel, widths: tuple[int, ...], draw: Draw, start: int, update_value: bool
+    model: ToyModel, widths: tuple[int, ...], draw: Draw, start: int, update_value: bool, children
 ) -> None:
-    """Bit-equal to :func:`tmc.traversal_sample_from_uniforms`, also for the BIASED variant's flag."""
+    """Bit-equal to :func:`tmc.traversal_sample_from_uniforms`, also for the BIASED variant's flag
+    and for the ratio-ordered children rule (:mod:`tmc.ordered_traversal`)."""
     rng = np.random.default_rng(start)
     trees = islice(enumerate_draft_trees(model, widths, draw), start % 7, None, 7)
     for _, tree in islice(trees, 3):
         p_rows = tree_p_rows(model, tree)
-        _assert_traversal_equal(tree, p_rows, _traversal_noise(tree, p_rows, rng, update_value), update_value)
+        u = _traversal_noise(tree, p_rows, rng, update_value, children)
+        _assert_traversal_equal(tree, p_rows, u, update_value, children)
 
 
 def test_traversal_batch_edge_cases() -> None:

@@ -24,6 +24,7 @@ from tmc.laws import ChainKernel, OutputLaw, TreeKernel, output_law
 from tmc.kseq import kseq_kernel
 from tmc.lp import lp_limit
 from tmc.multidraft import ALL_DRAWS, DraftTree, Draw, multidraft_kernel
+from tmc.ordered_traversal import ordered_traversal_kernel
 from tmc.toy import PAPER_TOY_FILE, ToyModel, load_model
 from tmc.traversal import traversal_kernel
 
@@ -45,6 +46,7 @@ class TreeRule:
 TREE_VERIFIERS: dict[str, TreeRule] = {
     "multidraft": TreeRule(multidraft_kernel),
     "traversal": TreeRule(traversal_kernel),
+    "ordered_traversal": TreeRule(ordered_traversal_kernel),
     # K-SEQ runs the residual rule at swor / topk nodes, so it is reported for i.i.d. trees only.
     "kseq": TreeRule(kseq_kernel, (Draw.IID,)),
 }
