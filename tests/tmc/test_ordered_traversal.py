@@ -154,3 +154,19 @@ def test_closer_to_lp_than_traversal(shape: tuple[int, ...], draw: str, margin_p
         assert ours <= limit + 1e-6
         gains.append(100.0 * (ours - theirs) / limit)
     assert float(np.mean(gains)) >= margin_pct, gains
+
+
+def test_bad_input_is_a_value_error() -> None:
+    from tmc import DraftTree
+    from tmc.ordered_traversal import ordered_traversal_sample, ordered_traversal_sample_from_uniforms
+
+    tree = DraftTree.build([-1, -1], [0, 1], "iid", {-1: [0.5, 0.5]}, 2)
+    p = np.full((3, 2), 0.5)
+    with pytest.raises(ValueError, match=r"p_rows has shape \(2, 2\)"):
+        ordered_traversal_kernel(tree, p[:2])
+    with pytest.raises(ValueError, match="tree must be a DraftTree"):
+        ordered_traversal_kernel("tree", p)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="u"):
+        ordered_traversal_sample_from_uniforms(tree, p, [0.1, 0.2])
+    with pytest.raises(ValueError, match="rng"):
+        ordered_traversal_sample(tree, p, "seed")  # type: ignore[arg-type]
