@@ -109,9 +109,9 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from tmc.multidraft import ROOT, Draw, DraftTree, check_tree_p_rows, proposal_laws
+from tmc.multidraft import ROOT, Draw, DraftTree, check_tree_p_rows, residual_node_rule
 from tmc.noise import categorical, check_uniforms
-from tmc.residual import acceptance_probability, residual
+from tmc.residual import acceptance_probability
 from tmc.validate import as_real_array, as_rng, check_int, check_prob_rows
 
 FloatArray = NDArray[np.float64]
@@ -238,13 +238,7 @@ def kseq_node_rule(tree: DraftTree, node: int, p_row: FloatArray, *, rho_rule: R
 
 def _residual_rule(tree: DraftTree, node: int, p_row: FloatArray) -> NodeRule:
     """The multi-draft residual walk of :mod:`tmc.multidraft` at one node (swor / topk children)."""
-    r = p_row
-    accept: list[float] = []
-    for kid, law in zip(tree.children(node), proposal_laws(tree, node)):
-        tok = tree.tokens[kid]
-        accept.append(acceptance_probability(float(r[tok]), float(law[tok])))
-        r = residual(r, law, tok)
-    return NodeRule(tuple(accept), r)
+    return NodeRule(*residual_node_rule(tree, node, p_row))
 
 
 # ------------------------------------------------------- public node API

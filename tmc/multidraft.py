@@ -284,6 +284,25 @@ def proposal_laws(tree: DraftTree, node: int) -> list[FloatArray]:
 ProposalFn = Callable[[DraftTree, int], list[FloatArray]]
 
 
+def residual_node_rule(
+    tree: DraftTree, node: int, p_row: FloatArray, proposals: ProposalFn = proposal_laws
+) -> tuple[tuple[float, ...], FloatArray]:
+    """Residual verification at one accepted node, all at once: ``(accept, final)``.
+
+    ``accept[i]`` is the probability of accepting child ``i`` given children
+    ``< i`` were rejected; ``final`` the law emitted when every child is
+    rejected (``p_row`` at a leaf).  Deterministic given the tree and the
+    validated row, so vectorised samplers and K-SEQ's fallback plan with it.
+    """
+    r = p_row
+    accept: list[float] = []
+    for kid, law in zip(tree.children(node), proposals(tree, node)):
+        tok = tree.tokens[kid]
+        accept.append(acceptance_probability(float(r[tok]), float(law[tok])))
+        r = residual(r, law, tok)
+    return tuple(accept), r
+
+
 def check_tree_p_rows(tree: DraftTree, p_rows: ArrayLike) -> FloatArray:
     """``p_rows`` validated as ``(N + 1, V)`` target rows for ``tree`` (renormalised float64)."""
     if not isinstance(tree, DraftTree):

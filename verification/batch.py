@@ -51,8 +51,8 @@ from numpy.typing import ArrayLike, NDArray
 
 from tmc.chain import asps_kernel, block_forward
 from tmc.kseq import RhoRule, kseq_node_rule
-from tmc.multidraft import ROOT, DraftTree, ProposalFn, check_tree_p_rows, proposal_laws
-from tmc.residual import acceptance_probability, residual
+from tmc.multidraft import ROOT, DraftTree, ProposalFn, check_tree_p_rows, proposal_laws, residual_node_rule
+from tmc.residual import residual
 from tmc.toy import Path, ToyModel
 from tmc.traversal import ChildrenRule, recorded_children, traversal_tests
 from tmc.validate import FloatArray, IntArray, as_real_array, check_chain, check_int, check_prob_rows
@@ -322,13 +322,10 @@ NodeRuleFn = Callable[[DraftTree, int, FloatArray], tuple[Sequence[float], Float
 
 
 def _residual_walk(proposals: ProposalFn) -> NodeRuleFn:
+    """The scalar residual verifier's plan at each node (:func:`tmc.multidraft.residual_node_rule`)."""
+
     def rule(tree: DraftTree, node: int, p_row: FloatArray) -> tuple[Sequence[float], FloatArray]:
-        r, accept = p_row, []
-        for kid, law in zip(tree.children(node), proposals(tree, node)):
-            tok = tree.tokens[kid]
-            accept.append(acceptance_probability(float(r[tok]), float(law[tok])))  # the scalar's test
-            r = residual(r, law, tok)  # the residual the scalar would carry to the next child
-        return accept, r
+        return residual_node_rule(tree, node, p_row, proposals)
 
     return rule
 
