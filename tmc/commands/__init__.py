@@ -18,6 +18,12 @@ from tmc.cli import add_json, add_seed, fail, nonnegative_int, positive_int
 #: Entry-point group through which packages add ``tmc bench`` benchmarks: each
 #: entry is a function ``bench(args) -> (report dict, rendered table)``.
 BENCH_GROUP = "tmc.benchmarks"
+#: Entry-point group through which packages add draft kinds to ``tmc acceptance``:
+#: each entry is a function ``extend(parser, shape_group) -> hook`` that adds its
+#: options (its shape option to the mutually exclusive ``shape_group``) and
+#: returns ``hook(args) -> int | None``: an exit status when its options were
+#: given, ``None`` to leave the command to the core.
+ACCEPTANCE_GROUP = "tmc.acceptance"
 CORE_BENCHMARKS = ("kernels", "exact", "gap")
 
 
@@ -65,13 +71,23 @@ def _register_acceptance(sub: argparse._SubParsersAction[argparse.ArgumentParser
     acc.add_argument("--random", type=positive_int, metavar="V", help="use a built-in random model with vocabulary V")
     add_seed(acc, "--random model")
     add_json(acc)
-    acc.set_defaults(func=_cmd_acceptance)
+    hooks = []
+    for ep in sorted(entry_points(group=ACCEPTANCE_GROUP), key=lambda ep: ep.name):
+        try:
+            hooks.append(ep.load()(acc, shape))
+        except Exception as err:  # a broken package must not take the command down
+            print(f"tmc: the {ep.name!r} acceptance options are unavailable: {' '.join(str(err).split())}", file=sys.stderr)
+    acc.set_defaults(func=_cmd_acceptance, acceptance_hooks=hooks)
 
 
 def _cmd_acceptance(args: argparse.Namespace) -> int:
     from tmc.commands.acceptance import chain_report, random_model, render, tree_report
     from tmc.toy import load_model
 
+    for hook in args.acceptance_hooks:
+        status = hook(args)
+        if status is not None:
+            return int(status)
     if (args.model is None) == (args.random is None):
         fail("give either MODEL.json or --random V")
     depth = args.chain if args.chain is not None else len(args.tree)

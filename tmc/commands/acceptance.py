@@ -40,15 +40,20 @@ class TreeRule:
 
     kernel: TreeKernel  # exact (N + 1, V) output law of one tree
     draws: tuple[Draw, ...] = ALL_DRAWS  # draw kinds of the trees it verifies
+    # True when the rule is lossless only if the number of children of a node is fixed
+    # before they are drawn (it reasons about the whole sibling sample, as ratio
+    # ordering and K-SEQ's rho do); tree builders whose sibling counts depend on the
+    # tokens drawn (DySpec) are not verified with it.
+    fixed_widths: bool = False
 
 
 #: Tree verifiers reported for a tree draft (and for a chain seen as a width-1 tree), by JSON key.
 TREE_VERIFIERS: dict[str, TreeRule] = {
     "multidraft": TreeRule(multidraft_kernel),
     "traversal": TreeRule(traversal_kernel),
-    "ordered_traversal": TreeRule(ordered_traversal_kernel),
+    "ordered_traversal": TreeRule(ordered_traversal_kernel, fixed_widths=True),
     # K-SEQ runs the residual rule at swor / topk nodes, so it is reported for i.i.d. trees only.
-    "kseq": TreeRule(kseq_kernel, (Draw.IID,)),
+    "kseq": TreeRule(kseq_kernel, (Draw.IID,), fixed_widths=True),
 }
 
 

@@ -1,0 +1,276 @@
+"""What a tree builder buys: exact (or Monte Carlo) tokens per step next to the LP limit.
+
+Notation (DESIGN.md §3): ``p`` target, ``q`` draft.  A builder's *draft law*
+is the distribution of the trees it builds on a toy model; every tree carries
+its probability.  :func:`builder_drafts` enumerates that law exactly by
+re-running the builder over every sequence of its random draws
+(:func:`spec.randomness.enumerate_runs`) and merging equal trees, and hands
+the list to the same pipeline the fixed shapes use (:mod:`tmc.laws`,
+:func:`tmc.lp_limit`): each verifier's expected length and completion error,
+and the LP limit for the same draft law.  When the enumeration would need too
+many runs, :func:`builder_report` falls back to Monte Carlo over sampled trees,
+each scored exactly by its kernel (``E[len | tree]``), with a 95% interval.
+
+:func:`step_sequence_law` chains several steps — the builder's state (DynaTree's
+history) carried from step to step along every branch — and returns the
+exact law of everything emitted, whose completion identity must hold too.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from spec.builders import TreeBuilder, make_builder
+from spec.draft import ToyDraft
+from spec.randomness import TooManyRuns, enumerate_runs
+from tmc.commands.acceptance import TREE_VERIFIERS, TreeRule
+from tmc.commands.table import format_table
+from tmc.drafts import TreeDraft
+from tmc.laws import TreeKernel, completion_error, output_law
+from tmc.multidraft import DraftTree, Draw, tree_kernel_outputs
+from tmc.toy import Path, ToyModel
+from tmc.validate import as_rng, check_int
+
+__all__ = [
+    "DEFAULT_MAX_RUNS",
+    "random_stationary_model",
+    "render_builder_report",
+    "StepSequenceLaw",
+    "builder_drafts",
+    "builder_report",
+    "sample_builder_drafts",
+    "step_sequence_law",
+    "verifiers_for",
+]
+
+#: Builder runs an exact enumeration may take before the report switches to Monte Carlo.
+DEFAULT_MAX_RUNS = 20_000
+#: Largest LP (Σ over trees of accepted paths × V) the report solves.
+MAX_LP_CELLS = 60_000
+
+
+def _key(tree: DraftTree) -> tuple[tuple[int, ...], tuple[int, ...], tuple[Draw, ...]]:
+    return tree.parents, tree.tokens, tree.draws
+
+
+def _tree_draft(model: ToyModel, tree: DraftTree, weight: float, prefix: Path) -> TreeDraft:
+    base = tuple(prefix)
+    return TreeDraft(tree, weight, np.array([model.p(base + path) for path in tree.paths()]))
+
+
+def builder_drafts(
+    model: ToyModel,
+    builder: str | TreeBuilder,
+    budget: int,
+    *,
+    prefix: Path = (),
+    state: Any = None,
+    max_runs: int = DEFAULT_MAX_RUNS,
+) -> list[TreeDraft]:
+    """Every tree ``builder`` can build below ``prefix``, with its exact probability.
+
+    Equal trees (same parents, tokens and draw kinds) are merged.
+    ``spec.randomness.TooManyRuns`` if more than ``max_runs`` runs are needed.
+    """
+    b = make_builder(builder)
+    budget = check_int("budget", budget, minimum=1)
+    outcomes = enumerate_runs(lambda s: b.build(ToyDraft(model, tuple(prefix)), budget, s, state), max_runs)
+    merged: dict[Any, tuple[DraftTree, float]] = {}
+    for tree, weight, _ in outcomes:
+        key = _key(tree)
+        old = merged.get(key)
+        merged[key] = (tree, weight + (old[1] if old else 0.0))
+    return [_tree_draft(model, tree, w, prefix) for tree, w in merged.values() if w > 0.0]
+
+
+def sample_builder_drafts(
+    model: ToyModel, builder: str | TreeBuilder, budget: int, n: int, rng: np.random.Generator | int, prefix: Path = ()
+) -> list[TreeDraft]:
+    """``n`` trees sampled from the builder, each with weight ``1 / n`` (Monte Carlo)."""
+    b = make_builder(builder)
+    gen = as_rng(rng)
+    n = check_int("n", n, minimum=1)
+    return [_tree_draft(model, b.build(ToyDraft(model, tuple(prefix)), budget, gen), 1.0 / n, prefix) for _ in range(n)]
+
+
+def draws_of(drafts: Sequence[TreeDraft]) -> set[Draw]:
+    return {d for t in drafts for d in t.tree.draws}
+
+
+def verifiers_for(names: Sequence[str] | str, draws: set[Draw], adaptive_widths: bool = False) -> dict[str, TreeKernel]:
+    """Kernels of the named tree verifiers (``"all"``: every one lossless for these trees).
+
+    ``draws`` are the draw kinds of the trees; ``adaptive_widths`` says whether
+    a node's number of children depends on the tokens drawn (DySpec), which
+    rules out the verifiers marked ``fixed_widths``.  ``ValueError`` for an
+    unknown name or a verifier that is not lossless on such trees.
+    """
+    def why_not(rule: TreeRule) -> str | None:
+        bad = draws - set(rule.draws)
+        if bad:
+            return (f"verifies {'/'.join(d.value for d in rule.draws)} trees only; "
+                    f"these trees are drawn {'/'.join(sorted(d.value for d in bad))}")
+        if adaptive_widths and rule.fixed_widths:
+            return ("is lossless only when a node's number of children is fixed before they are drawn; "
+                    "this builder's depends on the tokens drawn")
+        return None
+
+    if names == "all" or list(names) == ["all"]:
+        return {n: r.kernel for n, r in TREE_VERIFIERS.items() if why_not(r) is None}
+    out: dict[str, TreeKernel] = {}
+    for name in [names] if isinstance(names, str) else names:
+        rule = TREE_VERIFIERS.get(name)
+        if rule is None:
+            raise ValueError(f"unknown tree verifier {name!r}; choose one of {', '.join(TREE_VERIFIERS)} or 'all'")
+        reason = why_not(rule)
+        if reason is not None:
+            raise ValueError(f"verifier {name!r} {reason}")
+        out[name] = rule.kernel
+    return out
+
+
+def _length_given_tree(draft: TreeDraft, kernel: TreeKernel) -> float:
+    return math.fsum(len(s) * m for s, m in tree_kernel_outputs(draft.tree, kernel(draft.tree, draft.p_rows)).items())
+
+
+def builder_report(
+    model: ToyModel,
+    builder: str | TreeBuilder,
+    budget: int,
+    verifiers: Sequence[str] | str = "multidraft",
+    *,
+    max_runs: int = DEFAULT_MAX_RUNS,
+    samples: int = 2000,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """E[tokens per step] of the builder with each verifier, and the LP limit of its draft law.
+
+    Exact when the builder's randomness enumerates in ``max_runs`` runs (each
+    entry then has ``completion_error``), else Monte Carlo over ``samples``
+    sampled trees (each entry has ``ci95``; ``lp`` is ``None``).  The result is
+    ``{"builder", "budget", "exact", "trees", "entries": [...], "lp": {...} | None}``.
+    """
+    b = make_builder(builder)
+    try:
+        drafts = builder_drafts(model, b, budget, max_runs=max_runs)
+        exact = True
+    except TooManyRuns:
+        drafts = sample_builder_drafts(model, b, budget, samples, seed)
+        exact = False
+    kernels = verifiers_for(verifiers, draws_of(drafts), b.adaptive_widths)
+    entries: list[dict[str, Any]] = []
+    for name, kernel in kernels.items():
+        if exact:
+            law = output_law(model, drafts, kernel)
+            entries.append({"verifier": name, "expected_length": law.expected_length, "completion_error": law.completion_error})
+        else:
+            lengths = np.array([_length_given_tree(d, kernel) for d in drafts])
+            half = 1.96 * float(lengths.std(ddof=1)) / math.sqrt(len(lengths)) if len(lengths) > 1 else math.inf
+            mean = float(lengths.mean())
+            entries.append({"verifier": name, "expected_length": mean, "ci95": [mean - half, mean + half]})
+    lp: dict[str, Any] | None = None
+    cells = sum(len(d.accepted_paths) for d in drafts) * model.vocab
+    if exact and cells <= MAX_LP_CELLS:
+        from tmc.lp import lp_limit
+
+        lp = {"expected_length": lp_limit(model, drafts).expected_length}
+    return {"builder": b.name, "budget": budget, "exact": exact, "trees": len(drafts), "entries": entries, "lp": lp}
+
+
+@dataclass(frozen=True)
+class StepSequenceLaw:
+    """Exact law of what ``steps`` consecutive steps emit, with the states reached."""
+
+    law: dict[Path, float]  # emitted string (all steps) -> probability
+    completion_error: float  # completion identity at the longest emitted length
+    expected_length: float  # E[tokens emitted over all steps]
+    states: tuple[Any, ...]  # distinct builder states reached after the last step
+    trees: int  # distinct trees built over all steps and branches
+
+
+def step_sequence_law(
+    model: ToyModel,
+    builder: str | TreeBuilder,
+    verifier: str,
+    budget: int,
+    steps: int,
+    *,
+    max_runs: int = DEFAULT_MAX_RUNS,
+) -> StepSequenceLaw:
+    """Run ``steps`` decode steps on every branch, carrying the builder's state.
+
+    Each step builds every tree the builder can (given the state) below the
+    text emitted so far, verifies it with ``verifier`` and moves the state on
+    with ``next_state(state, tree, accepted)``.
+    """
+    b = make_builder(builder)
+    steps = check_int("steps", steps, minimum=1)
+    frontier: dict[tuple[Path, Any], float] = {((), b.initial_state()): 1.0}
+    seen_trees: set[Any] = set()
+    for _ in range(steps):
+        nxt: dict[tuple[Path, Any], float] = {}
+        for (emitted, state), weight in frontier.items():
+            drafts = builder_drafts(model, b, budget, prefix=emitted, state=state, max_runs=max_runs)
+            kernel = verifiers_for(verifier, draws_of(drafts), b.adaptive_widths)[verifier]
+            for d in drafts:
+                seen_trees.add((emitted, _key(d.tree)))
+                for out, prob in tree_kernel_outputs(d.tree, kernel(d.tree, d.p_rows)).items():
+                    key = (emitted + out, b.next_state(state, d.tree, len(out) - 1))
+                    nxt[key] = nxt.get(key, 0.0) + weight * d.weight * prob
+        frontier = nxt
+    law: dict[Path, float] = {}
+    for (emitted, _), w in frontier.items():
+        law[emitted] = law.get(emitted, 0.0) + w
+    longest = max(len(s) for s in law)
+    return StepSequenceLaw(
+        law,
+        completion_error(model, law, longest),
+        math.fsum(len(s) * m for s, m in law.items()),
+        tuple({state for (_, state) in frontier}),
+        len(seen_trees),
+    )
+
+
+def random_stationary_model(
+    vocab: int, seed: int, depth: int = 2, concentration: float = 1.0, zero_prob: float = 0.2, name: str | None = None
+) -> ToyModel:
+    """A random toy model with its own rows for prefixes up to ``depth`` and default rows beyond.
+
+    The default rows let builders grow trees of any depth (``--random V`` with
+    ``--builder``).  Smaller ``concentration`` gives more peaked rows.
+    """
+    from itertools import product
+
+    from tmc.toy import random_row
+
+    vocab = check_int("vocab", vocab, minimum=1)
+    rng = as_rng(seed)
+    d_rows, t_rows = {}, {}
+    for length in range(check_int("depth", depth, minimum=0) + 1):
+        for pre in product(range(vocab), repeat=length):
+            d_rows[pre] = random_row(vocab, rng, zero_prob, concentration)
+            t_rows[pre] = random_row(vocab, rng, zero_prob, concentration)
+    return ToyModel(vocab, d_rows, t_rows, random_row(vocab, rng, 0.0, concentration),
+                    random_row(vocab, rng, 0.0, concentration), name=name or f"random(V={vocab}, seed={seed})")
+
+
+def render_builder_report(report: dict[str, Any], model: ToyModel) -> str:
+    """The builder table: verifier, E[tokens/step], % of the LP limit, completion error or 95% CI."""
+    lp = report["lp"]["expected_length"] if report["lp"] else None
+    rows = []
+    for e in report["entries"]:
+        length = float(e["expected_length"])
+        share = f"{100 * length / lp:.2f}%" if lp else "-"
+        err = f"{e['completion_error']:.1e}" if "completion_error" in e else f"[{e['ci95'][0]:.4f}, {e['ci95'][1]:.4f}]"
+        rows.append([e["verifier"], f"{length:.6f}", share, err])
+    if lp:
+        rows.append(["LP limit", f"{lp:.6f}", "100.00%", "-"])
+    how = (f"exact over {report['trees']} trees" if report["exact"]
+           else f"Monte Carlo over {report['trees']} sampled trees, 95% CI")
+    title = f"{model.name}, V = {model.vocab}, builder {report['builder']}, budget {report['budget']} ({how})"
+    return format_table(["verifier", "E[tokens/step]", "% of LP", "completion err / CI95"], rows, title=title)

@@ -1,0 +1,178 @@
+"""The one builder interface, and the pieces every builder shares.
+
+A builder is a frozen dataclass of its parameters (paper defaults, each
+documented) with one entry point::
+
+    tree = builder.build(draft, budget, rng, state=None)
+
+``draft`` is any :class:`spec.draft.DraftModel` (a toy model or an LLM), asked
+for the rows of a whole tree layer per call; ``budget`` the largest number of
+draft nodes; ``rng`` a ``numpy.random.Generator``, an integer seed or a
+:class:`spec.randomness.Sampler` (the exact tests pass a scripted one and
+enumerate every draw).  Out comes a :class:`tmc.DraftTree` whose every node
+records how it was drawn, which is what makes the step lossless under a tree
+verifier (DESIGN.md §4, §7):
+
+* a token **sampled** from a row is recorded ``iid`` (drawn from the parent's
+  full draft row) or ``swor`` (from the row with the earlier siblings removed)
+  — exactly the law the builder passed to ``sampler.draw``;
+* a token **chosen** deterministically (top-k, argmax) is recorded ``topk``
+  and verified with the point-mass rule.
+
+Builders that adapt across steps (DynaTree's history) keep their state in an
+immutable value: ``initial_state()`` and ``next_state(state, tree, accepted)``
+(accepted = draft tokens the verifier kept).  The state of a step depends
+only on earlier steps, so it never biases the step it shapes.
+
+Notation: ``q`` draft, ``p`` target (DESIGN.md §3).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+from numpy.typing import NDArray
+
+from spec.draft import DraftModel, draft_rows
+from spec.randomness import Sampler, as_sampler
+from tmc.multidraft import ROOT, DraftTree, Draw
+from tmc.toy import Path
+from tmc.validate import check_int
+
+FloatArray = NDArray[np.float64]
+
+
+class TreeBuilder(ABC):
+    """Base of every tree builder (subclasses are frozen dataclasses of parameters)."""
+
+    #: Name on the command line (``--builder NAME``) and in reports.
+    name: ClassVar[str]
+    #: True when how many children a node gets depends on the tokens drawn for
+    #: them (DySpec's next-sibling value ``v · (1 − R[y])``).  Residual and
+    #: Traversal verification stay lossless; verifiers that reason about a
+    #: sibling sample of fixed size (ratio-ordered Traversal, K-SEQ) do not.
+    adaptive_widths: ClassVar[bool] = False
+
+    def build(
+        self,
+        draft: DraftModel,
+        budget: int,
+        rng: np.random.Generator | int | Sampler = 0,
+        state: Any = None,
+    ) -> DraftTree:
+        """A draft tree of at most ``budget`` nodes below the draft's context."""
+        budget = check_int("budget", budget, minimum=1)
+        vocab = check_int("draft.vocab", draft.vocab, minimum=1)
+        grow = Growing(draft, vocab)
+        self._grow(grow, budget, as_sampler(rng), self.initial_state() if state is None else state)
+        return grow.tree()
+
+    @abstractmethod
+    def _grow(self, grow: Growing, budget: int, sampler: Sampler, state: Any) -> None:
+        """Add nodes to ``grow`` (parents before children, siblings in verification order)."""
+
+    def initial_state(self) -> Any:
+        """State before the first step (``None``: the builder keeps none)."""
+        return None
+
+    def next_state(self, state: Any, tree: DraftTree, accepted: int) -> Any:
+        """State for the next step after ``accepted`` draft tokens of ``tree`` were kept."""
+        return state
+
+
+@dataclass
+class Growing:
+    """A tree under construction, with the draft rows fetched for it (batched per call)."""
+
+    draft: DraftModel
+    vocab: int
+    parents: list[int] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    draws: list[Draw] = field(default_factory=list)
+    kept_rows: dict[int, FloatArray] = field(default_factory=dict)  # rows recorded in the tree
+    _rows: dict[int, FloatArray] = field(default_factory=dict)  # every row fetched, by node
+    _paths: list[Path] = field(default_factory=list)
+
+    @property
+    def size(self) -> int:
+        return len(self.tokens)
+
+    def path(self, node: int) -> Path:
+        return () if node == ROOT else self._paths[node]
+
+    def depth(self, node: int) -> int:
+        return len(self.path(node))
+
+    def add(self, parent: int, token: int, draw: Draw) -> int:
+        """Append a child of ``parent``; records the parent's row in the tree."""
+        self.parents.append(parent)
+        self.tokens.append(int(token))
+        self.draws.append(draw)
+        self._paths.append(self.path(parent) + (int(token),))
+        self.kept_rows[parent] = self.row(parent)
+        return self.size - 1
+
+    def fetch(self, nodes: Sequence[int]) -> None:
+        """Evaluate the draft rows of every node in ``nodes`` not fetched yet, in one call."""
+        missing = list(dict.fromkeys(n for n in nodes if n not in self._rows))
+        if missing:
+            rows = draft_rows(self.draft, [self.path(n) for n in missing])
+            self._rows.update(zip(missing, rows))
+
+    def set_row(self, node: int, row: FloatArray) -> None:
+        """Record a row obtained elsewhere (a builder's scratch tree) for ``node``."""
+        self._rows[node] = row
+
+    def has_row(self, node: int) -> bool:
+        return node in self._rows
+
+    def row(self, node: int) -> FloatArray:
+        """The draft row of ``node`` (fetched alone if no batch fetched it)."""
+        if node not in self._rows:
+            self.fetch([node])
+        return self._rows[node]
+
+    def tree(self) -> DraftTree:
+        return DraftTree(tuple(self.parents), tuple(self.tokens), tuple(self.draws), dict(self.kept_rows), self.vocab)
+
+
+def top_tokens(row: FloatArray, k: int) -> list[int]:
+    """The ``k`` most likely tokens with ``q > 0``, most likely first (ties to the lower id)."""
+    positive = np.flatnonzero(row > 0.0)
+    order = positive[np.lexsort((positive, -row[positive]))]
+    return [int(t) for t in order[:k]]
+
+
+def without(row: FloatArray, removed: Sequence[int]) -> FloatArray:
+    """``row`` with the ``removed`` tokens set to 0 (the unnormalised law of the next
+    draw without replacement; its sum is taken over the tokens left, not ``1 − Σ``)."""
+    law = row.copy()
+    law[list(removed)] = 0.0
+    return law
+
+
+def check_draw(name: str, value: object, allowed: Sequence[Draw]) -> Draw:
+    """``value`` parsed as a :class:`Draw` that is one of ``allowed``."""
+    kind = Draw.parse(value, name)
+    if kind not in allowed:
+        raise ValueError(f"{name} must be one of {[d.value for d in allowed]}, got {kind.value!r}")
+    return kind
+
+
+def check_prob(name: str, value: object, *, low_open: bool = True, high_closed: bool = True) -> float:
+    """A number in ``(0, 1]`` (or as the flags say), ``ValueError`` naming the parameter."""
+    try:
+        x = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number, got {value!r}") from None
+    ok_low = x > 0.0 if low_open else x >= 0.0
+    ok_high = x <= 1.0 if high_closed else x < 1.0
+    if not (np.isfinite(x) and ok_low and ok_high):
+        lo = "(0" if low_open else "[0"
+        hi = "1]" if high_closed else "1)"
+        raise ValueError(f"{name} must be in {lo}, {hi}, got {value!r}")
+    return x

@@ -1,0 +1,165 @@
+"""DynaTree's confidence-aware adaptive trees (seed paper 001: §3.3 and App. D, Alg. 1).
+
+Breadth first from the context: a node ``u`` is expandable iff (§3.3)::
+
+    d(u) < D_max  and  p(u) ≥ ρ_stop  and  (d(u) < D_0  or  p(u) ≥ ρ_deep)
+
+(and ``p(u) ≥ τ``, App. D line 14), with ``p(u)`` the product of the draft
+probabilities along its path.  An expanded node gets its ``B(u)`` most likely
+tokens, ``B(u) = B_min`` if its confidence ``c(u) = max q(· | u) ≥ τ_h``,
+``B_max`` if ``c(u) < τ_ℓ``, else ``B_mid``; children are added until the
+node budget ``N_max`` is reached.  Afterwards every leaf with ``p(u) < τ`` is
+pruned (§3.3).  Tokens are chosen, not sampled, so every node is recorded
+``topk`` and verified with the point-mass rule: lossless at any temperature
+(DynaTree itself targets greedy decoding, §3.6).
+
+**History adaptation** (§3.3): after each step the acceptance statistic
+``a = accepted draft tokens / drafted tokens`` enters a window of the last
+``W`` steps, and with its mean ``ā``::
+
+    D_0 ← clip(D_0 + η_D (ā − a*), 1, D_max − 1)
+    τ_h ← clip(τ_h − η_h (ā − a*), τ_ℓ, 1)
+
+``D_0`` stays real-valued (the gate compares ``d(u) < D_0``); ``τ_h`` is kept
+at least ``τ_ℓ`` so the three confidence bands stay ordered (the paper clips
+to ``[0, 1]``).  The state depends only on earlier steps' outcomes, so it
+cannot bias the step it shapes — the tests check whole step sequences.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from spec.builders.base import Growing, TreeBuilder, check_prob, top_tokens
+from spec.randomness import Sampler
+from tmc.multidraft import ROOT, DraftTree, Draw
+from tmc.validate import check_int
+
+
+@dataclass(frozen=True)
+class DynaTreeState:
+    """What DynaTree carries from step to step."""
+
+    base_depth: float  # D_0
+    tau_high: float  # τ_h
+    history: tuple[float, ...] = ()  # acceptance statistics of the last W steps, oldest first
+
+
+@dataclass(frozen=True)
+class DynaTreeBuilder(TreeBuilder):
+    """DynaTree drafting.  Defaults: App. A (``D_0 = 5``, ``D_max = 8``, ``B = 1..3``,
+    ``(τ_h, τ_ℓ) = (0.9, 0.4)``); the paper leaves ``B_mid``, ``ρ_stop``, ``ρ_deep``,
+    ``τ`` and the history constants open — ours are marked below."""
+
+    base_depth: float = 5.0  # D_0 (App. A)
+    max_depth: int = 8  # D_max (App. A)
+    b_min: int = 1  # B_min (App. A)
+    b_mid: int = 2  # B_mid (ours: the integer between App. A's 1 and 3)
+    b_max: int = 3  # B_max (App. A)
+    tau_high: float = 0.9  # τ_h (App. A)
+    tau_low: float = 0.4  # τ_ℓ (App. A)
+    rho_stop: float = 0.01  # ρ_stop: early stop below this path probability (ours)
+    rho_deep: float = 0.3  # ρ_deep: expand beyond D_0 only above this (ours)
+    prune: float = 0.005  # τ: leaves below this path probability are pruned (ours)
+    root_top1: bool = True  # App. D line 10: the tree starts from the draft's top-1 token alone
+    window: int = 5  # W: steps in the acceptance window (ours)
+    target_acceptance: float = 0.3  # a*: acceptance level the control steers to (ours)
+    eta_depth: float = 4.0  # η_D (ours)
+    eta_conf: float = 0.5  # η_h (ours)
+    adapt: bool = True  # history adaptation on/off
+
+    name: ClassVar[str] = "dynatree"
+
+    def __post_init__(self) -> None:
+        check_int("max_depth", self.max_depth, minimum=2)
+        bmin = check_int("b_min", self.b_min, minimum=1)
+        bmid = check_int("b_mid", self.b_mid, minimum=1)
+        bmax = check_int("b_max", self.b_max, minimum=1)
+        if not bmin <= bmid <= bmax:
+            raise ValueError(f"need b_min <= b_mid <= b_max, got {bmin}, {bmid}, {bmax}")
+        if not 1.0 <= float(self.base_depth) <= self.max_depth - 1:
+            raise ValueError(f"base_depth must be in [1, max_depth - 1] = [1, {self.max_depth - 1}], got {self.base_depth}")
+        lo = check_prob("tau_low", self.tau_low, high_closed=False)
+        hi = check_prob("tau_high", self.tau_high, high_closed=False)
+        if lo >= hi:
+            raise ValueError(f"need tau_low < tau_high, got {lo} and {hi}")
+        stop = check_prob("rho_stop", self.rho_stop, high_closed=False)
+        deep = check_prob("rho_deep", self.rho_deep, high_closed=False)
+        if stop >= deep:
+            raise ValueError(f"need rho_stop < rho_deep, got {stop} and {deep}")
+        check_prob("prune", self.prune, low_open=False, high_closed=False)
+        check_int("window", self.window, minimum=1)
+        check_prob("target_acceptance", self.target_acceptance, high_closed=False)
+        for name in ("eta_depth", "eta_conf"):
+            value = float(getattr(self, name))
+            if not (math.isfinite(value) and value >= 0.0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {getattr(self, name)!r}")
+
+    def initial_state(self) -> DynaTreeState:
+        return DynaTreeState(float(self.base_depth), float(self.tau_high))
+
+    def next_state(self, state: Any, tree: DraftTree, accepted: int) -> DynaTreeState:
+        st = state if isinstance(state, DynaTreeState) else self.initial_state()
+        if not self.adapt or tree.size == 0:
+            return st
+        accepted = check_int("accepted", accepted, minimum=0)
+        history = (st.history + (accepted / tree.size,))[-self.window :]
+        err = sum(history) / len(history) - self.target_acceptance
+        depth = min(max(st.base_depth + self.eta_depth * err, 1.0), float(self.max_depth - 1))
+        tau = min(max(st.tau_high - self.eta_conf * err, self.tau_low), 1.0)
+        return DynaTreeState(depth, tau, history)
+
+    def _expandable(self, depth: int, prob: float, state: DynaTreeState) -> bool:
+        return (
+            prob >= self.prune
+            and depth < self.max_depth
+            and prob >= self.rho_stop
+            and (depth < state.base_depth or prob >= self.rho_deep)
+        )
+
+    def _breadth(self, confidence: float, state: DynaTreeState) -> int:
+        if confidence >= state.tau_high:
+            return self.b_min
+        if confidence < self.tau_low:
+            return self.b_max
+        return self.b_mid
+
+    def _grow(self, grow: Growing, budget: int, sampler: Sampler, state: Any) -> None:
+        st = state if isinstance(state, DynaTreeState) else self.initial_state()
+        prob: dict[int, float] = {ROOT: 1.0}
+        frontier = [ROOT]
+        if self.root_top1:
+            row = grow.row(ROOT)
+            tok = top_tokens(row, 1)[0]
+            first = grow.add(ROOT, tok, Draw.TOPK)
+            prob[first] = float(row[tok])
+            frontier = [first]
+        while frontier and grow.size < budget:
+            ready = [u for u in frontier if self._expandable(grow.depth(u), prob[u], st)]
+            grow.fetch(ready)  # one draft call per layer
+            nxt: list[int] = []
+            for u in ready:
+                row = grow.row(u)
+                for tok in top_tokens(row, self._breadth(float(row.max()), st)):
+                    if grow.size >= budget:
+                        break
+                    kid = grow.add(u, tok, Draw.TOPK)
+                    prob[kid] = prob[u] * float(row[tok])
+                    nxt.append(kid)
+            frontier = nxt
+        _prune_leaves(grow, prob, self.prune)
+
+
+def _prune_leaves(grow: Growing, prob: dict[int, float], tau: float) -> None:
+    """Drop every leaf with path probability below ``tau`` (renumbering the rest)."""
+    has_kids = set(grow.parents)
+    keep = [i for i in range(grow.size) if i in has_kids or prob[i] >= tau]
+    if len(keep) == grow.size:
+        return
+    new = {ROOT: ROOT, **{old: k for k, old in enumerate(keep)}}
+    grow.parents[:] = [new[grow.parents[i]] for i in keep]
+    grow.tokens[:] = [grow.tokens[i] for i in keep]
+    grow.draws[:] = [grow.draws[i] for i in keep]
+    grow.kept_rows = {new[k]: v for k, v in grow.kept_rows.items() if k in new and (k == ROOT or k in has_kids)}

@@ -1,0 +1,127 @@
+"""DySpec's dynamic token trees (seed paper 000: Alg. 1, greedy heap; Alg. 2, threshold).
+
+A *position* is "the next child of node ``u``": drawing there samples a token
+``y`` from ``u``'s residual draft row ``R`` (``q(· | u)`` with the children
+already drawn removed, renormalised — sampling without replacement, recorded
+``swor``).  Each position carries an estimated value ``v``: the draft's guess
+of the probability that verification ever tests it.  Drawing ``y`` at a
+position of value ``v`` creates two positions (Alg. 1 lines 8–15):
+
+* the first child of ``y``, value ``v · R[y]`` (tested if ``y`` is accepted);
+* the next sibling of ``y``, value ``v · (1 − R[y])`` (tested if ``y`` is rejected).
+
+The value of a position is fixed before its token is drawn, so which tokens
+are kept never depends on the token drawn (the paper's App. A.1 remark): the
+tree's random structure is draft randomness only, and residual verification
+stays lossless (checked by enumeration in the tests).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from spec.builders.base import Growing, TreeBuilder, check_prob, without
+from spec.randomness import Sampler
+from tmc.multidraft import ROOT, Draw
+from tmc.validate import check_int
+
+
+def _draw_at(grow: Growing, node: int, removed: dict[int, list[int]], sampler: Sampler) -> tuple[int, float] | None:
+    """Draw the next child of ``node`` without replacement: ``(child, R[y])``, or ``None``
+    when no token with ``q > 0`` is left."""
+    law = without(grow.row(node), removed.setdefault(node, []))
+    mass = float(law.sum())
+    if mass <= 0.0:
+        return None
+    tok = sampler.draw(law)
+    removed[node].append(tok)
+    return grow.add(node, tok, Draw.SWOR), float(law[tok]) / mass
+
+
+@dataclass(frozen=True)
+class DySpecBuilder(TreeBuilder):
+    """DySpec Alg. 1: expand the position of largest estimated value until the budget is spent.
+
+    ``max_depth`` (``None``: unbounded, as in the paper) caps the depth of the
+    tree.  Draft rows are fetched lazily and in batches: when the popped
+    position's row is unknown, the rows of *every* pending first-child
+    position are evaluated in one draft call (they are needed by the time the
+    heap reaches them, and a row is a fixed function of its path, so the tree
+    is exactly Alg. 1's; a leaf's row may be evaluated without being used).
+    """
+
+    max_depth: int | None = None
+
+    name: ClassVar[str] = "dyspec"
+    adaptive_widths: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        if self.max_depth is not None:
+            object.__setattr__(self, "max_depth", check_int("max_depth", self.max_depth, minimum=1))
+
+    def _grow(self, grow: Growing, budget: int, sampler: Sampler, state: Any) -> None:
+        counter = itertools.count()
+        heap: list[tuple[float, int, int]] = [(-1.0, next(counter), ROOT)]
+        removed: dict[int, list[int]] = {}
+        while heap and grow.size < budget:
+            neg_v, _, node = heapq.heappop(heap)
+            if not grow.has_row(node):
+                grow.fetch([node] + [n for _, _, n in heap if not grow.has_row(n)])
+            drawn = _draw_at(grow, node, removed, sampler)
+            if drawn is None:
+                continue
+            child, r_y = drawn
+            v = -neg_v
+            if v * (1.0 - r_y) > 0.0:
+                heapq.heappush(heap, (-v * (1.0 - r_y), next(counter), node))
+            if self.max_depth is None or grow.depth(child) < self.max_depth:
+                heapq.heappush(heap, (-v * r_y, next(counter), child))
+
+
+@dataclass(frozen=True)
+class DySpecThresholdBuilder(TreeBuilder):
+    """DySpec Alg. 2: layer by layer, draw at every position whose value is at least ``threshold``.
+
+    One draft call per layer.  Alg. 2 has no node budget; with one, the
+    positions of a layer are served in decreasing value (the order Alg. 1
+    would take them) until the budget is spent.  ``threshold`` defaults to the
+    paper's App. B value 0.001; Alg. 2's loop condition ``v_i < t`` is read as
+    ``v_i ≥ t`` (the text: "extend all nodes with estimated acceptance rate
+    above the threshold").
+    """
+
+    threshold: float = 0.001
+    max_depth: int | None = None
+
+    name: ClassVar[str] = "dyspec-threshold"
+    adaptive_widths: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "threshold", check_prob("threshold", self.threshold))
+        if self.max_depth is not None:
+            object.__setattr__(self, "max_depth", check_int("max_depth", self.max_depth, minimum=1))
+
+    def _grow(self, grow: Growing, budget: int, sampler: Sampler, state: Any) -> None:
+        counter = itertools.count()
+        layer: list[tuple[float, int, int]] = [(-1.0, next(counter), ROOT)]
+        removed: dict[int, list[int]] = {}
+        depth = 0
+        while layer and grow.size < budget and (self.max_depth is None or depth < self.max_depth):
+            grow.fetch([n for _, _, n in layer])  # one draft call for the layer
+            heapq.heapify(layer)
+            nxt: list[tuple[float, int, int]] = []
+            while layer and grow.size < budget and -layer[0][0] >= self.threshold:
+                neg_v, _, node = heapq.heappop(layer)
+                drawn = _draw_at(grow, node, removed, sampler)
+                if drawn is None:
+                    continue
+                child, r_y = drawn
+                v = -neg_v
+                if v * (1.0 - r_y) > 0.0:
+                    heapq.heappush(layer, (-v * (1.0 - r_y), next(counter), node))
+                nxt.append((-v * r_y, next(counter), child))
+            layer = nxt
+            depth += 1

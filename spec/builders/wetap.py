@@ -1,0 +1,144 @@
+"""WETAP's entropy-driven tree construction and pruning (seed paper 004: §3.2, App. A, App. D).
+
+Construction (App. A lines 3–16): layer ``i`` keeps the ``W_i`` candidates of
+largest cumulative draft probability ``f(v) = Π q`` along the path, among all
+children of layer ``i − 1`` (a beam); ``W_1 = W_min`` and (eqs. 3–6)::
+
+    H_t      = entropy of layer t's cumulative probabilities, normalised to sum 1
+    H_t^norm = clip(H_t / log W_t, 0, 1)          (0 when W_t = 1)
+    W_{t+1}  = W_min + (W_max − W_min) · (H_t^norm)^γ      (rounded)
+
+Pruning to the budget ``B`` (§3.2.2, App. D) when the tree has more nodes:
+keep the ``B`` nodes of largest ``score = α · p̂ + (1 − α) · d / L`` with
+``p̂ = (f − f_min) / (f_max − f_min + ε)`` over the tree; repair by adding back
+every ancestor of a kept node; while still over budget remove leaves from
+shallow to deep layers (the deepest layer excluded; ties: lower ``f`` first),
+then the leaves of lowest ``f``.
+
+Only the construction is used: WETAP's own beam-threshold verifier is *not*
+lossless (``verification.examples.WETAP_BEAM``).  Tokens are chosen, not
+sampled, so every node is recorded ``topk`` and any lossless tree verifier
+applies with the point-mass rule.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from spec.builders.base import Growing, TreeBuilder, check_prob
+from spec.randomness import Sampler
+from tmc.multidraft import ROOT, Draw
+from tmc.validate import check_int
+
+
+@dataclass(frozen=True)
+class WetapBuilder(TreeBuilder):
+    """WETAP construction + pruning.  Defaults from the paper: ``L = 8`` (App. B.4),
+    ``W ∈ [16, 128]`` (§4.2), ``γ = 1.2`` (Table 3), ``α = 0.6`` (§4.4.3)."""
+
+    length: int = 8  # L: layers built before pruning
+    w_min: int = 16  # W_min: width of layer 1 and the low end of the range
+    w_max: int = 128  # W_max
+    gamma: float = 1.2  # γ: entropy-to-width exponent
+    alpha: float = 0.6  # α: weight of probability against depth in the score
+    eps: float = 1e-8  # ε of eq. (7)
+
+    name: ClassVar[str] = "wetap"
+
+    def __post_init__(self) -> None:
+        check_int("length", self.length, minimum=1)
+        lo = check_int("w_min", self.w_min, minimum=1)
+        hi = check_int("w_max", self.w_max, minimum=1)
+        if lo > hi:
+            raise ValueError(f"need w_min <= w_max, got {lo} and {hi}")
+        if not (math.isfinite(float(self.gamma)) and float(self.gamma) > 0.0):
+            raise ValueError(f"gamma must be a positive number, got {self.gamma!r}")
+        check_prob("alpha", self.alpha, low_open=False)
+        if not (math.isfinite(float(self.eps)) and float(self.eps) > 0.0):
+            raise ValueError(f"eps must be a positive number, got {self.eps!r}")
+
+    def next_width(self, layer_probs: list[float]) -> int:
+        """``W_{t+1}`` from the cumulative probabilities of layer ``t`` (eqs. 3–6)."""
+        width = len(layer_probs)
+        if width <= 1:
+            h_norm = 0.0
+        else:
+            p = np.asarray(layer_probs, dtype=np.float64)
+            p = p / p.sum()
+            nz = p[p > 0.0]
+            h_norm = min(1.0, max(0.0, float(-(nz * np.log(nz)).sum()) / math.log(width)))
+        return int(round(self.w_min + (self.w_max - self.w_min) * h_norm**self.gamma))
+
+    def _grow(self, grow: Growing, budget: int, sampler: Sampler, state: Any) -> None:
+        # Build L layers in a scratch tree, then prune and copy the kept nodes into `grow`.
+        scratch = Growing(grow.draft, grow.vocab)
+        cum: list[float] = []
+        depth: list[int] = []
+        layer = [ROOT]
+        width = self.w_min
+        for level in range(1, self.length + 1):
+            scratch.fetch(layer)  # one draft call per layer
+            rows = np.stack([scratch.row(node) for node in layer])
+            base = np.array([1.0 if node == ROOT else cum[node] for node in layer])
+            flat = (base[:, None] * rows).ravel()  # f of every (parent, token) candidate, parent-major
+            pos = np.flatnonzero(flat > 0.0)
+            if pos.size > width:
+                pos = pos[np.argpartition(-flat[pos], width - 1)[:width]]
+            pos = pos[np.lexsort((pos, -flat[pos]))]  # by decreasing f, ties by parent then token
+            parents_of = [layer[i] for i in (pos // grow.vocab).tolist()]
+            layer = []
+            for par, tok, f in zip(parents_of, (pos % grow.vocab).tolist(), flat[pos].tolist()):
+                layer.append(scratch.add(par, tok, Draw.TOPK))
+                cum.append(f)
+                depth.append(level)
+            if not layer:
+                break
+            width = self.next_width([cum[n] for n in layer])
+        keep = self._prune(scratch.parents, cum, depth, budget)
+        _copy(grow, scratch, keep, cum)
+
+    def _prune(self, parents: list[int], cum: list[float], depth: list[int], budget: int) -> list[int]:
+        n = len(parents)
+        if n <= budget:
+            return list(range(n))
+        f = np.asarray(cum)
+        p_hat = (f - f.min()) / (f.max() - f.min() + self.eps)
+        score = self.alpha * p_hat + (1.0 - self.alpha) * np.asarray(depth) / self.length
+        ranked = sorted(range(n), key=lambda i: (-score[i], i))
+        kept = set(ranked[:budget])
+        for i in list(kept):  # parent repair
+            while parents[i] != ROOT and parents[i] not in kept:
+                i = parents[i]
+                kept.add(i)
+        deepest = max(depth[i] for i in kept)
+
+        def leaves() -> list[int]:
+            inner = {parents[i] for i in kept}
+            return [i for i in kept if i not in inner]
+
+        while len(kept) > budget:
+            shallow = [i for i in leaves() if depth[i] < deepest]
+            pool = shallow if shallow else leaves()
+            victim = min(pool, key=lambda i: (depth[i], cum[i], -i) if shallow else (cum[i], -i))
+            kept.discard(victim)
+        return sorted(kept)
+
+
+def _copy(grow: Growing, scratch: Growing, keep: list[int], cum: list[float]) -> None:
+    """Add the kept scratch nodes to ``grow`` breadth first, siblings by decreasing probability."""
+    kids: dict[int, list[int]] = {}
+    for i in keep:
+        kids.setdefault(scratch.parents[i], []).append(i)
+    queue = [(ROOT, ROOT)]  # (scratch node, node in grow)
+    while queue:
+        nxt = []
+        for old, new in queue:
+            if old in kids:
+                grow.set_row(new, scratch.row(old))
+            for i in sorted(kids.get(old, []), key=lambda i: (-cum[i], scratch.tokens[i])):
+                nxt.append((i, grow.add(new, scratch.tokens[i], Draw.TOPK)))
+        queue = nxt

@@ -1,0 +1,115 @@
+"""Builder randomness as categorical draws, so it can be sampled *or enumerated*.
+
+A tree builder draws every random token through one call,
+``sampler.draw(law) -> token``, with ``law`` the exact probability row the
+token is drawn from.  In use the sampler wraps a ``numpy.random.Generator``
+(:class:`RngSampler`: one uniform per draw, inverse CDF).  For the exact tests
+:func:`enumerate_runs` re-runs the builder once per sequence of choices with a
+:class:`ScriptedSampler`, branching at every draw over the tokens with positive
+probability, and returns every outcome with its exact probability — the
+builder's whole randomness, enumerated, with no change to its code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol, TypeVar, runtime_checkable
+
+import numpy as np
+from numpy.typing import NDArray
+
+from tmc.noise import categorical
+from tmc.validate import as_rng
+
+T = TypeVar("T")
+FloatArray = NDArray[np.float64]
+
+__all__ = ["RngSampler", "Sampler", "ScriptedSampler", "TooManyRuns", "as_sampler", "enumerate_runs"]
+
+
+@runtime_checkable
+class Sampler(Protocol):
+    """Source of a builder's random tokens."""
+
+    def draw(self, law: FloatArray) -> int:
+        """One token drawn from ``law`` (a non-negative row with positive sum)."""
+        ...
+
+
+@dataclass
+class RngSampler:
+    """Draws with one ``rng.random()`` uniform each (inverse CDF, :func:`tmc.noise.categorical`)."""
+
+    rng: np.random.Generator
+
+    def draw(self, law: FloatArray) -> int:
+        return categorical(law, float(self.rng.random()))
+
+
+def as_sampler(rng: np.random.Generator | int | Sampler) -> Sampler:
+    """A :class:`Sampler` from a generator, an integer seed or a sampler."""
+    if hasattr(rng, "draw"):
+        return rng  # type: ignore[return-value]
+    return RngSampler(as_rng(rng))  # type: ignore[arg-type]
+
+
+class _Branch(Exception):
+    """Raised by :class:`ScriptedSampler` at the first draw past its script."""
+
+    def __init__(self, law: FloatArray) -> None:
+        super().__init__("unscripted draw")
+        self.law = law
+
+
+@dataclass
+class ScriptedSampler:
+    """Replays a fixed sequence of tokens and accumulates their probability.
+
+    ``draws`` records every ``(law, token)`` it served, so a test can compare
+    the law a builder says it sampled from with the law it really used.
+    """
+
+    script: tuple[int, ...]
+    weight: float = 1.0
+    draws: list[tuple[FloatArray, int]] = field(default_factory=list)
+
+    def draw(self, law: FloatArray) -> int:
+        k = len(self.draws)
+        if k == len(self.script):
+            raise _Branch(np.array(law, dtype=np.float64))
+        tok = self.script[k]
+        total = float(np.sum(law))
+        self.weight *= float(law[tok]) / total
+        self.draws.append((np.array(law, dtype=np.float64) / total, tok))
+        return tok
+
+
+class TooManyRuns(ValueError):
+    """The enumeration would need more builder runs than allowed."""
+
+
+def enumerate_runs(run: Callable[[ScriptedSampler], T], max_runs: int = 100_000) -> list[tuple[T, float, ScriptedSampler]]:
+    """Every outcome of ``run`` over all its random draws: ``(result, probability, sampler)``.
+
+    ``run`` is called once per complete sequence of choices (plus once per
+    branching point); the probabilities sum to 1.  ``TooManyRuns`` once more
+    than ``max_runs`` calls would be needed.
+    """
+    out: list[tuple[T, float, ScriptedSampler]] = []
+    stack: list[tuple[int, ...]] = [()]
+    calls = 0
+    while stack:
+        script = stack.pop()
+        calls += 1
+        if calls > max_runs:
+            raise TooManyRuns(f"enumerating the builder's randomness needs more than {max_runs} runs")
+        sampler = ScriptedSampler(script)
+        try:
+            result = run(sampler)
+        except _Branch as branch:
+            support = np.flatnonzero(branch.law > 0.0)
+            stack.extend(script + (int(t),) for t in reversed(support))
+            continue
+        out.append((result, sampler.weight, sampler))
+    return out

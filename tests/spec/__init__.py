@@ -1,0 +1,1 @@
+"""Tests of the spec package (token trees, builders, LLM adapter)."""

@@ -1,0 +1,189 @@
+"""Builders + lossless tree verifiers: exact losslessness by enumeration, reports, CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from spec.acceptance import (
+    builder_drafts,
+    builder_report,
+    sample_builder_drafts,
+    step_sequence_law,
+    verifiers_for,
+)
+from spec.builders import BUILDERS, DynaTreeBuilder, DySpecBuilder, make_builder
+from tmc.cli import main
+from tmc.commands.acceptance import TREE_VERIFIERS
+from tmc.laws import output_law
+from tmc.ordered_traversal import ordered_traversal_kernel
+from tmc.toy import PAPER_TOY_FILE
+
+from tests.spec.conftest import models
+from tests.spec.test_builders import SMALL
+
+TOL = 1e-12
+
+
+@pytest.mark.parametrize("name", list(BUILDERS))
+def test_every_builder_is_lossless_with_every_applicable_verifier(name: str) -> None:
+    """Completion identity over the builder's whole randomness (DESIGN.md §4), V <= 4."""
+    checked = set()
+    for vocab, seeds in ((2, range(3)), (3, range(4)), (4, range(2))):
+        for m in models(vocab, seeds):
+            for budget in (1, 2, 4):
+                b = make_builder(name, **SMALL[name])
+                drafts = builder_drafts(m, b, budget)
+                kinds = {d for t in drafts for d in t.tree.draws}
+                for vname, kernel in verifiers_for("all", kinds, b.adaptive_widths).items():
+                    law = output_law(m, drafts, kernel)
+                    assert law.completion_error <= TOL, (name, vname, vocab, budget)
+                    checked.add(vname)
+    assert {"multidraft", "traversal"} <= checked
+    if name in ("chain",):
+        assert "kseq" in checked and "ordered_traversal" in checked
+
+
+def test_ratio_ordered_traversal_is_biased_on_dyspec_trees() -> None:
+    """DySpec's sibling count depends on the tokens drawn; ratio ordering assumes a fixed-size
+    sample, so it is not lossless there (and the reports never pair the two)."""
+    worst = 0.0
+    for m in models(3, range(3)):
+        drafts = builder_drafts(m, DySpecBuilder(), 4)
+        worst = max(worst, output_law(m, drafts, ordered_traversal_kernel).completion_error)
+    assert worst > 1e-3
+    with pytest.raises(ValueError, match="number of children"):
+        verifiers_for("ordered_traversal", set(), adaptive_widths=True)
+    assert "ordered_traversal" not in verifiers_for("all", set(), adaptive_widths=True)
+
+
+def test_dynatree_history_adaptation_across_steps_is_lossless() -> None:
+    """Three steps with the state carried along every branch: the law of all emitted tokens
+    passes the completion identity, and the adaptation really changes the trees."""
+    b = DynaTreeBuilder(base_depth=1, max_depth=3, rho_stop=0.01, rho_deep=0.2, window=2,
+                        target_acceptance=0.2, eta_depth=3.0, eta_conf=1.0, root_top1=False)
+    for m in models(3, range(3), concentration=0.5):
+        adaptive = step_sequence_law(m, b, "multidraft", 4, 3)
+        assert adaptive.completion_error <= TOL
+        assert len(adaptive.states) > 1  # the state depends on what was accepted
+        frozen = step_sequence_law(m, DynaTreeBuilder(**{**b.__dict__, "adapt": False}), "multidraft", 4, 3)
+        assert frozen.completion_error <= TOL
+        assert adaptive.law != frozen.law
+        assert step_sequence_law(m, b, "traversal", 4, 3).completion_error <= TOL
+
+
+def test_sampling_builders_over_steps() -> None:
+    for name in ("dyspec", "fixed"):
+        for m in models(2, range(2)):
+            law = step_sequence_law(m, make_builder(name, **SMALL[name]), "traversal", 2, 2)
+            assert law.completion_error <= TOL
+
+
+def test_report_exact_matches_pipeline_and_lp_bounds_it() -> None:
+    m = models(3, range(1))[0]
+    report = builder_report(m, "dyspec", 4, "all")
+    assert report["exact"] and report["lp"] is not None
+    names = [e["verifier"] for e in report["entries"]]
+    assert names == ["multidraft", "traversal"]
+    for e in report["entries"]:
+        assert e["completion_error"] <= TOL
+        assert e["expected_length"] <= report["lp"]["expected_length"] + 1e-6  # solver tolerance
+
+
+def test_monte_carlo_fallback_interval() -> None:
+    """The MC mean is within 4 standard errors of the exact value (false-fail rate ~6e-5 for a
+    fresh seed; the seed is fixed, so the run is reproducible).  With 2000 trees the standard
+    error here is ~0.01, so a bias of 0.05 tokens/step would be caught."""
+    m = models(3, range(1))[0]
+    exact = builder_report(m, "dyspec", 5, "traversal")
+    assert exact["exact"]
+    mc = builder_report(m, "dyspec", 5, "traversal", max_runs=10, samples=2000, seed=3)
+    assert not mc["exact"] and mc["lp"] is None
+    (e,) = mc["entries"]
+    lo, hi = e["ci95"]
+    se = (hi - lo) / (2 * 1.96)
+    assert abs(e["expected_length"] - exact["entries"][0]["expected_length"]) < 4 * se
+    assert 0 < se < 0.05
+
+
+def test_sampled_drafts_are_builder_trees() -> None:
+    m = models(3, range(1))[0]
+    law = {(d.tree.parents, d.tree.tokens) for d in builder_drafts(m, "dyspec", 3)}
+    for d in sample_builder_drafts(m, "dyspec", 3, 50, 1):
+        assert (d.tree.parents, d.tree.tokens) in law
+        assert math.isclose(d.weight, 1 / 50)
+
+
+def test_verifier_names_and_draw_kinds() -> None:
+    assert set(verifiers_for("all", {TREE_VERIFIERS["kseq"].draws[0]})) == set(TREE_VERIFIERS)
+    with pytest.raises(ValueError, match="unknown tree verifier"):
+        verifiers_for("nope", set())
+    from tmc.multidraft import Draw
+
+    with pytest.raises(ValueError, match="i.i.d.|iid"):
+        verifiers_for("kseq", {Draw.SWOR})
+
+
+# ------------------------------------------------------------------- command line
+
+
+def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_builder_json(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(capsys, "acceptance", str(PAPER_TOY_FILE), "--builder", "dyspec", "--budget", "3", "--json")
+    assert code == 0
+    obj = json.loads(out)
+    assert set(obj["dyspec"]) == {"verifier", "expected_length", "completion_error"}
+    assert obj["dyspec"]["verifier"] == "multidraft" and obj["dyspec"]["completion_error"] <= TOL
+    assert obj["lp"]["expected_length"] >= obj["dyspec"]["expected_length"] - 1e-6
+    code, out, _ = _run(capsys, "acceptance", "--random", "3", "--builder", "fixed", "--budget", "4",
+                        "--verifier", "all", "--json", "--param", "width=2", "--param", "draw=iid")
+    obj = json.loads(out)
+    assert [e["verifier"] for e in obj["fixed"]] == list(TREE_VERIFIERS)
+
+
+def test_cli_builder_monte_carlo_and_table(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(capsys, "acceptance", "--random", "4", "--builder", "dyspec", "--budget", "12",
+                        "--max-runs", "100", "--samples", "200", "--json")
+    obj = json.loads(out)
+    assert code == 0 and not obj["exact"] and obj["lp"] is None and len(obj["dyspec"]["ci95"]) == 2
+    code, out, _ = _run(capsys, "acceptance", "--random", "3", "--builder", "wetap", "--budget", "5")
+    assert code == 0 and "LP limit" in out and "wetap" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--random", "3", "--builder", "dyspec"], "--budget"),
+        (["--random", "3", "--chain", "2", "--verifier", "all"], "go with --builder"),
+        (["--random", "3", "--builder", "dyspec", "--budget", "3", "--verifier", "ordered_traversal"], "number of children"),
+        (["--random", "3", "--builder", "fixed", "--budget", "3", "--param", "width"], "KEY=VALUE"),
+        (["--random", "3", "--builder", "fixed", "--budget", "3", "--param", "width=0"], "width"),
+        (["--random", "3", "--builder", "nope", "--budget", "3"], "invalid choice"),
+        (["--builder", "dyspec", "--budget", "3"], "MODEL.json or --random"),
+        (["--random", "3", "--builder", "dyspec", "--budget", "0"], ">= 1"),
+    ],
+)
+def test_cli_builder_misuse(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:
+    try:
+        code = main(["acceptance", *argv])
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    _, err = capsys.readouterr()
+    assert code == 2
+    assert message in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) <= 2  # the progress line at most, then one error line
+
+
+def test_builder_state_must_not_be_needed_by_stateless_builders() -> None:
+    b = DySpecBuilder()
+    assert b.initial_state() is None
+    assert b.next_state(None, None, 3) is None  # type: ignore[arg-type]
+    assert np.isfinite(builder_report(models(2, range(1))[0], b, 2)["entries"][0]["expected_length"])

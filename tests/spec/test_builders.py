@@ -1,0 +1,318 @@
+"""Tree builders: the interface, the laws they sample from, their rules, bad input."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from spec.acceptance import builder_drafts
+from spec.builders import (
+    BUILDERS,
+    ChainBuilder,
+    DynaTreeBuilder,
+    DynaTreeState,
+    DySpecBuilder,
+    DySpecThresholdBuilder,
+    FixedBuilder,
+    WetapBuilder,
+    make_builder,
+)
+from spec.cli import BUILDER_NAMES
+from spec.draft import HashedDraft, ToyDraft
+from spec.randomness import ScriptedSampler, TooManyRuns, enumerate_runs
+from tmc.drafts import chain_drafts, tree_drafts
+from tmc.multidraft import ROOT, DraftTree, Draw, proposal_laws
+from tmc.toy import ToyModel
+
+from tests.spec.conftest import models
+
+SMALL = {  # parameters that keep every builder small on V <= 4 toy models
+    "chain": {},
+    "fixed": {"width": 2},
+    "dyspec": {},
+    "dyspec-threshold": {"threshold": 0.05},
+    "dynatree": {"base_depth": 2, "max_depth": 3},
+    "wetap": {"length": 3, "w_min": 2, "w_max": 4},
+}
+
+
+def test_cli_names_are_the_registry() -> None:
+    assert BUILDER_NAMES == tuple(BUILDERS)
+
+
+@pytest.mark.parametrize("name", list(BUILDERS))
+def test_every_builder_respects_budget_and_records_draws(name: str) -> None:
+    expected = {"chain": {Draw.IID}, "fixed": {Draw.SWOR}, "dyspec": {Draw.SWOR}, "dyspec-threshold": {Draw.SWOR},
+                "dynatree": {Draw.TOPK}, "wetap": {Draw.TOPK}}[name]
+    for m in models(3, range(3)):
+        for budget in (1, 3, 6):
+            tree = make_builder(name, **SMALL[name]).build(ToyDraft(m), budget, np.random.default_rng(budget))
+            assert isinstance(tree, DraftTree)
+            assert 1 <= tree.size <= budget or (name == "dynatree" and tree.size <= budget)
+            assert set(tree.draws) <= expected
+
+
+def test_sampled_tokens_are_drawn_from_the_recorded_law() -> None:
+    """Each draw's law (as the scripted sampler saw it) is the proposal law the tree records."""
+    for name in ("chain", "fixed", "dyspec", "dyspec-threshold"):
+        for m in models(3, range(2)):
+            b = make_builder(name, **SMALL[name])
+            for tree, _, sampler in enumerate_runs(lambda s: b.build(ToyDraft(m), 4, s)):
+                assert len(sampler.draws) == tree.size  # one draw per node, in node order
+                for node, (law, tok) in enumerate(sampler.draws):
+                    par = tree.parents[node]
+                    sib = tree.children(par).index(node)
+                    assert tree.tokens[node] == tok
+                    np.testing.assert_allclose(proposal_laws(tree, par)[sib], law, rtol=0, atol=1e-15)
+
+
+def test_enumerated_probabilities_sum_to_one() -> None:
+    for name in BUILDERS:
+        for m in models(3, range(2)):
+            drafts = builder_drafts(m, make_builder(name, **SMALL[name]), 4)
+            assert math.isclose(sum(d.weight for d in drafts), 1.0, abs_tol=1e-12)
+
+
+@pytest.mark.parametrize("draw", ["iid", "swor", "topk"])
+def test_fixed_builder_law_is_tmc_fixed_shape_law(draw: str) -> None:
+    """Independent enumeration: tmc.drafts enumerates the same fixed shapes on its own."""
+    for m in models(3, range(3), concentration=2.0):
+        if draw == "topk":  # tmc's topk may pick zero-probability tokens; builders never do
+            m = ToyModel(3, {k: (v + 0.1) / 1.3 for k, v in m.draft_rows.items()}, m.target_rows,
+                         (m.draft_default + 0.1) / 1.3, m.target_default)
+        for width, depth in ((2, 2), (3, 1), (1, 3)):
+            ours = builder_drafts(m, FixedBuilder(width=width, depth=depth, draw=draw), 100)
+            theirs = tree_drafts(m, (width,) * depth, draw)
+            key = lambda d: (d.tree.parents, d.tree.tokens)  # noqa: E731
+            a = {key(d): d.weight for d in ours}
+            b: dict[object, float] = {}
+            for d in theirs:
+                b[key(d)] = b.get(key(d), 0.0) + d.weight
+            assert a.keys() == b.keys()
+            for k in a:
+                assert math.isclose(a[k], b[k], rel_tol=1e-12)
+
+
+def test_chain_builder_law_is_tmc_chain_law() -> None:
+    for m in models(3, range(3)):
+        ours = {d.tree.tokens: d.weight for d in builder_drafts(m, ChainBuilder(), 3)}
+        theirs = {d.ref: d.weight for d in chain_drafts(m, 3)}
+        assert ours.keys() == theirs.keys()
+        assert all(math.isclose(ours[k], theirs[k], rel_tol=1e-12) for k in ours)
+
+
+def test_chain_topk_is_greedy() -> None:
+    m = models(4, range(1))[0]
+    tree = ChainBuilder(draw="topk").build(ToyDraft(m), 3)
+    path: tuple[int, ...] = ()
+    for tok in tree.tokens:
+        assert tok == int(np.argmax(m.q(path)))
+        path += (tok,)
+
+
+def test_dyspec_hand_case(hand_model: ToyModel) -> None:
+    """Alg. 1 on q root (0.6, 0.4), later rows (0.9, 0.1), budget 2 (derived by hand):
+
+    y = 0 (0.6): child position value 0.6 beats sibling 0.4, so 0's first child is
+    drawn (0 w.p. 0.9, 1 w.p. 0.1).  y = 1 (0.4): sibling value 0.6 beats child
+    0.4, and the sibling is drawn from q without 1: token 0 surely.
+    """
+    law = {(d.tree.parents, d.tree.tokens): d.weight for d in builder_drafts(hand_model, DySpecBuilder(), 2)}
+    expected = {((-1, 0), (0, 0)): 0.54, ((-1, 0), (0, 1)): 0.06, ((-1, -1), (1, 0)): 0.4}
+    assert law.keys() == expected.keys()
+    assert all(math.isclose(law[k], v, rel_tol=1e-12) for k, v in expected.items())
+
+
+def test_dyspec_threshold_hand_case(hand_model: ToyModel) -> None:
+    """Alg. 2, threshold 0.5: root position 1.0 draws y; its sibling position has value
+    1 − R[y] (0.4 or 0.6) and its first child R[y] (0.6 or 0.4).  Layer 1: y = 0 leaves
+    sibling 0.4 < 0.5 (stop); y = 1 leaves sibling 0.6, which draws 0.  Layer 2: children
+    of value >= 0.5 draw one token (then their next-sibling value 0.6·0.1 or ... < 0.5)."""
+    law = {(d.tree.parents, d.tree.tokens): d.weight for d in builder_drafts(hand_model, DySpecThresholdBuilder(threshold=0.5), 10)}
+    # y = 0 (0.6): node 0 has value 0.6 -> one child (0: value .54 -> grandchild ...).
+    total = sum(law.values())
+    assert math.isclose(total, 1.0, abs_tol=1e-12)
+    roots = {}
+    for (parents, tokens), w in law.items():
+        first = tuple(t for p, t in zip(parents, tokens) if p == ROOT)
+        roots[first] = roots.get(first, 0.0) + w
+    assert roots.keys() == {(0,), (1, 0)}
+    assert math.isclose(roots[(0,)], 0.6) and math.isclose(roots[(1, 0)], 0.4)
+
+
+def test_dyspec_batches_layers() -> None:
+    draft = HashedDraft(16, seed=3)
+    tree = DySpecBuilder().build(draft, 64, 0)
+    assert tree.size == 64
+    assert draft.calls < tree.size / 2  # rows are fetched for pending positions together
+    draft = HashedDraft(16, seed=3)
+    tree = DySpecThresholdBuilder(threshold=1e-3).build(draft, 64, 0)
+    assert draft.calls == tree.depth()  # one call per layer (the last layer's rows are not needed)
+
+
+@pytest.mark.parametrize("name", ["fixed", "dynatree", "wetap"])
+def test_layer_builders_make_one_draft_call_per_layer(name: str) -> None:
+    params = {"fixed": {"width": 3, "draw": "topk"}, "dynatree": {}, "wetap": {"length": 5}}[name]
+    draft = HashedDraft(8, seed=1, concentration=0.5)
+    tree = make_builder(name, **params).build(draft, 40, 0)
+    assert tree.size > 0
+    limit = {"fixed": tree.depth(), "dynatree": tree.depth() + 1, "wetap": 5}[name]
+    assert draft.calls <= limit
+
+
+def test_dynatree_rules_by_hand() -> None:
+    """Confidence bands and depth gating on a model with fixed rows (0.7, 0.2, 0.1).
+
+    root_top1: node 0 = token 0 (p = 0.7).  c = 0.7 is in [τ_ℓ, τ_h) -> B_mid = 2
+    children per expanded node.  Depth 1 (< D_0 = 2): node 0 expanded -> (0, 1)
+    with p 0.49, 0.14.  Depth 2 >= D_0: expanded only if p >= ρ_deep = 0.3 -> only
+    path (0, 0), children p 0.343, 0.098.  Depth 3 = D_max: stop.  Then leaves
+    below τ = 0.1 are pruned: (0, 0, 1) with 0.098.
+    """
+    row = np.array([0.7, 0.2, 0.1])
+    m = ToyModel(3, {}, {}, row, row)
+    b = DynaTreeBuilder(base_depth=2, max_depth=3, rho_stop=0.05, rho_deep=0.3, prune=0.1)
+    tree = b.build(ToyDraft(m), 50)
+    paths = sorted(tree.paths()[1:])
+    assert paths == [(0,), (0, 0), (0, 0, 0), (0, 1)]
+    assert set(tree.draws) == {Draw.TOPK}
+
+
+def test_dynatree_breadth_bands() -> None:
+    b = DynaTreeBuilder()
+    st = b.initial_state()
+    assert [b._breadth(c, st) for c in (0.95, 0.9, 0.5, 0.4, 0.39)] == [1, 1, 2, 2, 3]
+
+
+def test_dynatree_history_update_by_hand() -> None:
+    b = DynaTreeBuilder(window=2, target_acceptance=0.25, eta_depth=4.0, eta_conf=0.5)
+    tree = DraftTree((-1, 0, 1, 2), (0, 0, 0, 0), ("topk",) * 4, {}, 2)  # type: ignore[arg-type]
+    s1 = b.next_state(b.initial_state(), tree, 3)  # a = 0.75, mean 0.75, err 0.5
+    assert s1 == DynaTreeState(7.0, 0.65, (0.75,))  # D_0 = 5 + 2 = 7 (max_depth - 1 = 7); τ_h = 0.9 - 0.25
+    s2 = b.next_state(s1, tree, 0)  # window (0.75, 0): mean 0.375, err 0.125
+    assert s2.history == (0.75, 0.0)
+    assert math.isclose(s2.base_depth, 7.0) and math.isclose(s2.tau_high, 0.65 - 0.0625)
+    s3 = b.next_state(s2, tree, 0)  # window (0, 0): err -0.25 -> D_0 6, τ_h 0.7125
+    assert math.isclose(s3.base_depth, 6.0) and math.isclose(s3.tau_high, 0.5875 + 0.125)
+    for _ in range(20):
+        s3 = b.next_state(s3, tree, 0)
+    assert s3.base_depth == 1.0 and s3.tau_high == 1.0  # clipped
+    assert DynaTreeBuilder(adapt=False).next_state(b.initial_state(), tree, 4) == b.initial_state()
+
+
+def test_wetap_width_formula() -> None:
+    b = WetapBuilder(w_min=16, w_max=128, gamma=1.2)
+    assert b.next_width([0.25] * 4) == 128  # uniform layer: H_norm = 1
+    assert b.next_width([0.5]) == 16  # one token: H_norm = 0
+    h = -(0.75 * math.log(0.75) + 0.25 * math.log(0.25)) / math.log(2)
+    assert b.next_width([0.3, 0.1]) == round(16 + 112 * h**1.2)
+
+
+def test_wetap_prunes_to_budget_with_parent_repair() -> None:
+    draft = HashedDraft(6, seed=4, concentration=0.4)
+    for budget in (3, 8, 20):
+        tree = WetapBuilder(length=4, w_min=3, w_max=6).build(draft, budget)
+        assert tree.size == budget  # the scratch tree is larger than every budget here
+        for node in range(tree.size):  # siblings by decreasing draft probability
+            kids = tree.children(node)
+            probs = [tree.q_rows[node][tree.tokens[k]] for k in kids]
+            assert probs == sorted(probs, reverse=True)
+
+
+def test_wetap_keeps_deep_tokens_when_alpha_is_small() -> None:
+    draft = HashedDraft(6, seed=4, concentration=0.4)
+    deep = WetapBuilder(length=4, w_min=3, w_max=6, alpha=0.0).build(draft, 8)
+    shallow = WetapBuilder(length=4, w_min=3, w_max=6, alpha=1.0).build(draft, 8)
+    assert deep.depth() == 4  # score = depth only: the deepest layer is kept, with its parents
+    assert shallow.depth() <= deep.depth()
+
+
+def test_temperature_zero_draft_gives_a_greedy_chain() -> None:
+    """A one-hot draft (temperature 0): sampling builders can only draw the argmax."""
+    onehot = np.array([0.0, 1.0, 0.0])
+    m = ToyModel(3, {}, {}, onehot, np.array([0.2, 0.5, 0.3]))
+    for name in ("chain", "dyspec", "dyspec-threshold", "fixed"):
+        drafts = builder_drafts(m, make_builder(name, **SMALL[name]), 3)
+        assert len(drafts) == 1
+        assert set(drafts[0].tree.tokens) == {1}
+
+
+def test_vocabulary_of_one() -> None:
+    m = ToyModel(1, {}, {}, np.array([1.0]), np.array([1.0]))
+    for name in BUILDERS:
+        tree = make_builder(name, **SMALL[name]).build(ToyDraft(m), 3)
+        assert set(tree.tokens) <= {0} and tree.size >= 1
+
+
+def test_builders_never_propose_zero_probability_tokens() -> None:
+    for name in BUILDERS:
+        for m in models(4, range(3)):  # rows with exact zeros
+            for d in builder_drafts(m, make_builder(name, **SMALL[name]), 4):
+                for node in range(d.tree.size):
+                    par = d.tree.parents[node]
+                    path = d.tree.path(par)
+                    assert m.q(path)[d.tree.tokens[node]] > 0.0
+
+
+class _BadDraft:
+    def __init__(self, row: object, vocab: int = 3) -> None:
+        self.row, self.vocab = row, vocab
+
+    def rows(self, paths: object) -> object:
+        return np.array([self.row] * len(paths))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("row", "message"),
+    [([0.5, float("nan"), 0.5], "NaN|finite"), ([0.5, -0.1, 0.6], "negative"), ([0.5, 0.2, 0.2], "sum"), ([0.5, 0.5], "shape")],
+)
+def test_bad_draft_rows_are_refused(row: list[float], message: str) -> None:
+    for name in BUILDERS:
+        with pytest.raises(ValueError, match=message):
+            make_builder(name).build(_BadDraft(row), 4)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("name", "params", "message"),
+    [
+        ("nope", {}, "unknown builder"),
+        ("chain", {"draw": "swor"}, "draw must be one of"),
+        ("fixed", {"width": 0}, "width"),
+        ("fixed", {"colour": 1}, "unexpected keyword"),
+        ("dyspec-threshold", {"threshold": 0}, "threshold"),
+        ("dynatree", {"tau_low": 0.9, "tau_high": 0.4}, "tau_low < tau_high"),
+        ("dynatree", {"rho_stop": 0.5, "rho_deep": 0.1}, "rho_stop < rho_deep"),
+        ("dynatree", {"b_min": 3, "b_max": 1}, "b_min <= b_mid <= b_max"),
+        ("dynatree", {"base_depth": 9}, "base_depth"),
+        ("wetap", {"w_min": 9, "w_max": 4}, "w_min <= w_max"),
+        ("wetap", {"alpha": 1.5}, "alpha"),
+        ("wetap", {"gamma": -1}, "gamma"),
+    ],
+)
+def test_bad_parameters(name: str, params: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        make_builder(name, **params)
+
+
+def test_bad_budget_and_rng() -> None:
+    m = models(3, range(1))[0]
+    for bad in (0, -1, 1.5, "4"):
+        with pytest.raises(ValueError, match="budget"):
+            ChainBuilder().build(ToyDraft(m), bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        ChainBuilder().build(ToyDraft(m), 2, -3)
+
+
+def test_enumeration_cap() -> None:
+    m = models(4, range(1))[0]
+    with pytest.raises(TooManyRuns):
+        builder_drafts(m, DySpecBuilder(), 8, max_runs=50)
+
+
+def test_scripted_sampler_weight() -> None:
+    s = ScriptedSampler((1, 0))
+    assert s.draw(np.array([0.2, 0.6])) == 1  # unnormalised laws are normalised
+    assert s.draw(np.array([0.5, 0.5])) == 0
+    assert math.isclose(s.weight, 0.75 * 0.5)
