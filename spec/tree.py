@@ -58,6 +58,12 @@ def _tree(tree: object) -> DraftTree:
     return tree
 
 
+def _seq(name: str, value: object) -> list[object]:
+    if value is None or isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise ValueError(f"{name} must be a sequence of integers, got {value!r}")
+    return list(value)  # type: ignore[call-overload, no-any-return]
+
+
 def dfs_order(tree: DraftTree) -> tuple[int, ...]:
     """Nodes in depth-first pre-order, children in verification order (DySpec App. C)."""
     t = _tree(tree)
@@ -86,7 +92,7 @@ def check_order(tree: DraftTree, order: Sequence[int] | None) -> tuple[int, ...]
     t = _tree(tree)
     if order is None:
         return tuple(range(t.size))
-    out = tuple(check_int(f"order[{k}]", v) for k, v in enumerate(order))
+    out = tuple(check_int(f"order[{k}]", v) for k, v in enumerate(_seq("order", order)))
     if sorted(out) != list(range(t.size)):
         raise ValueError(f"order must be a permutation of the {t.size} node indices, got {list(out)[:12]}")
     return out
@@ -148,7 +154,7 @@ def accepted_nodes(tree: DraftTree, tokens: Sequence[int]) -> tuple[int, ...]:
     entries are the same).
     """
     t = _tree(tree)
-    toks = [check_int(f"tokens[{i}]", x) for i, x in enumerate(tokens)]
+    toks = [check_int(f"tokens[{i}]", x) for i, x in enumerate(_seq("tokens", tokens))]
     if not toks:
         raise ValueError("tokens must hold at least the final corrected or bonus token")
     node, path = ROOT, []
@@ -176,8 +182,8 @@ def keep_indices(
     where = {node: k for k, node in enumerate(ordr)}
     off = 1 if with_root else 0
     prev = ROOT
+    path = [check_int(f"path[{i}]", x) for i, x in enumerate(_seq("path", path))]
     for i, node in enumerate(path):
-        node = check_int(f"path[{i}]", node)
         if not 0 <= node < t.size or t.parents[node] != prev:
             raise ValueError(f"path {list(path)} is not a root-down path of the tree (entry {i})")
         prev = node
@@ -233,6 +239,7 @@ def random_tree(size: int, rng: np.random.Generator | int, vocab: int = 2) -> Dr
     mask-block measurement, where only the shape matters.
     """
     size = check_int("size", size, minimum=0)
+    vocab = check_int("vocab", vocab, minimum=1)
     gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(check_int("rng", rng, minimum=0))
     parents = [int(gen.integers(-1, i)) for i in range(size)]
     counts: dict[int, int] = {}
