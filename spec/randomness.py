@@ -50,8 +50,8 @@ class RngSampler:
 def as_sampler(rng: np.random.Generator | int | Sampler) -> Sampler:
     """A :class:`Sampler` from a generator, an integer seed or a sampler."""
     if hasattr(rng, "draw"):
-        return rng  # type: ignore[return-value]
-    return RngSampler(as_rng(rng))  # type: ignore[arg-type]
+        return rng
+    return RngSampler(as_rng(rng))
 
 
 class _Branch(Exception):

@@ -61,7 +61,7 @@ def _tree(tree: object) -> DraftTree:
 def _seq(name: str, value: object) -> list[object]:
     if value is None or isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
         raise ValueError(f"{name} must be a sequence of integers, got {value!r}")
-    return list(value)  # type: ignore[call-overload, no-any-return]
+    return list(value)
 
 
 def dfs_order(tree: DraftTree) -> tuple[int, ...]:
@@ -157,7 +157,7 @@ def accepted_nodes(tree: DraftTree, tokens: Sequence[int]) -> tuple[int, ...]:
     toks = [check_int(f"tokens[{i}]", x) for i, x in enumerate(_seq("tokens", tokens))]
     if not toks:
         raise ValueError("tokens must hold at least the final corrected or bonus token")
-    node, path = ROOT, []
+    node, path = ROOT, list[int]()
     for tok in toks[:-1]:
         kid = next((k for k in t.children(node) if t.tokens[k] == tok), None)
         if kid is None:
@@ -182,12 +182,12 @@ def keep_indices(
     where = {node: k for k, node in enumerate(ordr)}
     off = 1 if with_root else 0
     prev = ROOT
-    path = [check_int(f"path[{i}]", x) for i, x in enumerate(_seq("path", path))]
-    for i, node in enumerate(path):
+    nodes: list[int] = [check_int(f"path[{i}]", x) for i, x in enumerate(_seq("path", path))]
+    for i, node in enumerate(nodes):
         if not 0 <= node < t.size or t.parents[node] != prev:
-            raise ValueError(f"path {list(path)} is not a root-down path of the tree (entry {i})")
+            raise ValueError(f"path {nodes} is not a root-down path of the tree (entry {i})")
         prev = node
-    kept = list(range(past + off)) + [past + off + where[node] for node in path]
+    kept = list(range(past + off)) + [past + off + where[node] for node in nodes]
     return np.asarray(kept, dtype=np.int64)
 
 

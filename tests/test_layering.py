@@ -79,6 +79,10 @@ def test_verification_imports_only_the_core():
     assert _offending("verification", {"tmc", "verification"}) == []
 
 
+def test_spec_imports_only_the_core():
+    assert _offending("spec", {"tmc", "spec"}) == []
+
+
 def test_proofs_check_imports_core_and_says_why_it_uses_verification():
     assert _offending("proofs_check", {"tmc", "verification", "proofs_check"}) == []
     uses_verification = any(n.startswith("verification") for p in _sources("proofs_check") for n in _imports(p))
