@@ -237,12 +237,20 @@ def step_sequence_law(
 
 
 def random_stationary_model(
-    vocab: int, seed: int, depth: int = 2, concentration: float = 1.0, zero_prob: float = 0.2, name: str | None = None
+    vocab: int,
+    seed: int,
+    depth: int = 2,
+    concentration: float = 1.0,
+    zero_prob: float = 0.2,
+    name: str | None = None,
+    agreement: float = 0.0,
 ) -> ToyModel:
     """A random toy model with its own rows for prefixes up to ``depth`` and default rows beyond.
 
     The default rows let builders grow trees of any depth (``--random V`` with
-    ``--builder``).  Smaller ``concentration`` gives more peaked rows.
+    ``--builder``).  Smaller ``concentration`` gives more peaked rows.  Each
+    target row is ``agreement · q + (1 − agreement) · (an independent row)``:
+    0 makes draft and target independent, values near 1 make the draft good.
     """
     from itertools import product
 
@@ -251,12 +259,18 @@ def random_stationary_model(
     vocab = check_int("vocab", vocab, minimum=1)
     rng = as_rng(seed)
     d_rows, t_rows = {}, {}
+    if not 0.0 <= agreement <= 1.0:
+        raise ValueError(f"agreement must be in [0, 1], got {agreement!r}")
+
+    def pair(zeros: float) -> tuple[Any, Any]:
+        q = random_row(vocab, rng, zeros, concentration)
+        return q, agreement * q + (1.0 - agreement) * random_row(vocab, rng, zeros, concentration)
+
     for length in range(check_int("depth", depth, minimum=0) + 1):
         for pre in product(range(vocab), repeat=length):
-            d_rows[pre] = random_row(vocab, rng, zero_prob, concentration)
-            t_rows[pre] = random_row(vocab, rng, zero_prob, concentration)
-    return ToyModel(vocab, d_rows, t_rows, random_row(vocab, rng, 0.0, concentration),
-                    random_row(vocab, rng, 0.0, concentration), name=name or f"random(V={vocab}, seed={seed})")
+            d_rows[pre], t_rows[pre] = pair(zero_prob)
+    q_def, p_def = pair(0.0)
+    return ToyModel(vocab, d_rows, t_rows, q_def, p_def, name=name or f"random(V={vocab}, seed={seed})")
 
 
 def render_builder_report(report: dict[str, Any], model: ToyModel) -> str:
