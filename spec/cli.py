@@ -5,6 +5,8 @@
   exact where the builder's randomness enumerates, else Monte Carlo with a 95%
   interval, next to the LP limit of the same draft law (added to the core's
   ``acceptance`` command through the ``tmc.acceptance`` group);
+* ``tmc decode --target DIR --draft DIR --prompt TEXT``: speculative decoding
+  with a Hugging Face model pair (:func:`spec.llm.generate.generate`);
 * ``tmc bench masks``: DySpec App. C's block count of the tree attention mask
   in DFS vs BFS order (the ``tmc.benchmarks`` group, :mod:`spec.bench_masks`).
 
@@ -16,9 +18,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from tmc.cli import fail, positive_int
+from tmc.cli import add_json, add_seed, fail, positive_int
 
 #: Builder names on the command line (equal to ``spec.builders.BUILDERS``; a test checks).
 BUILDER_NAMES = ("chain", "fixed", "dyspec", "dyspec-threshold", "dynatree", "wetap")
@@ -82,4 +85,79 @@ def _acceptance_hook(args: argparse.Namespace) -> int | None:
         print(json.dumps(out, indent=2))
     else:
         print(render_builder_report(report, model))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``tmc decode`` (speculative decoding with a Hugging Face model pair)."""
+    dec = sub.add_parser(
+        "decode",
+        help="speculative decoding with a target/draft model pair (needs the llm extra)",
+        description="Generate with a Hugging Face causal LM pair (local folders or hub ids): any tree builder x "
+        "lossless verifier, at temperature 0 or above; prints the text, tokens per step and speed against plain "
+        "autoregressive decoding with the same settings. Batch size 1.",
+    )
+    dec.add_argument("--target", required=True, metavar="DIR", help="target model folder or hub id")
+    dec.add_argument("--draft", required=True, metavar="DIR", help="draft model folder or hub id (same tokenizer)")
+    dec.add_argument("--prompt", required=True, metavar="TEXT", help="prompt text (tokenised with the target's tokenizer)")
+    dec.add_argument("--builder", choices=BUILDER_NAMES, default="dyspec", help="tree builder (default dyspec)")
+    dec.add_argument("--verifier", default="traversal",
+                     help="sps, asps, block (chain builder), multidraft, traversal, ordered_traversal, kseq (default traversal)")
+    dec.add_argument("--budget", type=positive_int, default=16, help="draft nodes per step (default 16)")
+    dec.add_argument("--param", type=_param, action="append", default=[], metavar="KEY=VALUE", help="a builder parameter (repeatable)")
+    dec.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default 1)")
+    dec.add_argument("--top-k", type=positive_int, default=None)
+    dec.add_argument("--top-p", type=float, default=None)
+    dec.add_argument("--max-new-tokens", type=positive_int, default=64)
+    dec.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    dec.add_argument("--no-ar", action="store_true", help="skip the autoregressive baseline run")
+    add_seed(dec, "builder draws and verifier uniforms")
+    add_json(dec)
+    dec.set_defaults(func=_cmd_decode)
+
+
+def _cmd_decode(args: argparse.Namespace) -> int:
+    try:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+    except ImportError:
+        fail("tmc decode needs torch and transformers: pip install 'tmc-spec[llm]' (CPU torch: pip install torch==2.13.0)")
+    from spec.llm.generate import ar_generate, generate
+
+    def load(path: str) -> Any:
+        try:
+            return AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa").to(args.device).eval()
+        except (OSError, ValueError) as err:
+            fail(f"cannot load a causal LM from {path!r}: {' '.join(str(err).split())[:200]}")
+
+    try:
+        tok = AutoTokenizer.from_pretrained(args.target)
+    except (OSError, ValueError) as err:
+        fail(f"cannot load a tokenizer from {args.target!r}: {' '.join(str(err).split())[:200]}")
+    target, draft = load(args.target), load(args.draft)
+    ids = tok(args.prompt)["input_ids"]
+    if not ids:
+        fail("--prompt tokenises to no tokens")
+    settings = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
+                "max_new_tokens": args.max_new_tokens, "seed": args.seed, "eos_token_id": tok.eos_token_id}
+    print(f"decoding {args.max_new_tokens} tokens with {args.builder} + {args.verifier} on {args.device} ...", file=sys.stderr)
+    with torch.inference_mode():
+        out = generate(target, draft, ids, args.builder, args.verifier, budget=args.budget,
+                       builder_params=dict(args.param), **settings)
+        ar = None if args.no_ar else ar_generate(target, ids, **settings)
+    summary = out.summary()
+    report: dict[str, Any] = {"builder": args.builder, "verifier": args.verifier, "budget": args.budget,
+                              "text": tok.decode(out.tokens), "tokens": out.tokens, **summary}
+    if ar is not None:
+        report["ar_tokens_per_s"] = ar.summary()["tokens_per_s"]
+        report["speedup_vs_ar"] = summary["tokens_per_s"] / report["ar_tokens_per_s"] if report["ar_tokens_per_s"] else None
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print(report["text"])
+    print(f"\n{len(out.tokens)} tokens in {len(out.steps)} steps: {out.tokens_per_step:.2f} tokens/step, "
+          f"{summary['tokens_per_s']:.1f} tokens/s (builder {summary['build_s']:.2f} s, target {summary['target_s']:.2f} s, "
+          f"verifier {summary['verify_s']:.2f} s)")
+    if ar is not None:
+        print(f"autoregressive: {report['ar_tokens_per_s']:.1f} tokens/s; speedup {report['speedup_vs_ar']:.2f}x")
     return 0

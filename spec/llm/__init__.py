@@ -1,0 +1,1 @@
+"""The LLM side of speculative decoding: Hugging Face causal LMs as draft and target (DESIGN.md §8)."""

@@ -1,0 +1,402 @@
+"""Hugging Face causal LMs as tree draft and tree target: masks, positions, KV cache (DESIGN.md §8).
+
+One verification forward pass feeds the whole flattened token tree
+(:mod:`spec.tree`) after the cached past, with
+
+* a **4D additive mask** ``(1, 1, n, past + n)``: ``0`` where a node may
+  attend (the past, its ancestors, itself), the dtype's minimum elsewhere.
+  transformers 5.17 and 5.23 hand a 4D mask to the attention kernel as given
+  (``masking_utils._preprocess_mask_arguments`` returns early); ``sdpa``
+  takes a bool or an additive mask, ``eager`` *adds* the mask to the scores,
+  so a bool mask would be silently wrong there: the additive form is the one
+  that is right for both (and for transformers 4.x, which expected it);
+* **explicit position ids** ``past + depth``, so a node's rotary phase is the
+  one plain decoding of its path would use.
+
+Each node then sees exactly what plain decoding of its path sees, so its
+logits equal that decoding's (tests: ``atol = 1e-5``, float32).
+
+KV cache after a step (DESIGN.md §8: "gather or rebuild, whichever is correct
+for the cache class in use").  After the forward the ``DynamicCache`` holds
+past + the whole flattened tree; :func:`select_cache` keeps the past and the
+accepted path by **gathering** each layer's keys/values along the sequence
+axis.  For ``DynamicCache`` with full-attention ``DynamicLayer`` layers this
+is exact in transformers 5.17 and 5.23: a layer's state is just its ``keys``
+and ``values`` tensors ``(B, H, S, D)`` (``get_seq_length`` reads ``S``,
+``update`` concatenates), the accepted nodes' entries were computed with the
+same attention set and positions as plain decoding, and RoPE is baked into
+the keys, so moving an entry to another slot changes nothing.  It saves the
+second forward that crop-and-refill (crop to the past, re-feed the accepted
+tokens) would cost.  Other layer kinds (sliding window, quantised, static,
+linear-attention) keep extra state that a gather would desynchronise, so
+:func:`select_cache` refuses them with ``ValueError``; callers may fall back
+to :func:`trim_cache` + refeed there.
+
+``DynamicCache.crop`` changed meaning: 5.17 treats ``crop(n > 0)`` as
+"keep the first ``n``" (deprecated) and ``crop(-m)`` as "remove the last
+``m``"; 5.23 raises for ``n > 0`` and keeps ``crop(-m)``.  :func:`trim_cache`
+only ever calls ``crop`` with a negative count, which both (and 4.x) read the
+same way, and checks the resulting length.
+
+:class:`LLMDraft` implements :class:`spec.draft.DraftModel` over a draft LM
+for one decode step, feeding each ``rows`` call's new nodes in one forward.
+Notation: ``p`` target, ``q`` draft (DESIGN.md §3).
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from numpy.typing import NDArray
+from transformers.cache_utils import DynamicCache, DynamicLayer
+
+from spec.llm.sampling import Sampling
+from spec.tree import attention_mask, check_order, position_ids
+from tmc.multidraft import DraftTree, Path
+from tmc.validate import check_int
+
+FloatArray = NDArray[np.float64]
+BoolArray = NDArray[np.bool_]
+
+__all__ = [
+    "LLMDraft",
+    "additive_mask",
+    "cache_length",
+    "forward_masked",
+    "select_cache",
+    "tree_logits",
+    "trim_cache",
+]
+
+
+# --- KV cache ---------------------------------------------------------------------------
+
+
+def cache_length(cache: Any) -> int:
+    """Number of positions a transformers cache holds (``get_seq_length``)."""
+    if cache is None or not hasattr(cache, "get_seq_length"):
+        raise ValueError(f"cache must be a transformers Cache, got {type(cache).__name__}")
+    return int(cache.get_seq_length())
+
+
+def trim_cache(cache: Any, length: int) -> Any:
+    """Keep the first ``length`` positions of ``cache`` (in place; returns it).
+
+    ``crop`` is called only with a negative count (remove that many), the one
+    reading transformers 4.x, 5.17 and 5.23 share.
+    """
+    length = check_int("length", length, minimum=0)
+    have = cache_length(cache)
+    if length > have:
+        raise ValueError(f"length {length} exceeds the {have} positions the cache holds")
+    if length < have:
+        cache.crop(length - have)
+    got = cache_length(cache)
+    if got != length:  # a transformers version with yet another crop convention
+        raise RuntimeError(f"cache.crop({length - have}) left {got} positions, expected {length}")
+    return cache
+
+
+def _dynamic_layers(cache: Any) -> list[DynamicLayer]:
+    """The layers of a ``DynamicCache`` whose state is only ``keys``/``values`` (else ``ValueError``)."""
+    if not isinstance(cache, DynamicCache) or not hasattr(cache, "layers"):
+        raise ValueError(
+            f"cache must be a transformers>=5 DynamicCache (with .layers), got {type(cache).__name__}"
+        )
+    layers: list[DynamicLayer] = []
+    for i, layer in enumerate(cache.layers):
+        # exact type: subclasses (sliding window, indexed, quantised) keep state a gather would break
+        if type(layer) is not DynamicLayer or not isinstance(layer, DynamicLayer):
+            raise ValueError(
+                f"cache layer {i} is a {type(layer).__name__}; only full-attention DynamicLayer caches can be gathered"
+            )
+        layers.append(layer)
+    return layers
+
+
+def select_cache(cache: Any, indices: Sequence[int] | NDArray[np.integer[Any]] | torch.Tensor) -> Any:
+    """Keep only sequence positions ``indices`` (strictly increasing) of a ``DynamicCache``, in place.
+
+    Typically ``spec.tree.keep_indices(...)``: the past, then the accepted
+    path's flattened positions.  A leading run ``0, 1, ..., m-1`` is kept as
+    a slice; the rest is gathered with ``index_select`` on the sequence axis
+    (dim ``-2`` of each layer's ``(B, H, S, D)`` keys and values).
+    """
+    layers = _dynamic_layers(cache)
+    have = cache_length(cache)
+    idx = _index_array(indices, have)
+    moved = np.flatnonzero(idx != np.arange(len(idx)))
+    prefix = int(moved[0]) if moved.size else len(idx)  # positions that stay where they are
+    if prefix == len(idx):
+        return trim_cache(cache, prefix)
+    tail = torch.as_tensor(idx[prefix:], dtype=torch.long)
+    for layer in layers:
+        keys, values = layer.keys, layer.values  # (B, H, S, D)
+        if keys is None or values is None or keys.numel() == 0:  # uninitialised layer (KV sharing)
+            continue
+        at = tail.to(keys.device)
+        # torch.cat, not an in-place write: inference-mode tensors reject in-place updates
+        layer.keys = torch.cat([keys[..., :prefix, :], keys.index_select(-2, at)], dim=-2)
+        layer.values = torch.cat([values[..., :prefix, :], values.index_select(-2, at)], dim=-2)
+    assert cache_length(cache) == len(idx)
+    return cache
+
+
+def _index_array(indices: object, have: int) -> NDArray[np.int64]:
+    if isinstance(indices, torch.Tensor):
+        indices = indices.detach().cpu().numpy()
+    arr = np.asarray(indices)
+    if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
+        raise ValueError(f"indices must be a 1-D sequence of integers, got {indices!r}")
+    arr = arr.astype(np.int64)
+    if arr.size and (arr[0] < 0 or arr[-1] >= have):
+        raise ValueError(f"indices must lie in [0, {have}) (the cache length), got {arr.tolist()}")
+    if (np.diff(arr) <= 0).any():
+        raise ValueError(f"indices must be strictly increasing, got {arr.tolist()}")
+    return arr
+
+
+# --- one masked forward -----------------------------------------------------------------
+
+
+def _device(model: Any) -> torch.device:
+    device: torch.device = next(model.parameters()).device
+    return device
+
+
+def _dtype(model: Any) -> torch.dtype:
+    dtype = getattr(model, "dtype", None)
+    return dtype if isinstance(dtype, torch.dtype) else next(model.parameters()).dtype
+
+
+def _vocab(model: Any) -> int:
+    return int(model.config.vocab_size)
+
+
+def additive_mask(allowed: BoolArray, dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
+    """``(1, 1, n, kv)`` float mask from an ``(n, kv)`` bool mask: 0 where allowed, the dtype's min elsewhere."""
+    allowed_t = torch.as_tensor(np.asarray(allowed, dtype=bool), device=device)
+    if allowed_t.ndim != 2:
+        raise ValueError(f"allowed must be a 2-D (n, kv) bool mask, got shape {tuple(allowed_t.shape)}")
+    bias = torch.zeros(allowed_t.shape, dtype=dtype, device=device)
+    return bias.masked_fill_(~allowed_t, torch.finfo(dtype).min)[None, None]
+
+
+def forward_masked(
+    model: Any, cache: Any, tokens: Sequence[int], positions: Sequence[int] | NDArray[np.int64], allowed: BoolArray
+) -> torch.Tensor:
+    """Feed ``tokens`` after the cached positions in one forward; return their logits ``(n, V)``.
+
+    ``positions`` are the rotary/absolute position ids and ``allowed`` the
+    ``(n, cache_length + n)`` bool attention mask (True = may attend).  The
+    cache grows by ``n`` positions, in the order of ``tokens``.
+    """
+    n, have, vocab = len(tokens), cache_length(cache), _vocab(model)
+    allowed = np.asarray(allowed, dtype=bool)
+    if allowed.shape != (n, have + n):
+        raise ValueError(f"allowed has shape {allowed.shape}; expected ({n}, {have + n}) for {n} tokens after {have}")
+    if len(positions) != n:
+        raise ValueError(f"positions has {len(positions)} entries for {n} tokens")
+    if any(not isinstance(t, numbers.Integral) or not 0 <= int(t) < vocab for t in tokens):
+        raise ValueError(f"tokens must be integers in [0, {vocab}), got {list(tokens)[:16]}")
+    device = _device(model)
+    ids = torch.as_tensor([int(t) for t in tokens], dtype=torch.long, device=device)[None]  # (1, n)
+    pos = torch.as_tensor(np.asarray(positions, dtype=np.int64), device=device)[None]  # (1, n)
+    mask = additive_mask(allowed, _dtype(model), device)  # (1, 1, n, have + n)
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True)
+    assert cache_length(cache) == have + n, "the model did not extend the cache it was given"
+    logits: torch.Tensor = out.logits[0]
+    return logits
+
+
+def tree_logits(
+    model: Any,
+    cache: Any,
+    tree: DraftTree,
+    past_len: int,
+    root_token: int | None = None,
+    order: Sequence[int] | None = None,
+) -> torch.Tensor:
+    """Logits ``(N (+1), V)`` of every tree node from ONE forward over the flattened tree.
+
+    ``cache`` must hold exactly ``past_len`` positions (the context, or all
+    of it but its last token, which is then passed as ``root_token`` and fed
+    first at position ``past_len``).  ``order`` lays the nodes out (DFS, BFS,
+    ``None`` = index order).  Rows come back in node-index order: row 0 is the
+    root's when ``root_token`` is given, then nodes ``0..N-1``; row of node
+    ``i`` is the logits after its path, i.e. ``p(· | context + path(i))``
+    before :func:`spec.llm.sampling.process_logits`.  Afterwards the cache
+    holds past (+ root) + the flattened tree: trim it with
+    ``select_cache(cache, spec.tree.keep_indices(tree, path, past_len, order, with_root))``.
+    """
+    if not isinstance(tree, DraftTree):
+        raise ValueError(f"tree must be a tmc.DraftTree, got {type(tree).__name__}")
+    past_len = check_int("past_len", past_len, minimum=0)
+    if past_len != cache_length(cache):
+        raise ValueError(f"past_len {past_len} differs from the cache length {cache_length(cache)}")
+    ordr = check_order(tree, order)
+    with_root = root_token is not None
+    head = [check_int("root_token", root_token, minimum=0)] if root_token is not None else []
+    tokens = head + [tree.tokens[node] for node in ordr]
+    if not tokens:
+        return torch.zeros((0, _vocab(model)), dtype=_dtype(model), device=_device(model))
+    allowed = attention_mask(tree, past_len, ordr, with_root)
+    logits = forward_masked(model, cache, tokens, position_ids(tree, past_len, ordr, with_root), allowed)
+    off = len(head)
+    where = np.empty(tree.size, dtype=np.int64)
+    where[list(ordr)] = np.arange(tree.size)  # flattened position of each node
+    rows = np.concatenate([np.arange(off), off + where])
+    return logits.index_select(0, torch.as_tensor(rows, device=logits.device))
+
+
+# --- the draft side ---------------------------------------------------------------------
+
+
+class LLMDraft:
+    """:class:`spec.draft.DraftModel` over a causal LM draft for one decode step.
+
+    ``cache`` holds the first ``past_len`` context tokens; the rest of the
+    context is either ``pending`` (tokens not fed yet: fed first, causally,
+    with the first forward) or nothing, and then ``last_logits`` ``(V,)`` are
+    the logits after the context's last token.  Exactly one of the two.
+
+    Each :meth:`rows` call feeds every path of the call not fed yet (and any
+    missing ancestor) in ONE forward: each node attends to the context, its
+    ancestors and itself, at position ``context + depth - 1``.  Rows are the
+    processed law ``q`` (:class:`~spec.llm.sampling.Sampling`) as float64
+    numpy ``(len(paths), V)``; rows already evaluated are served from memory.
+    ``forwards`` counts forward passes.  :meth:`end_step` trims the cache to
+    the context + the accepted tokens and returns the next step's draft.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        cache: Any,
+        past_len: int,
+        *,
+        pending: Sequence[int] = (),
+        last_logits: torch.Tensor | None = None,
+        sampling: Sampling = Sampling(),
+    ) -> None:
+        self.model = model
+        self.cache = cache
+        self.past_len = check_int("past_len", past_len, minimum=0)
+        if self.past_len != cache_length(cache):
+            raise ValueError(f"past_len {self.past_len} differs from the cache length {cache_length(cache)}")
+        if not isinstance(sampling, Sampling):
+            raise ValueError(f"sampling must be a spec.llm.sampling.Sampling, got {type(sampling).__name__}")
+        self.sampling = sampling
+        self._vocab = _vocab(model)
+        self.pending: Path = tuple(self._token(f"pending[{i}]", t) for i, t in enumerate(pending))
+        if (last_logits is None) == (not self.pending):
+            raise ValueError("give exactly one of pending (tokens not in the cache) and last_logits")
+        self._logits: dict[Path, torch.Tensor] = {}  # raw logits after each evaluated path; () = the root
+        if last_logits is not None:
+            if not isinstance(last_logits, torch.Tensor) or last_logits.numel() != self._vocab:
+                raise ValueError(f"last_logits must be a tensor of {self._vocab} logits")
+            self._logits[()] = last_logits.reshape(self._vocab)
+        self._rows: dict[Path, FloatArray] = {}  # processed rows q(. | context + path)
+        self._slot: dict[Path, int] = {}  # cache position of each fed node
+        self._pending_fed = not self.pending  # True once the cache holds the whole context
+        self._ended = False
+        self.forwards = 0
+
+    @property
+    def vocab(self) -> int:
+        return self._vocab
+
+    @property
+    def context_len(self) -> int:
+        """Tokens of context below the tree root (cached + pending)."""
+        return self.past_len + len(self.pending)
+
+    def _token(self, name: str, value: object) -> int:
+        tok = check_int(name, value, minimum=0)
+        if tok >= self._vocab:
+            raise ValueError(f"{name} = {tok} is outside the vocabulary [0, {self._vocab})")
+        return tok
+
+    def _path(self, i: int, path: object) -> Path:
+        if isinstance(path, (str, bytes)) or not isinstance(path, Sequence | np.ndarray):
+            raise ValueError(f"paths[{i}] must be a sequence of token ids, got {path!r}")
+        return tuple(self._token(f"paths[{i}][{j}]", t) for j, t in enumerate(path))
+
+    def rows(self, paths: Sequence[Path]) -> FloatArray:
+        """``(len(paths), V)`` float64 rows ``q(· | context + path)``; at most one forward."""
+        if self._ended:
+            raise RuntimeError("this draft step has ended (end_step); use the draft it returned")
+        wanted = [self._path(i, p) for i, p in enumerate(paths)]
+        new: dict[Path, None] = {}  # nodes to feed, parents before children (an ordered set)
+        for path in wanted:
+            new.update((path[:depth], None) for depth in range(1, len(path) + 1) if path[:depth] not in self._slot)
+        if new or (() in wanted and () not in self._logits):
+            self._feed(list(new))
+        todo = list(dict.fromkeys(p for p in wanted if p not in self._rows))
+        if todo:
+            probs = self.sampling.probs(torch.stack([self._logits[p] for p in todo]))
+            for path, row in zip(todo, probs.cpu().numpy()):
+                self._rows[path] = row
+        out = np.zeros((len(wanted), self._vocab), dtype=np.float64)
+        for i, path in enumerate(wanted):
+            out[i] = self._rows[path]
+        return out
+
+    def _feed(self, new: list[Path]) -> None:
+        """One forward: the pending tokens (first time only), then the nodes ``new``."""
+        have = cache_length(self.cache)
+        pend = () if self._pending_fed else self.pending
+        n = len(pend) + len(new)
+        for k, node in enumerate(new):
+            self._slot[node] = have + len(pend) + k
+        allowed = np.zeros((n, have + n), dtype=bool)
+        allowed[:, : self.past_len] = True
+        for j in range(len(pend)):  # causal over the pending tokens
+            allowed[j, self.past_len : self.past_len + j + 1] = True
+        context = self.context_len
+        allowed[len(pend) :, self.past_len : context] = True
+        for k, node in enumerate(new):
+            allowed[len(pend) + k, [self._slot[node[:d]] for d in range(1, len(node) + 1)]] = True
+        positions = [self.past_len + j for j in range(len(pend))] + [context + len(node) - 1 for node in new]
+        tokens = list(pend) + [node[-1] for node in new]
+        logits = forward_masked(self.model, self.cache, tokens, positions, allowed)
+        self.forwards += 1
+        if pend:
+            self._logits[()] = logits[len(pend) - 1]
+            self._pending_fed = True
+        for k, node in enumerate(new):
+            self._logits[node] = logits[len(pend) + k]
+
+    def end_step(self, tokens: Sequence[int]) -> LLMDraft:
+        """End the step after the verifier emitted ``tokens`` (accepted drafts + the final token).
+
+        Keeps in the cache the context and the longest prefix of ``tokens``
+        whose nodes were fed this step (gathered with :func:`select_cache`);
+        the rest of ``tokens`` becomes the next step's ``pending``.  Returns
+        the :class:`LLMDraft` of the next step (same model, cache, sampling);
+        this one can no longer be used.
+        """
+        if self._ended:
+            raise RuntimeError("end_step was already called on this draft step")
+        toks = tuple(self._token(f"tokens[{i}]", t) for i, t in enumerate(tokens))
+        if not self._pending_fed:  # nothing fed: the cache still holds exactly the past
+            self._ended = True
+            rest = self.pending + toks
+            if rest:
+                return LLMDraft(self.model, self.cache, self.past_len, pending=rest, sampling=self.sampling)
+            return LLMDraft(self.model, self.cache, self.past_len, last_logits=self._logits[()], sampling=self.sampling)
+        fed = 0
+        while fed < len(toks) and toks[: fed + 1] in self._slot:
+            fed += 1
+        keep = list(range(self.context_len)) + [self._slot[toks[:d]] for d in range(1, fed + 1)]
+        select_cache(self.cache, keep)
+        self._ended = True
+        past, rest = len(keep), toks[fed:]
+        if rest:
+            return LLMDraft(self.model, self.cache, past, pending=rest, sampling=self.sampling)
+        return LLMDraft(self.model, self.cache, past, last_logits=self._logits[toks], sampling=self.sampling)

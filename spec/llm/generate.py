@@ -1,0 +1,274 @@
+"""Speculative decoding with any builder × lossless verifier on a Hugging Face model pair (DESIGN.md §8).
+
+One step:
+
+1. the **builder** grows a draft tree, asking the draft LM for one tree layer
+   per call (:class:`spec.llm.adapter.LLMDraft`: one batched forward per call);
+   the rows it samples from are the *processed* draft law (temperature, top-k,
+   top-p applied by :class:`spec.llm.sampling.Sampling`, the same settings as
+   the target's);
+2. the **target** scores the root and every node in ONE forward over the
+   flattened tree (:func:`spec.llm.adapter.tree_logits`: 4D tree mask, depth
+   position ids), and the same processing turns its logits into ``p`` rows;
+3. a **torch verifier** (:mod:`spec.llm.verify`, equal to the numpy reference
+   on identical noise) emits the accepted drafts plus one token, from fresh
+   uniforms drawn from the one seeded generator;
+4. both KV caches keep exactly the context + the accepted path (gather,
+   :func:`spec.llm.adapter.select_cache`; the emitted last token is fed as the
+   next step's root), and a stateful builder (DynaTree) updates its state.
+
+Because every step is a lossless verification of a tree whose nodes record
+the law they were drawn from, the output law is the target's (processed)
+law; at temperature 0 every builder × verifier reproduces greedy decoding
+token for token (tested).  An EOS token ends generation (tokens after it in
+the same step are dropped), and a step that would pass ``max_new_tokens`` is
+cut: a prefix of an exact sample is an exact sample of the prefix.
+
+Batch size 1.  Notation: ``p`` target, ``q`` draft (DESIGN.md §3).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import DynamicCache
+
+from spec.acceptance import verifiers_for
+from spec.builders import TreeBuilder, make_builder
+from spec.llm.adapter import LLMDraft, select_cache, tree_logits
+from spec.llm.sampling import Sampling
+from spec.llm.verify import CHAIN_METHODS, TREE_METHODS, Verified, noise_size, verify_chain, verify_tree
+from spec.randomness import RngSampler
+from spec.tree import bfs_order, dfs_order, keep_indices
+from tmc.multidraft import DraftTree, Draw
+from tmc.validate import check_int
+
+__all__ = ["GenerateOutput", "StepStats", "VERIFIERS", "ar_generate", "generate"]
+
+#: Verifier names ``generate`` accepts: the chain ones need a chain builder.
+VERIFIERS: tuple[str, ...] = CHAIN_METHODS + TREE_METHODS
+ORDERS = ("dfs", "bfs", "index")
+
+@dataclass(frozen=True)
+class StepStats:
+    """One decode step."""
+
+    tree_size: int  # draft nodes built
+    accepted: int  # draft tokens accepted
+    emitted: int  # tokens this step added to the output (after EOS / length cuts)
+    draft_forwards: int  # draft LM forward passes (one per tree layer)
+    build_s: float  # builder time, draft forwards included
+    target_s: float  # the one target forward over the tree
+    verify_s: float  # the verifier
+
+@dataclass(frozen=True)
+class GenerateOutput:
+    """New tokens and per-step statistics."""
+
+    tokens: list[int]
+    steps: list[StepStats] = field(default_factory=list)
+    prefill_s: float = 0.0
+    total_s: float = 0.0
+
+    @property
+    def tokens_per_step(self) -> float:
+        return len(self.tokens) / max(1, len(self.steps))
+
+    def summary(self) -> dict[str, float]:
+        s = self.steps
+        return {
+            "new_tokens": float(len(self.tokens)),
+            "steps": float(len(s)),
+            "tokens_per_step": self.tokens_per_step,
+            "mean_tree_size": float(np.mean([x.tree_size for x in s])) if s else 0.0,
+            "build_s": float(sum(x.build_s for x in s)),
+            "target_s": float(sum(x.target_s for x in s)),
+            "verify_s": float(sum(x.verify_s for x in s)),
+            "total_s": self.total_s,
+            "tokens_per_s": len(self.tokens) / self.total_s if self.total_s > 0 else 0.0,
+        }
+
+def _prompt(input_ids: Any, vocab: int) -> list[int]:
+    if isinstance(input_ids, torch.Tensor):
+        if input_ids.ndim == 2:
+            if input_ids.shape[0] != 1:
+                raise ValueError(f"input_ids: batch size 1 only, got shape {tuple(input_ids.shape)}")
+            input_ids = input_ids[0]
+        input_ids = input_ids.tolist()
+    if isinstance(input_ids, (str, bytes)) or not hasattr(input_ids, "__iter__"):
+        raise ValueError(f"input_ids must be a sequence of token ids, got {input_ids!r}")
+    ids = [check_int(f"input_ids[{i}]", t, minimum=0) for i, t in enumerate(input_ids)]
+    if not ids:
+        raise ValueError("input_ids must hold at least one token")
+    bad = [t for t in ids if t >= vocab]
+    if bad:
+        raise ValueError(f"input_ids hold tokens outside the vocabulary [0, {vocab}): {bad[:5]}")
+    return ids
+
+def _vocab(model: Any, name: str) -> int:
+    try:
+        return int(model.config.vocab_size)
+    except AttributeError:
+        raise ValueError(f"{name} must be a transformers causal LM (with .config.vocab_size)") from None
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+def _order(tree: DraftTree, order: str) -> Sequence[int] | None:
+    return dfs_order(tree) if order == "dfs" else bfs_order(tree) if order == "bfs" else None
+
+def _draft_probs(tree: DraftTree, vocab: int) -> torch.Tensor | None:
+    """``(N + 1, V)`` draft rows in the verifiers' layout (``None`` when every node is ``topk``)."""
+    if all(d == Draw.TOPK for d in tree.draws):
+        return None
+    rows = np.zeros((tree.size + 1, vocab))
+    for node, row in tree.q_rows.items():
+        rows[node + 1] = row
+    return torch.from_numpy(rows)
+
+def _is_chain(tree: DraftTree) -> bool:
+    return all(par == i - 1 for i, par in enumerate(tree.parents))
+
+def _verify(method: str, tree: DraftTree, p: torch.Tensor, rng: np.random.Generator, adaptive: bool) -> Verified:
+    u = torch.from_numpy(rng.random(noise_size(method, tree.size)))
+    vocab = p.shape[-1]
+    if method in CHAIN_METHODS:
+        if not _is_chain(tree) or any(d == Draw.SWOR for d in tree.draws):
+            raise ValueError(f"verifier {method!r} verifies chains; use a chain builder or a tree verifier")
+        q = _draft_probs(tree, vocab)
+        q_chain = None if q is None else q[: tree.size].to(p.device)  # row i: law of token i
+        return verify_chain(method, torch.tensor(tree.tokens, dtype=torch.long), q_chain, p, u.to(p.device))
+    verifiers_for(method, set(tree.draws), adaptive)  # ValueError when not lossless on these trees
+    return verify_tree(method, torch.tensor(tree.tokens, dtype=torch.long), torch.tensor(tree.parents, dtype=torch.long),
+                       tree.draws, _draft_probs(tree, vocab), p, u)
+
+def generate(
+    target: Any,
+    draft: Any,
+    input_ids: Any,
+    builder: str | TreeBuilder = "dyspec",
+    verifier: str = "traversal",
+    *,
+    budget: int = 16,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    max_new_tokens: int = 64,
+    seed: int = 0,
+    eos_token_id: int | None = None,
+    builder_params: dict[str, Any] | None = None,
+    order: str = "dfs",
+) -> GenerateOutput:
+    """Speculative decoding of ``max_new_tokens`` tokens after ``input_ids`` (module doc).
+
+    ``builder`` is a name of :data:`spec.builders.BUILDERS` (with
+    ``builder_params``) or a builder object; ``verifier`` one of
+    :data:`VERIFIERS`; ``budget`` the draft nodes per step; ``order`` how the
+    tree is laid out for the target forward (``dfs``, ``bfs``, ``index``).
+    Randomness: one ``numpy`` generator seeded with ``seed`` draws the
+    builder's tokens and every step's uniforms.
+    """
+    t_start = time.perf_counter()
+    vocab = _vocab(target, "target")
+    if _vocab(draft, "draft") != vocab:
+        raise ValueError(f"target and draft vocabularies differ ({vocab} vs {_vocab(draft, 'draft')})")
+    prompt = _prompt(input_ids, vocab)
+    b = make_builder(builder, **(builder_params or {}))
+    if verifier not in VERIFIERS:
+        raise ValueError(f"unknown verifier {verifier!r}; choose one of {', '.join(VERIFIERS)}")
+    if order not in ORDERS:
+        raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
+    budget = check_int("budget", budget, minimum=1)
+    max_new_tokens = check_int("max_new_tokens", max_new_tokens, minimum=0)
+    seed = check_int("seed", seed, minimum=0)
+    if eos_token_id is not None:
+        eos_token_id = check_int("eos_token_id", eos_token_id, minimum=0)
+    sampling = Sampling(temperature, top_k, top_p)
+    rng = np.random.default_rng(seed)
+    sampler = RngSampler(rng)
+    device = next(target.parameters()).device
+
+    # Prefill: the target caches the prompt but its last token (fed as each step's root).
+    t_cache = DynamicCache()
+    if len(prompt) > 1:
+        with torch.no_grad():
+            target(input_ids=torch.tensor([prompt[:-1]], device=device), past_key_values=t_cache, use_cache=True)
+    t_past, root = len(prompt) - 1, prompt[-1]
+    d_step = LLMDraft(draft, DynamicCache(), 0, pending=prompt, sampling=sampling)
+    _sync(device)
+    prefill_s = time.perf_counter() - t_start
+
+    out: list[int] = []
+    steps: list[StepStats] = []
+    state = b.initial_state()
+    while len(out) < max_new_tokens:
+        t0 = time.perf_counter()
+        tree = b.build(d_step, budget, sampler, state)
+        t1 = time.perf_counter()
+        ordr = _order(tree, order)
+        logits = tree_logits(target, t_cache, tree, t_past, root_token=root, order=ordr)
+        p = sampling.probs(logits)
+        _sync(device)
+        t2 = time.perf_counter()
+        res = _verify(verifier, tree, p, rng, b.adaptive_widths)
+        tokens = [int(t) for t in res.tokens.tolist()]
+        t3 = time.perf_counter()
+        kept = tokens[: max_new_tokens - len(out)]
+        if eos_token_id is not None and eos_token_id in kept:
+            kept = kept[: kept.index(eos_token_id) + 1]
+        out.extend(kept)
+        steps.append(StepStats(tree.size, res.n_accepted, len(kept), d_step.forwards, t1 - t0, t2 - t1, t3 - t2))
+        if len(kept) < len(tokens) or (eos_token_id is not None and kept and kept[-1] == eos_token_id):
+            break
+        select_cache(t_cache, keep_indices(tree, res.nodes, t_past, ordr, with_root=True))
+        t_past, root = t_past + 1 + len(res.nodes), tokens[-1]
+        d_step = d_step.end_step(tokens)
+        state = b.next_state(state, tree, res.n_accepted)
+    _sync(device)
+    return GenerateOutput(out, steps, prefill_s, time.perf_counter() - t_start)
+
+def ar_generate(
+    target: Any,
+    input_ids: Any,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    max_new_tokens: int = 64,
+    seed: int = 0,
+    eos_token_id: int | None = None,
+) -> GenerateOutput:
+    """Plain autoregressive decoding with the same processing and a seeded inverse-CDF draw per token.
+
+    The baseline of the benchmarks (one target forward per token, dynamic cache).
+    """
+    t_start = time.perf_counter()
+    vocab = _vocab(target, "target")
+    prompt = _prompt(input_ids, vocab)
+    sampling = Sampling(temperature, top_k, top_p)
+    rng = np.random.default_rng(check_int("seed", seed, minimum=0))
+    device = next(target.parameters()).device
+    cache = DynamicCache()
+    ids = torch.tensor([prompt], device=device)
+    out: list[int] = []
+    steps: list[StepStats] = []
+    with torch.no_grad():
+        while len(out) < check_int("max_new_tokens", max_new_tokens, minimum=0):
+            t0 = time.perf_counter()
+            logits = target(input_ids=ids, past_key_values=cache, use_cache=True).logits[0, -1]
+            probs = sampling.probs(logits).cpu().numpy()
+            tok = int(np.searchsorted(np.cumsum(probs), rng.random() * probs.sum(), side="right"))
+            tok = min(tok, int(np.flatnonzero(probs > 0)[-1]))
+            out.append(tok)
+            steps.append(StepStats(0, 0, 1, 0, 0.0, time.perf_counter() - t0, 0.0))
+            if eos_token_id is not None and tok == eos_token_id:
+                break
+            ids = torch.tensor([[tok]], device=device)
+    _sync(device)
+    return GenerateOutput(out, steps, 0.0, time.perf_counter() - t_start)

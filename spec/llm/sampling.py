@@ -1,0 +1,118 @@
+"""Logits → the sampling law: temperature, top-k, top-p (DESIGN.md §8).
+
+Speculative decoding is lossless for the *processed* target law ``p``, so the
+same function must turn the target's logits into ``p`` and the draft's logits
+into ``q``; :func:`process_logits` is that one function.  The steps, in order:
+
+1. **temperature** ``T``: logits ``/ T``; ``T = 0`` is greedy decoding, a
+   one-hot row at the argmax (ties to the lowest token id), and the two
+   filters below are then moot (the argmax survives both);
+2. **top-k**: keep the ``k`` largest logits; ties at the boundary go to the
+   lowest token ids, so exactly ``min(k, V)`` tokens survive (Hugging Face's
+   ``TopKLogitsWarper`` keeps every tie instead; the two differ only on exact
+   float ties);
+3. **top-p** (nucleus, Holtzman et al. 2020): of the law after top-k, keep the
+   smallest set of most likely tokens whose mass is ``>= top_p``, in the same
+   order (descending, ties to the lowest id); the most likely token is always
+   kept;
+4. renormalise: a softmax over the kept logits.
+
+Arithmetic is float64 whatever the input dtype (a bf16 model's logits are
+upcast first), so rows sum to 1 within float64 rounding and the top-p cut is
+not moved by float32 cumulative-sum error.  ``-inf`` logits (banned tokens)
+are allowed; NaN, ``+inf`` and rows with no finite logit raise ``ValueError``.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["Sampling", "check_sampling", "process_logits"]
+
+
+def check_sampling(
+    temperature: float, top_k: int | None, top_p: float | None
+) -> tuple[float, int | None, float | None]:
+    """The sampling settings validated (``ValueError`` naming the argument) and normalised."""
+    real = isinstance(temperature, numbers.Real) and not isinstance(temperature, bool)
+    if not real or not math.isfinite(float(temperature)):
+        raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature!r}")
+    if top_k is not None:
+        if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or top_k < 1:
+            raise ValueError(f"top_k must be None or an integer >= 1, got {top_k!r}")
+    if top_p is not None:
+        if isinstance(top_p, bool) or not isinstance(top_p, numbers.Real) or not 0 < top_p <= 1:
+            raise ValueError(f"top_p must be None or a number in (0, 1], got {top_p!r}")
+    return float(temperature), None if top_k is None else int(top_k), None if top_p is None else float(top_p)
+
+
+def process_logits(
+    logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None
+) -> torch.Tensor:
+    """Probabilities ``(..., V)`` in float64 from logits ``(..., V)``: temperature, top-k, top-p, renormalise.
+
+    ``temperature = 0`` gives one-hot rows at the argmax (lowest id on ties).
+    ``top_k = None`` and ``top_p = None`` (or ``1``) switch those filters off.
+    """
+    temperature, top_k, top_p = check_sampling(temperature, top_k, top_p)
+    if not isinstance(logits, torch.Tensor) or not logits.is_floating_point() or logits.ndim < 1:
+        raise ValueError("logits must be a floating-point torch.Tensor of shape (..., V)")
+    if logits.shape[-1] == 0:
+        raise ValueError("logits has vocabulary size 0")
+    x = logits.to(torch.float64)
+    _check_finite_rows(x)
+    if temperature == 0:
+        # torch.argmax returns the first maximal index: ties go to the lowest token id
+        top = x.argmax(dim=-1, keepdim=True)
+        return torch.zeros_like(x).scatter_(-1, top, 1.0)
+    x = x / temperature
+    k = x.shape[-1] if top_k is None else min(top_k, x.shape[-1])
+    if k == x.shape[-1] and (top_p is None or top_p == 1.0):
+        return torch.softmax(x, dim=-1)
+    # a stable descending sort keeps equal logits in id order: ties go to the lowest id
+    ordered, idx = torch.sort(x, dim=-1, descending=True, stable=True)  # (..., V)
+    keep = torch.ones_like(ordered, dtype=torch.bool)
+    keep[..., k:] = False
+    if top_p is not None and top_p < 1.0:
+        probs = torch.softmax(ordered.masked_fill(~keep, -math.inf), dim=-1)
+        before = torch.cumsum(probs, dim=-1) - probs  # mass of the strictly more likely tokens
+        keep &= before < top_p  # rank 0 has before = 0 < top_p: the top token always stays
+    kept = torch.zeros_like(keep).scatter_(-1, idx, keep)
+    return torch.softmax(x.masked_fill(~kept, -math.inf), dim=-1)
+
+
+def _check_finite_rows(x: torch.Tensor) -> None:
+    """``ValueError`` for NaN or ``+inf`` logits and for rows where every logit is ``-inf``."""
+    bad = torch.isnan(x).any() | torch.isposinf(x).any() | torch.isneginf(x).all(dim=-1).any()
+    if bool(bad):  # one host sync for the three checks
+        if bool(torch.isnan(x).any()):
+            raise ValueError("logits contain NaN")
+        if bool(torch.isposinf(x).any()):
+            raise ValueError("logits contain +inf")
+        raise ValueError("logits have a row where every token is -inf")
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """The sampling settings shared by draft and target (validated on construction)."""
+
+    temperature: float = 1.0  # 0 = greedy (one-hot at the argmax)
+    top_k: int | None = None  # keep the k most likely tokens; None = all
+    top_p: float | None = None  # keep the smallest most-likely set of mass >= top_p; None = all
+
+    def __post_init__(self) -> None:
+        check_sampling(self.temperature, self.top_k, self.top_p)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """:func:`process_logits` with these settings: float64 rows ``(..., V)``."""
+        return process_logits(logits, self.temperature, self.top_k, self.top_p)

@@ -1,0 +1,1079 @@
+"""Torch ports of the lossless verifiers, for the LLM decode loop (DESIGN.md §4, §8).
+
+Notation (DESIGN.md §3): ``p`` is the **target** model, ``q`` the **draft**.
+Each verifier here is a port, operation for operation in float64, of one numpy
+reference sampler of :mod:`tmc`, driven by the same explicit uniforms, and it
+emits the same tokens (STYLE.md rule 11; ``tests/spec/llm/test_verify_torch.py``
+checks equality on identical noise).  The algorithms, their papers and the
+proofs that they are lossless are stated in those modules and not repeated:
+
+=====================  =====  =====================================================  ===============
+method                 kind   numpy reference (noise layout in its module doc)        uniforms
+=====================  =====  =====================================================  ===============
+``sps``                chain  :func:`tmc.chain.sps_sample_from_uniforms`              ``n + 1``
+``asps``               chain  :func:`tmc.chain.asps_sample_from_uniforms`             ``1`` (or ``n + 1``)
+``block``              chain  :func:`tmc.chain.block_sample_from_uniforms`            ``n + 1``
+``multidraft``         tree   :func:`tmc.multidraft.multidraft_sample_from_uniforms`  ``N + 1``
+``traversal``          tree   :func:`tmc.traversal.traversal_sample_from_uniforms`    ``N + 1``
+``ordered_traversal``  tree   :func:`tmc.ordered_traversal.ordered_traversal_sample_from_uniforms`  ``N + 1``
+``kseq``               tree   :func:`tmc.kseq.kseq_sample_from_uniforms`              ``N + 1``
+=====================  =====  =====================================================  ===============
+
+ASpS draws its whole output with one uniform; it also takes the ``n + 1``
+uniforms of the other chain methods and then uses ``uniforms[0]`` only, so a
+decode loop can draw ``n + 1`` for every chain method (:func:`noise_size` gives
+the minimum).
+
+**API.**  :func:`verify_chain` and :func:`verify_tree` take a method name;
+:data:`TORCH_VERIFIERS` maps every name to its function (chain methods, in
+:data:`CHAIN_METHODS`, take ``(draft_tokens, draft_probs, target_probs,
+uniforms)``; tree methods, in :data:`TREE_METHODS`, take ``(draft_tokens,
+parents, draws, draft_probs, target_probs, uniforms)``).  Every verifier
+returns a :class:`Verified`: the emitted tokens (accepted drafts plus one
+corrected or bonus token), how many drafts were accepted and *which* draft
+nodes — a tree with i.i.d. siblings can repeat a token, so the KV-cache gather
+needs node indices, not tokens.
+
+Arrays (shapes as in DESIGN.md §3; any float dtype, upcast to float64):
+
+* chain: ``draft_tokens`` ``(n,)`` int; ``draft_probs`` ``(n, V)`` with row
+  ``i`` the law ``draft_tokens[i]`` was drawn from, or ``None`` for a
+  deterministic (greedy / top-1) draft, i.e. point masses at the drafted
+  tokens; ``target_probs`` ``(n + 1, V)``; ``uniforms`` in ``[0, 1)``.
+* tree with ``N`` nodes in topological order: ``draft_tokens`` ``(N,)``,
+  ``parents`` ``(N,)`` (``-1`` = the root, else an earlier node), ``draws``
+  one of ``"iid"`` / ``"swor"`` / ``"topk"`` (:class:`tmc.multidraft.Draw`)
+  for all nodes or one per node; ``draft_probs`` ``(N + 1, V)``: row 0 is
+  ``q`` at the root, row ``i + 1`` is ``q`` after node ``i`` — only the rows of
+  nodes with ``iid`` or ``swor`` children are read and validated, the others
+  may hold anything — or ``None`` when every node is ``topk``;
+  ``target_probs`` ``(N + 1, V)`` in the same row layout.
+
+Validation (DESIGN.md §3): ``ValueError`` naming the argument (and row) for a
+wrong shape, a non-integer id, NaN / ±inf, a negative entry, a row that does
+not sum to 1 within :data:`tmc.validate.ROW_SUM_TOL`, a token outside
+``[0, V)``, a drafted token with ``q = 0`` under the law it was drawn from, a
+uniform outside ``[0, 1)``, a malformed tree or an unknown method.  Rows are
+then renormalised, as :mod:`tmc` does.
+
+**Devices and host synchronisation.**  The chain verifiers run entirely on
+the tensors' device (that of ``target_probs``), vectorised over positions:
+the running weight ``log a_i = min(0, log a_{i-1} + log(p/q))`` is the closed
+form ``S_i − max_{j≤i} S_j`` of the cumulative log ratios ``S``, and the one
+host transfer at the end carries the validation flag together with the
+accepted count and the emitted token.  A tree walk is sequential and
+data-dependent (which child is tested next depends on earlier tests), so the
+tree verifiers copy their inputs to the CPU in **one** device-to-host
+transfer — the one host synchronisation of a tree step — and walk the tree
+there in torch float64 (scalars as Python floats, which are float64).
+
+**Equality with numpy.**  The operations are those of the numpy code in the
+same order.  Row sums are taken strictly left to right (:func:`_total`):
+that depends on the values only, so equal rows normalise to equal rows, and
+for ``V < 8`` it is numpy's own order.  What can still differ is the last bit
+of a sum for ``V ≥ 8`` (numpy sums pairwise; a CUDA scan differs from a CPU
+loop), of ``exp`` / ``log`` / ``pow``, and of the chain's running weight,
+computed in closed form rather than by the numpy loop.  Such a difference
+changes an output only when a uniform falls within rounding distance of a
+threshold — with one amplifier inherited from :mod:`tmc.kseq`: at a node whose
+target row *equals* its draft row, SpecTr's feasibility test for ``ρ = 1`` is
+decided by the last bit of ``β(1) = Σ q`` and the bisection then stops at
+``ρ ≈ 1 + 2^-27``, so a one-ulp difference in a row sum moves that node's
+acceptance by ~1e-8 (seen once in ~3,000 random K-SEQ steps with ``V``
+in 8..60, at a uniform one ulp below 1; never for ``V ≤ 6``, where the sums
+are numpy's).  One deliberate
+difference: ordered Traversal at a node with ``k ≥ 3`` children drawn
+``swor`` enumerates the ``k``-tuples of the draft's support (as
+:mod:`tmc.ordered_traversal` does); here that raises ``ValueError`` when it
+would exceed :data:`MAX_SWOR_TUPLES` tuples instead of running for hours.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from itertools import permutations
+from types import MappingProxyType
+from typing import NamedTuple
+
+import torch
+from numpy.typing import ArrayLike
+
+from tmc.multidraft import ROOT, Draw
+from tmc.validate import ROW_SUM_TOL
+
+__all__ = [
+    "CHAIN_METHODS",
+    "MAX_SWOR_TUPLES",
+    "TORCH_VERIFIERS",
+    "TREE_METHODS",
+    "Verified",
+    "noise_size",
+    "verify_asps",
+    "verify_block",
+    "verify_chain",
+    "verify_kseq",
+    "verify_multidraft",
+    "verify_ordered_traversal",
+    "verify_sps",
+    "verify_traversal",
+    "verify_tree",
+]
+
+Tensor = torch.Tensor
+TensorLike = torch.Tensor | ArrayLike
+DrawsLike = str | Draw | Sequence[str | Draw]
+F64 = torch.float64
+_LOG_HALF = math.log(0.5)
+
+#: Chain verifiers: ``(draft_tokens, draft_probs, target_probs, uniforms)``.
+CHAIN_METHODS: tuple[str, ...] = ("sps", "asps", "block")
+#: Tree verifiers: ``(draft_tokens, parents, draws, draft_probs, target_probs, uniforms)``.
+TREE_METHODS: tuple[str, ...] = ("multidraft", "traversal", "ordered_traversal", "kseq")
+#: Largest number of ordered ``k``-tuples ordered Traversal may enumerate at one ``swor`` node (``k ≥ 3``).
+MAX_SWOR_TUPLES = 1_000_000
+
+
+class Verified(NamedTuple):
+    """What one verification step emits."""
+
+    tokens: Tensor  # (n_accepted + 1,) int64 on the target's device: accepted drafts, then one corrected/bonus token
+    n_accepted: int  # number of draft tokens accepted
+    nodes: tuple[int, ...]  # accepted draft nodes, root side first (a chain: 0..n_accepted-1); for the KV gather
+
+
+def noise_size(method: str, n: int) -> int:
+    """Number of uniforms ``method`` needs for ``n`` draft tokens / nodes (1 for ASpS, else ``n + 1``)."""
+    _check_method(method, CHAIN_METHODS + TREE_METHODS)
+    return 1 if method == "asps" else n + 1
+
+
+# ------------------------------------------------------------ conversions
+
+
+def _check_method(method: object, known: tuple[str, ...]) -> str:
+    if not isinstance(method, str) or method not in known:
+        raise ValueError(f"method must be one of {', '.join(map(repr, known))}, got {method!r}")
+    return method
+
+
+def _device_of(x: object) -> torch.device:
+    return x.device if isinstance(x, Tensor) else torch.device("cpu")
+
+
+def _float_tensor(name: str, x: object, device: torch.device) -> Tensor:
+    """``x`` as a float64 tensor on ``device``; ``ValueError`` for non-real data."""
+    if x is None:
+        raise ValueError(f"{name} is None; expected a tensor of real numbers")
+    if isinstance(x, Tensor):
+        if x.dtype == torch.bool or x.is_complex():
+            raise ValueError(f"{name} must hold real numbers, got dtype {x.dtype}")
+        return x.to(device=device, dtype=F64)
+    try:
+        return torch.as_tensor(x, dtype=F64, device=device)
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise ValueError(f"{name} must hold real numbers ({err})") from None
+
+
+def _long_tensor(name: str, x: object, device: torch.device) -> Tensor:
+    """``x`` as a 1-D int64 tensor on ``device``; ``ValueError`` for non-integer ids."""
+    if x is None:
+        raise ValueError(f"{name} is None; expected a 1-D sequence of integer ids")
+    if isinstance(x, Tensor):
+        t = x
+    else:
+        try:
+            t = torch.as_tensor(x)
+        except (TypeError, ValueError, RuntimeError) as err:
+            raise ValueError(f"{name} must be a 1-D sequence of integer ids ({err})") from None
+    if t.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
+    if t.numel() and (t.dtype == torch.bool or t.is_floating_point() or t.is_complex()):
+        raise ValueError(f"{name} must hold integer ids, got dtype {t.dtype}")
+    return t.to(device=device, dtype=torch.int64)
+
+
+def _check_matrix(name: str, x: Tensor, shape: tuple[int, int], what: str) -> None:
+    if tuple(x.shape) != shape:
+        raise ValueError(f"{name} has shape {tuple(x.shape)}; expected {what} = {shape}")
+
+
+def _check_vector(name: str, x: Tensor, sizes: tuple[int, ...]) -> None:
+    if x.ndim != 1 or x.shape[0] not in sizes:
+        want = " or ".join(f"({s},)" for s in sizes)
+        raise ValueError(f"{name} must have shape {want}, got {tuple(x.shape)}")
+
+
+# ------------------------------------------------------------ validation
+
+
+def _rows_bad(rows: Tensor) -> Tensor:
+    """Device-side flag (0-d bool): some row is non-finite, negative or does not sum to 1."""
+    if rows.numel() == 0:
+        return torch.zeros((), dtype=torch.bool, device=rows.device)
+    off = (rows.sum(dim=1) - 1.0).abs() > ROW_SUM_TOL
+    return ~torch.isfinite(rows).all() | (rows < 0).any() | off.any()
+
+
+def _check_rows(name: str, rows: Tensor, labels: Sequence[int] | None = None) -> None:
+    """Host check of probability rows ``(m, V)``; ``labels[i]`` is row ``i``'s index in the caller's array."""
+    if rows.numel() == 0:
+        return
+    rows = rows.cpu()
+    label = list(range(rows.shape[0])) if labels is None else list(labels)
+    finite = torch.isfinite(rows)
+    if not bool(finite.all()):
+        row = int(torch.nonzero(~finite)[0, 0])
+        raise ValueError(f"{name} row {label[row]} contains NaN or infinite entries")
+    if bool((rows < 0).any()):
+        row, col = (int(i) for i in torch.nonzero(rows < 0)[0])
+        raise ValueError(f"{name} row {label[row]} has a negative entry {float(rows[row, col])!r} at token {col}")
+    sums = rows.sum(dim=1)
+    off = (sums - 1.0).abs() > ROW_SUM_TOL
+    if bool(off.any()):
+        row = int(torch.nonzero(off)[0, 0])
+        raise ValueError(f"{name} row {label[row]} sums to {float(sums[row])!r}, not 1 (tolerance {ROW_SUM_TOL})")
+
+
+def _check_token_range(name: str, tok: Tensor, vocab: int) -> None:
+    tok = tok.cpu()
+    outside = (tok < 0) | (tok >= vocab)
+    if bool(outside.any()):
+        i = int(torch.nonzero(outside)[0, 0])
+        raise ValueError(f"{name}[{i}] = {int(tok[i])} is outside the vocabulary [0, {vocab})")
+
+
+def _check_uniforms(u: Tensor) -> None:
+    u = u.cpu()
+    ok = (u >= 0.0) & (u < 1.0)  # False for NaN
+    if not bool(ok.all()):
+        i = int(torch.nonzero(~ok)[0, 0])
+        raise ValueError(f"uniforms[{i}] = {float(u[i])!r} is not a uniform draw in [0, 1)")
+
+
+def _drafted_zero(q_tok: float, node: int, row: int, tok: int) -> ValueError:
+    return ValueError(
+        f"draft_tokens[{node}] = {tok} has draft_probs[{row}, {tok}] = {q_tok!r}: "
+        "a draft token must have positive probability under the law it was drawn from"
+    )
+
+
+def _total(x: Tensor) -> Tensor:
+    """Sum over the last axis, kept as a length-1 axis, added strictly left to right.
+
+    ``Tensor.sum`` vectorises, and its last bit can depend on the data's
+    memory alignment; a sequential sum depends on the values only, so two
+    equal rows always get equal totals (``p == q`` must give ``p / q == 1``
+    exactly, or ties in a ratio order break differently).  For ``V < 8`` it
+    is also numpy's order (pairwise summation is sequential below 8 terms).
+    """
+    return torch.cumsum(x, dim=-1)[..., -1:]
+
+
+def _normalised_rows(rows: Tensor) -> Tensor:
+    """Rows divided by their sums (validated rows sum to 1 within the tolerance; :mod:`tmc` does the same)."""
+    return rows / _total(rows)
+
+
+# ------------------------------------------------- shared numerical rules
+
+
+def _categorical(weights: Tensor, u: Tensor) -> Tensor:
+    """Inverse-CDF draw, :func:`tmc.noise.categorical`: a 0-d int64 tensor, no host sync.
+
+    ``weights`` ``(L,)`` non-negative with positive sum, ``u`` a 0-d uniform.
+    A zero weight is never chosen, ``u == 0`` included.
+    """
+    cdf = torch.cumsum(weights, dim=0)
+    i = torch.searchsorted(cdf, (u * cdf[-1]).reshape(1), right=True)[0]
+    # u * total rounded up to total: the last index with positive weight.
+    index = torch.arange(weights.shape[0], device=weights.device)
+    last = torch.where(weights > 0.0, index, -1).max()
+    return torch.where(i >= weights.shape[0], last, i)
+
+
+def _residual_rows(r: Tensor, law: Tensor, rejected: Tensor) -> Tensor:
+    """:func:`tmc.residual.residual` row by row: ``norm((r − law)_+)``, degenerate case included.
+
+    ``r`` and ``law`` ``(m, V)``, ``rejected`` ``(m,)`` int64; returns ``(m, V)``.
+    """
+    res = torch.clamp_min(r - law, 0.0)
+    total = _total(res)
+    rest = r.scatter(1, rejected[:, None], 0.0)
+    left = _total(rest)
+    return torch.where(total > 0.0, res / total, torch.where(left > 0.0, rest / left, r))
+
+
+def _residual(r: Tensor, law: Tensor, rejected: int) -> Tensor:
+    """:func:`_residual_rows` for one ``(V,)`` row."""
+    return _residual_rows(r[None], law[None], torch.tensor([rejected], device=r.device))[0]
+
+
+def _acceptance(r_x: float, law_x: float) -> float:
+    """``min(1, r(x) / law(x))``: :func:`tmc.residual.acceptance_probability`."""
+    if r_x <= 0.0:
+        return 0.0
+    if law_x <= 0.0:
+        return 1.0
+    return min(1.0, r_x / law_x)
+
+
+# ------------------------------------------------------------------ chains
+
+
+@dataclass(frozen=True)
+class _Chain:
+    """A chain step's inputs on the device: normalised float64 rows and a validation flag."""
+
+    tok: Tensor  # (n,) int64 draft tokens, clamped into [0, V) so a bad id cannot index out of range
+    q: Tensor  # (n, V) draft rows (point masses for a deterministic draft)
+    p: Tensor  # (n + 1, V) target rows
+    u: Tensor  # uniforms
+    bad: Tensor  # 0-d bool: some input is invalid (then the host checks say which)
+    raw: tuple[Tensor, Tensor | None, Tensor, Tensor]  # (draft_tokens, draft_probs, target_probs, uniforms) as given
+
+    @property
+    def n(self) -> int:
+        return int(self.tok.shape[0])
+
+    @property
+    def vocab(self) -> int:
+        return int(self.p.shape[1])
+
+
+def _prepare_chain(
+    method: str, draft_tokens: TensorLike, draft_probs: TensorLike | None, target_probs: TensorLike, uniforms: TensorLike
+) -> _Chain:
+    """Shapes checked on the host (no sync); values flagged on the device."""
+    device = _device_of(target_probs)
+    p_raw = _float_tensor("target_probs", target_probs, device)
+    tok_raw = _long_tensor("draft_tokens", draft_tokens, device)
+    n = int(tok_raw.shape[0])
+    if p_raw.ndim != 2 or p_raw.shape[1] == 0:
+        raise ValueError(f"target_probs must be a 2-D (n + 1, V) array with V >= 1, got shape {tuple(p_raw.shape)}")
+    vocab = int(p_raw.shape[1])
+    _check_matrix("target_probs", p_raw, (n + 1, vocab), "(n + 1, V)")
+    u = _float_tensor("uniforms", uniforms, device)
+    _check_vector("uniforms", u, (1, n + 1) if method == "asps" else (n + 1,))
+    tok = tok_raw.clamp(0, vocab - 1)
+    bad = _rows_bad(p_raw) | ((tok_raw < 0) | (tok_raw >= vocab)).any() | ~((u >= 0.0) & (u < 1.0)).all()
+    q_raw: Tensor | None = None
+    if draft_probs is None:
+        q = torch.zeros(n, vocab, dtype=F64, device=device).scatter_(1, tok[:, None], 1.0)
+    else:
+        q_raw = _float_tensor("draft_probs", draft_probs, device)
+        _check_matrix("draft_probs", q_raw, (n, vocab), "(n, V)")
+        bad = bad | _rows_bad(q_raw) | (q_raw.gather(1, tok[:, None]) <= 0.0).any()
+        q = _normalised_rows(q_raw)
+    return _Chain(tok, q, _normalised_rows(p_raw), u, bad, (tok_raw, q_raw, p_raw, u))
+
+
+def _raise_chain_errors(chain: _Chain) -> None:
+    """The host checks, run only when the device flag is set: raise the first ``ValueError``."""
+    tok, q_raw, p_raw, u = chain.raw
+    _check_rows("target_probs", p_raw)
+    _check_token_range("draft_tokens", tok, chain.vocab)
+    if q_raw is not None:
+        _check_rows("draft_probs", q_raw)
+        q_tok = q_raw.cpu().gather(1, tok.cpu()[:, None])[:, 0]
+        for i, (t, qt) in enumerate(zip(tok.tolist(), q_tok.tolist())):
+            if qt <= 0.0:
+                raise _drafted_zero(qt, i, i, t)
+    _check_uniforms(u)
+
+
+def _log_weights(p_tok: Tensor, q_tok: Tensor) -> Tensor:
+    """``(n + 1,)`` log running weights ``L_0 = 0``, ``L_i = min(0, L_{i-1} + log(p(y)/q(y)))``.
+
+    The log ratio is :func:`tmc.chain._log_ratio` (``log1p`` where ``p ≥ q/2``,
+    exact for near-equal probabilities).  The recursion is evaluated without a
+    loop: with ``S`` the cumulative sums of the log ratios (``S_0 = 0``),
+    ``L_i = S_i − max_{j ≤ i} S_j``.
+    """
+    close = p_tok >= 0.5 * q_tok
+    log_ratio = torch.where(close, torch.log1p((p_tok - q_tok) / q_tok), torch.log(p_tok) - torch.log(q_tok))
+    s = torch.cat([torch.zeros(1, dtype=F64, device=p_tok.device), torch.cumsum(log_ratio, dim=0)])
+    return s - torch.cummax(s, dim=0).values
+
+
+def _drafted(rows: Tensor, tok: Tensor) -> Tensor:
+    """``rows[i, tok[i]]`` for ``i < n``: ``(n,)``."""
+    return rows[: tok.shape[0]].gather(1, tok[:, None])[:, 0]
+
+
+def _scaled_excess(log_w: Tensor, p: Tensor, q: Tensor) -> Tensor:
+    """``w p − q`` row by row (``log_w`` ``(n,)``), as :func:`tmc.chain._scaled_excess` forms it."""
+    miss = -torch.expm1(log_w)[:, None]  # 1 − w
+    near_one = (p - q) - miss * p
+    return torch.where((log_w >= _LOG_HALF)[:, None], near_one, torch.exp(log_w)[:, None] * p - q)
+
+
+def _sps_step(c: _Chain) -> tuple[Tensor, Tensor]:
+    """SpS (:func:`tmc.chain.sps_sample_from_uniforms`): ``(k, b)`` as 0-d device tensors."""
+    n, dev = c.n, c.p.device
+    accept = c.u[:n] < _drafted(c.p, c.tok) / _drafted(c.q, c.tok)
+    positions = torch.arange(n + 1, device=dev)
+    k = torch.where(torch.cat([~accept, torch.ones(1, dtype=torch.bool, device=dev)]), positions, n + 1).min()
+    pick = k.reshape(1)
+    q_pad = torch.cat([c.q, torch.zeros_like(c.p[:1])])
+    tok_pad = torch.cat([c.tok, torch.zeros(1, dtype=torch.int64, device=dev)])
+    p_k = c.p.index_select(0, pick)
+    corrected = _residual_rows(p_k, q_pad.index_select(0, pick), tok_pad.index_select(0, pick))
+    final = torch.where(k == n, p_k, corrected)[0]
+    return k, _categorical(final, c.u[n])
+
+
+def _asps_step(c: _Chain) -> tuple[Tensor, Tensor]:
+    """ASpS (:func:`tmc.chain.asps_sample_from_uniforms`): the kernel, then one inverse-CDF draw."""
+    n, p, q = c.n, c.p, c.q
+    log_w = _log_weights(_drafted(p, c.tok), _drafted(q, c.tok))  # (n + 1,)
+    miss = -torch.expm1(log_w)  # 1 − w
+    emitted = torch.clamp_min(_scaled_excess(log_w[:n], p[:n], q), 0.0)  # (n, V)
+    mass_d = miss[:n] + _total(emitted)[:, 0]  # D_j = Σ (q − w p)_+
+    emitted = emitted.scatter(1, c.tok[:, None], 0.0)
+    log_factor = torch.where(mass_d > 0.0, torch.log(miss[1:]) - torch.log(mass_d), 0.0)
+    suffix = torch.flip(torch.cumsum(torch.flip(log_factor, [0]), dim=0), [0])
+    kernel = torch.cat([emitted * torch.exp(suffix)[:, None], (torch.exp(log_w[n]) * p[n])[None]])
+    cell = _categorical(kernel.reshape(-1), c.u[0])
+    return cell // c.vocab, cell % c.vocab
+
+
+def _block_step(c: _Chain) -> tuple[Tensor, Tensor]:
+    """Block verification (:func:`tmc.chain.block_sample_from_uniforms`)."""
+    n, p, q, dev = c.n, c.p, c.q, c.p.device
+    log_a = _log_weights(_drafted(p, c.tok), _drafted(q, c.tok))  # (n + 1,)
+    res = torch.clamp_min(_scaled_excess(log_a[:n], p[:n], q), 0.0)  # (a_i p_i − q_i)_+
+    h = _total(res)[:, 0]
+    denom = h - torch.expm1(log_a[:n])  # h_i + 1 − a_i
+    # no residual mass left by rounding: the one residual rule of tmc.residual
+    residuals = torch.where((h > 0.0)[:, None], res, _residual_rows(p[:n], q, c.tok))
+    log_stop = torch.where(denom > 0.0, torch.log(h) - torch.log(denom), -math.inf)
+    stop = torch.exp(torch.cat([log_stop[1:], log_a[n:]]))  # positions 1..n
+    fires = c.u[:n] < stop  # u[i − 1] tests position i
+    positions = torch.arange(1, n + 1, device=dev)
+    tau = torch.cat([torch.where(fires, positions, 0), torch.zeros(1, dtype=torch.int64, device=dev)]).max()
+    final = torch.cat([residuals, p[n:]]).index_select(0, tau.reshape(1))[0]
+    return tau, _categorical(final, c.u[n])
+
+
+_CHAIN_STEPS: Mapping[str, Callable[[_Chain], tuple[Tensor, Tensor]]] = MappingProxyType(
+    {"sps": _sps_step, "asps": _asps_step, "block": _block_step}
+)
+
+
+def verify_chain(
+    method: str,
+    draft_tokens: TensorLike,
+    draft_probs: TensorLike | None,
+    target_probs: TensorLike,
+    uniforms: TensorLike,
+) -> Verified:
+    """One chain verification step on the device of ``target_probs`` (module doc: arrays, noise).
+
+    ``method`` is ``"sps"``, ``"asps"`` or ``"block"``.  One host transfer:
+    the validation flag, the accepted count and the emitted token together.
+    """
+    step = _CHAIN_STEPS[_check_method(method, CHAIN_METHODS)]
+    chain = _prepare_chain(method, draft_tokens, draft_probs, target_probs, uniforms)
+    k, b = step(chain)
+    bad, n_acc, _ = torch.stack([chain.bad.to(torch.int64), k, b]).tolist()
+    if bad:
+        _raise_chain_errors(chain)
+    tokens = torch.cat([chain.tok[:n_acc], b.reshape(1)])
+    return Verified(tokens, n_acc, tuple(range(n_acc)))
+
+
+def verify_sps(
+    draft_tokens: TensorLike, draft_probs: TensorLike | None, target_probs: TensorLike, uniforms: TensorLike
+) -> Verified:
+    """Standard speculative sampling: :func:`verify_chain` with ``"sps"``."""
+    return verify_chain("sps", draft_tokens, draft_probs, target_probs, uniforms)
+
+
+def verify_asps(
+    draft_tokens: TensorLike, draft_probs: TensorLike | None, target_probs: TensorLike, uniforms: TensorLike
+) -> Verified:
+    """Accelerated speculative sampling (TMC paper Algorithm 1): :func:`verify_chain` with ``"asps"``."""
+    return verify_chain("asps", draft_tokens, draft_probs, target_probs, uniforms)
+
+
+def verify_block(
+    draft_tokens: TensorLike, draft_probs: TensorLike | None, target_probs: TensorLike, uniforms: TensorLike
+) -> Verified:
+    """Block verification (Sun et al. 2024): :func:`verify_chain` with ``"block"``."""
+    return verify_chain("block", draft_tokens, draft_probs, target_probs, uniforms)
+
+
+# ------------------------------------------------------------------- trees
+
+
+@dataclass(frozen=True)
+class _Tree:
+    """A validated draft tree on the CPU: structure, normalised float64 rows and uniforms."""
+
+    parents: tuple[int, ...]  # parent of node i; ROOT = -1
+    tokens: tuple[int, ...]  # token of node i
+    draws: tuple[Draw, ...]  # how node i was drawn
+    kids: tuple[tuple[int, ...], ...]  # children of node i at [i + 1], in draw order
+    q_rows: Mapping[int, Tensor]  # (V,) draft row of every node with iid / swor children (ROOT: row 0)
+    p: Tensor  # (N + 1, V) target rows: row 0 the root, row i + 1 after node i
+    u: tuple[float, ...]  # N + 1 uniforms
+
+    @property
+    def size(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def vocab(self) -> int:
+        return int(self.p.shape[1])
+
+    def children(self, node: int) -> tuple[int, ...]:
+        return self.kids[node + 1]
+
+    def path(self, node: int) -> list[int]:
+        """Nodes from the root's child down to ``node`` (empty for the root)."""
+        out: list[int] = []
+        while node != ROOT:
+            out.append(node)
+            node = self.parents[node]
+        return out[::-1]
+
+
+def _parse_draws(draws: object, n: int) -> tuple[Draw, ...]:
+    if isinstance(draws, (str, Draw)):
+        return (Draw.parse(draws, "draws"),) * n
+    if draws is None or not hasattr(draws, "__len__") or not hasattr(draws, "__iter__"):
+        raise ValueError(f"draws must be 'iid', 'swor', 'topk' or one of them per node, got {draws!r}")
+    kinds = tuple(Draw.parse(d, f"draws[{i}]") for i, d in enumerate(draws))
+    if len(kinds) != n:
+        raise ValueError(f"draws has {len(kinds)} entries; expected one per node ({n})")
+    return kinds
+
+
+def _to_host(parts: Sequence[Tensor]) -> list[Tensor]:
+    """Every part as float64 on the CPU, in one device-to-host copy (the tree step's one synchronisation)."""
+    on_device = [t for t in parts if t.device.type != "cpu"]
+    if not on_device:
+        return [t.to(F64) for t in parts]
+    packed = torch.cat([t.reshape(-1).to(F64) for t in on_device]).cpu()
+    out: list[Tensor] = []
+    offset = 0
+    for t in parts:
+        if t.device.type == "cpu":
+            out.append(t.to(F64))
+            continue
+        out.append(packed[offset : offset + t.numel()].reshape(t.shape))
+        offset += t.numel()
+    return out
+
+
+def _tree_structure(parents: list[int], tokens: list[int], draws: tuple[Draw, ...], vocab: int) -> tuple[tuple[int, ...], ...]:
+    """Children of every node, after checking parents, token range and sibling draw kinds."""
+    kids: list[list[int]] = [[] for _ in range(len(tokens) + 1)]
+    for i, (par, tok) in enumerate(zip(parents, tokens)):
+        if not ROOT <= par < i:
+            raise ValueError(f"parents[{i}] = {par}; a parent must be -1 (root) or an earlier node")
+        if not 0 <= tok < vocab:
+            raise ValueError(f"draft_tokens[{i}] = {tok} is outside the vocabulary [0, {vocab})")
+        kids[par + 1].append(i)
+    for node, group in enumerate(kids, start=ROOT):
+        kinds = {draws[k] for k in group}
+        if len(kinds) > 1:
+            raise ValueError(f"children of node {node} mix draw kinds {sorted(k.value for k in kinds)}")
+        toks = [tokens[k] for k in group]
+        if kinds and kinds != {Draw.IID} and len(set(toks)) != len(toks):
+            raise ValueError(f"children of node {node} repeat a token ({toks}) but were drawn '{kinds.pop().value}'")
+    return tuple(tuple(k) for k in kids)
+
+
+def _prepare_tree(
+    draft_tokens: TensorLike,
+    parents: TensorLike,
+    draws: DrawsLike,
+    draft_probs: TensorLike | None,
+    target_probs: TensorLike,
+    uniforms: TensorLike,
+) -> _Tree:
+    """Shapes checked, everything copied to the host at once, then rows, tree and uniforms validated there."""
+    # each input stays where it is: _to_host copies what is on a device in one transfer
+    device = _device_of(target_probs)
+    p_dev = _float_tensor("target_probs", target_probs, device)
+    tok_dev = _long_tensor("draft_tokens", draft_tokens, _device_of(draft_tokens))
+    par_dev = _long_tensor("parents", parents, _device_of(parents))
+    u_dev = _float_tensor("uniforms", uniforms, _device_of(uniforms))
+    n = int(tok_dev.shape[0])
+    if p_dev.ndim != 2 or p_dev.shape[1] == 0:
+        raise ValueError(f"target_probs must be a 2-D (N + 1, V) array with V >= 1, got shape {tuple(p_dev.shape)}")
+    vocab = int(p_dev.shape[1])
+    _check_matrix("target_probs", p_dev, (n + 1, vocab), "(N + 1, V)")
+    _check_vector("parents", par_dev, (n,))
+    _check_vector("uniforms", u_dev, (n + 1,))
+    kinds = _parse_draws(draws, n)
+    parts = [p_dev, tok_dev, par_dev, u_dev]
+    if draft_probs is not None:
+        q_dev = _float_tensor("draft_probs", draft_probs, device)
+        _check_matrix("draft_probs", q_dev, (n + 1, vocab), "(N + 1, V)")
+        parts.append(q_dev)
+    host = _to_host(parts)
+    p_raw, tok, par, u = host[:4]
+    tokens, parent_list = [int(t) for t in tok.tolist()], [int(t) for t in par.tolist()]
+    _check_rows("target_probs", p_raw)
+    kids = _tree_structure(parent_list, tokens, kinds, vocab)
+    _check_uniforms(u)
+    q_rows = _sampled_rows(host[4] if draft_probs is not None else None, kids, kinds, tokens)
+    return _Tree(tuple(parent_list), tuple(tokens), kinds, kids, q_rows, _normalised_rows(p_raw), tuple(u.tolist()))
+
+
+def _sampled_rows(
+    q_raw: Tensor | None, kids: tuple[tuple[int, ...], ...], kinds: tuple[Draw, ...], tokens: list[int]
+) -> Mapping[int, Tensor]:
+    """Normalised draft rows of the nodes whose children were drawn ``iid`` / ``swor``: the only rows read."""
+    sampled = [node for node in range(ROOT, len(tokens)) if kids[node + 1] and kinds[kids[node + 1][0]] != Draw.TOPK]
+    if not sampled:
+        return MappingProxyType({})
+    if q_raw is None:
+        kind = kinds[kids[sampled[0] + 1][0]].value
+        raise ValueError(f"draft_probs is None but node {sampled[0]} has children drawn '{kind}'")
+    rows = [node + 1 for node in sampled]
+    _check_rows("draft_probs", q_raw[rows], rows)
+    q_rows = dict(zip(sampled, _normalised_rows(q_raw[rows])))
+    for node in sampled:
+        for kid in kids[node + 1]:
+            if float(q_rows[node][tokens[kid]]) <= 0.0:
+                raise _drafted_zero(float(q_raw[node + 1, tokens[kid]]), kid, node + 1, tokens[kid])
+    return MappingProxyType(q_rows)
+
+
+def _point_mass(vocab: int, tok: int) -> Tensor:
+    law = torch.zeros(vocab, dtype=F64)
+    law[tok] = 1.0
+    return law
+
+
+def _proposal_laws(tree: _Tree, node: int) -> list[Tensor]:
+    """The law each child of ``node`` was drawn from: :func:`tmc.multidraft.proposal_laws`."""
+    laws: list[Tensor] = []
+    removed = torch.zeros(tree.vocab, dtype=torch.bool)
+    for kid in tree.children(node):
+        kind, tok = tree.draws[kid], tree.tokens[kid]
+        if kind == Draw.TOPK:
+            laws.append(_point_mass(tree.vocab, tok))
+        elif kind == Draw.IID:
+            laws.append(tree.q_rows[node])
+        else:
+            rest = torch.where(removed, 0.0, tree.q_rows[node])
+            laws.append(rest / _total(rest))
+            removed[tok] = True
+    return laws
+
+
+def _draw(row: Tensor, u: float) -> int:
+    return int(_categorical(row, torch.tensor(u, dtype=F64)))
+
+
+def _multidraft_walk(tree: _Tree) -> tuple[int, int]:
+    """Recursive residual verification (:func:`tmc.multidraft.multidraft_sample_from_uniforms`): ``(node, token)``."""
+    node = ROOT
+    while True:
+        r = tree.p[node + 1]
+        for kid, law in zip(tree.children(node), _proposal_laws(tree, node)):
+            tok = tree.tokens[kid]
+            if tree.u[kid] < _acceptance(float(r[tok]), float(law[tok])):
+                node = kid
+                break
+            r = _residual(r, law, tok)
+        else:
+            return node, _draw(r, tree.u[tree.size])
+
+
+# --- Traversal (tmc.traversal) and its ratio-ordered variant (tmc.ordered_traversal)
+
+#: ``rule(tree, node, p_row) -> (children, laws)``: visiting order and proposal laws.
+_ChildrenRule = Callable[[_Tree, int, Tensor], tuple[Sequence[int], Sequence[Tensor]]]
+
+
+def _recorded_children(tree: _Tree, node: int, p_row: Tensor) -> tuple[Sequence[int], Sequence[Tensor]]:
+    return tree.children(node), _proposal_laws(tree, node)
+
+
+@dataclass
+class _Frame:
+    """A node on the traversal stack (:class:`tmc.traversal._Frame`)."""
+
+    node: int  # node index (ROOT for the root)
+    value: float  # acceptance value a
+    miss: float  # 1 − a, carried separately
+    row: Tensor  # (V,) residual row r
+    kids: Sequence[int]  # children in visiting order
+    laws: Sequence[Tensor]  # proposal law of each child
+    next_kid: int = 0  # index into kids of the next child to visit
+
+
+def _excess(value: float, miss: float, row: Tensor, law: Tensor) -> Tensor:
+    """``a r − q``, formed as :func:`tmc.traversal._excess` does."""
+    if value >= 0.5:
+        return (row - law) - miss * row
+    return value * row - law
+
+
+def _child_state(value: float, miss: float, row: Tensor, law: Tensor, tok: int) -> tuple[float, float]:
+    """``(a_i, 1 − a_i)`` with ``a_i = min(1, a r(tok) / law(tok))``: :func:`tmc.traversal._child_state`."""
+    q_tok, r_tok = float(law[tok]), float(row[tok])
+    gap = (r_tok - q_tok) - miss * r_tok if value >= 0.5 else value * r_tok - q_tok
+    if gap >= 0.0:
+        return 1.0, 0.0
+    child_miss = min(1.0, -gap / q_tok)
+    if child_miss <= 0.5:
+        return 1.0 - child_miss, child_miss
+    return _acceptance(value * r_tok, q_tok), child_miss
+
+
+def _delete_child(frame: _Frame, law: Tensor, tok: int) -> tuple[float, float, Tensor]:
+    """``(a, 1 − a, r)`` after deleting a child: :func:`tmc.traversal._delete_child`."""
+    excess = torch.clamp_min(_excess(frame.value, frame.miss, frame.row, law), 0.0)
+    h = float(_total(excess))
+    row = excess / h if h > 0.0 else _residual(frame.row, law, tok)
+    total = frame.miss + h
+    if total <= 0.0:
+        return 1.0, 0.0, row
+    return min(1.0, h / total), min(1.0, frame.miss / total), row
+
+
+def _frame(tree: _Tree, node: int, value: float, miss: float, rule: _ChildrenRule) -> _Frame:
+    kids, laws = rule(tree, node, tree.p[node + 1])
+    return _Frame(node, value, miss, tree.p[node + 1], kids, laws)
+
+
+def _traversal_tests(tree: _Tree, rule: _ChildrenRule) -> Iterator[tuple[int, float, Tensor]]:
+    """``(node, a, row)`` of each test in post order, lazily; the root's (always passing) last."""
+    stack = [_frame(tree, ROOT, 1.0, 0.0, rule)]
+    while stack:
+        top = stack[-1]
+        if top.next_kid < len(top.kids):
+            kid = top.kids[top.next_kid]
+            value, miss = _child_state(top.value, top.miss, top.row, top.laws[top.next_kid], tree.tokens[kid])
+            stack.append(_frame(tree, kid, value, miss, rule))
+            continue
+        stack.pop()
+        if not stack:
+            yield ROOT, 1.0, top.row
+            return
+        yield top.node, top.value, top.row
+        parent = stack[-1]
+        parent.value, parent.miss, parent.row = _delete_child(
+            parent, parent.laws[parent.next_kid], tree.tokens[top.node]
+        )
+        parent.next_kid += 1
+
+
+def _traversal_walk(tree: _Tree, rule: _ChildrenRule = _recorded_children) -> tuple[int, int]:
+    """Traversal Verification (:func:`tmc.traversal.traversal_sample_from_uniforms`): ``(node, token)``."""
+    for node, value, row in _traversal_tests(tree, rule):
+        if node == ROOT or tree.u[node] < value:
+            return node, _draw(row, tree.u[tree.size])
+    raise AssertionError("the root's test always passes")  # pragma: no cover
+
+
+def _ratio_order(p_row: Tensor, q_row: Tensor) -> list[int]:
+    """Token ids by decreasing ``p / q`` (``q = 0`` last), ties to the lower id: :func:`tmc.ordered_traversal.ratio_order`."""
+    keys = torch.where(q_row > 0.0, -(p_row / q_row), math.inf)
+    return [int(t) for t in torch.argsort(keys, stable=True).tolist()]
+
+
+def _mass_after(q_row: Tensor, order: list[int]) -> Tensor:
+    """``B(y)``: draft mass of the tokens ranked after ``y`` (summed from the end, as the numpy loop does)."""
+    idx = torch.tensor(order, dtype=torch.int64)
+    tail = torch.flip(torch.cumsum(torch.flip(q_row[idx], [0]), dim=0), [0])  # mass of rank >= i
+    after = torch.zeros_like(q_row)
+    after[idx] = torch.cat([tail[1:], torch.zeros(1, dtype=F64)])
+    return after
+
+
+def _best_of(a: Tensor, b: Tensor, m: int) -> Tensor:
+    """``(a + b)^m − b^m`` as ``a Σ_j (a + b)^j b^{m−1−j}``."""
+    total = torch.zeros_like(a)
+    for j in range(m):
+        total += (a + b) ** j * b ** (m - 1 - j)
+    return a * total
+
+
+def _binom_tail(m: int, pi: float, c: int) -> float:
+    return float(sum(math.comb(m, j) * pi**j * (1.0 - pi) ** (m - j) for j in range(c, m + 1)))
+
+
+def _normalised(row: Tensor) -> Tensor:
+    return row / _total(row)
+
+
+def _iid_sorted_law(q_row: Tensor, order: list[int], k: int, prefix: list[int]) -> Tensor:
+    """:func:`tmc.ordered_traversal.iid_sorted_law`: next of ``k`` sorted i.i.d. draws given the sorted ``prefix``."""
+    after = _mass_after(q_row, order)
+    if not prefix:
+        return _normalised(_best_of(q_row, after, k))
+    w = prefix[-1]
+    c = prefix.count(w)
+    m = k - (len(prefix) - c)
+    q_w, rest = float(q_row[w]), float(after[w])
+    pi = q_w / (q_w + rest)
+    at_least = _binom_tail(m, pi, c)
+    out = torch.zeros_like(q_row)
+    out[w] = _binom_tail(m, pi, c + 1) / at_least
+    if rest > 0.0:
+        below = torch.tensor(order[order.index(w) + 1 :], dtype=torch.int64)
+        exact = math.comb(m, c) * pi**c * (1.0 - pi) ** (m - c) / at_least
+        out[below] = exact * _best_of(q_row[below] / rest, after[below] / rest, m - c)
+    return _normalised(out)
+
+
+def _swor_sorted_law(q_row: Tensor, order: list[int], k: int, prefix: list[int]) -> Tensor:
+    """:func:`tmc.ordered_traversal.swor_sorted_law`: next of ``k`` sorted draws without replacement."""
+    vocab = q_row.shape[0]
+    if k == 2:
+        inv = torch.where(q_row < 1.0, 1.0 / torch.clamp_min(1.0 - q_row, 1e-300), 0.0)
+        if not prefix:
+            out = q_row * (_mass_after(q_row, order) * inv + _mass_after(q_row * inv, order))
+        else:
+            y = prefix[0]
+            below = torch.tensor(order[order.index(y) + 1 :], dtype=torch.int64)
+            out = torch.zeros_like(q_row)
+            out[below] = q_row[below] * (inv[y] + inv[below])
+        return _normalised(out)
+    q = q_row.tolist()
+    support = [t for t in range(vocab) if q[t] > 0.0]
+    if math.perm(len(support), k) > MAX_SWOR_TUPLES:
+        raise ValueError(
+            f"ordered_traversal: {k} children drawn 'swor' from a draft row with {len(support)} possible tokens "
+            f"would enumerate {math.perm(len(support), k)} tuples (limit MAX_SWOR_TUPLES = {MAX_SWOR_TUPLES})"
+        )
+    rank = {t: i for i, t in enumerate(order)}
+    i = len(prefix)
+    acc = [0.0] * vocab
+    for combo in permutations(support, k):
+        ranked = sorted(combo, key=rank.__getitem__)
+        if ranked[:i] != list(prefix):
+            continue
+        prob, left = 1.0, 1.0
+        for t in combo:
+            prob *= q[t] / left
+            left -= q[t]
+        acc[ranked[i]] += prob
+    return _normalised(torch.tensor(acc, dtype=F64))
+
+
+def _ratio_ordered_children(tree: _Tree, node: int, p_row: Tensor) -> tuple[Sequence[int], Sequence[Tensor]]:
+    """:func:`tmc.ordered_traversal.ratio_ordered_children`: children by decreasing ``p/q``, order-statistic laws."""
+    kids = list(tree.children(node))
+    if len(kids) < 2 or tree.draws[kids[0]] == Draw.TOPK:
+        return _recorded_children(tree, node, p_row)
+    q_row = tree.q_rows[node]
+    order = _ratio_order(p_row, q_row)
+    rank = {t: i for i, t in enumerate(order)}
+    kids.sort(key=lambda c: rank[tree.tokens[c]])
+    toks = [tree.tokens[c] for c in kids]
+    sorted_law = _iid_sorted_law if tree.draws[kids[0]] == Draw.IID else _swor_sorted_law
+    return kids, [sorted_law(q_row, order, len(kids), toks[:i]) for i in range(len(kids))]
+
+
+def _ordered_traversal_walk(tree: _Tree) -> tuple[int, int]:
+    return _traversal_walk(tree, _ratio_ordered_children)
+
+
+# --- K-SEQ (tmc.kseq)
+
+_RHO_RTOL = 2.0**-50  # tmc.kseq.RHO_RTOL: relative width at which the bisection for ρ stops
+
+
+def _kseq_beta(p: Tensor, q: Tensor, rho: float) -> float:
+    """``β(ρ) = Σ min(q, p/ρ)``."""
+    return float(_total(torch.minimum(q, p / rho)))
+
+
+def _geometric(beta: float, k: int) -> float:
+    """``c = (1 − (1 − β)^k) / β``: :func:`tmc.kseq._geometric`."""
+    if k == 1 or beta >= 1.0:
+        return 1.0
+    if beta <= 0.0:
+        return float(k)
+    return -math.expm1(k * math.log1p(-beta)) / beta
+
+
+def _beta_curve(p: Tensor, q: Tensor) -> Callable[[float], float]:
+    """``ρ ↦ β(ρ)`` in ``O(log V)`` after one sort (:func:`tmc.kseq._beta_curve`)."""
+    on = q > 0.0
+    ratio = p[on] / q[on]
+    order = torch.argsort(ratio, stable=True)
+    ratios = ratio[order].tolist()
+    zero = torch.zeros(1, dtype=F64)
+    p_below = torch.cat([zero, torch.cumsum(p[on][order], dim=0)]).tolist()
+    q_above = torch.cat([torch.flip(torch.cumsum(torch.flip(q[on][order], [0]), dim=0), [0]), zero]).tolist()
+
+    def beta(rho: float) -> float:
+        j = bisect.bisect_left(ratios, rho)
+        return float(q_above[j] + p_below[j] / rho)
+
+    return beta
+
+
+def _feasible(beta: float, k: int, rho: float) -> bool:
+    return beta <= 0.0 or _geometric(beta, k) <= rho
+
+
+def _kseq_rho(p: Tensor, q: Tensor, k: int) -> float:
+    """SpecTr's ``ρ*`` by bisection (:func:`tmc.kseq._rho`)."""
+    beta = _beta_curve(p, q)
+    if _feasible(beta(1.0), k, 1.0):
+        return 1.0
+    lo, hi = 1.0, float(k)  # lo infeasible, hi feasible
+    while hi - lo > _RHO_RTOL * hi:
+        mid = 0.5 * (lo + hi)
+        if not lo < mid < hi:
+            break
+        if _feasible(beta(mid), k, mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def _kseq_residual(p: Tensor, q: Tensor, k: int, rho: float) -> Tensor:
+    """Normalised K-SEQ residual ``p − min(q, p/ρ) c``, ``p`` when it has no mass (:func:`tmc.kseq._residual`)."""
+    c = _geometric(_kseq_beta(p, q, rho), k)
+    factor = 1.0 - c / rho
+    if factor <= (k * k + 8) * _RHO_RTOL:
+        factor = 0.0
+    res = torch.clamp_min(torch.where(q * rho >= p, p * factor, p - q * c), 0.0)
+    total = float(_total(res))
+    return res / total if total > 0.0 else p.clone()
+
+
+def _kseq_node_rule(tree: _Tree, node: int) -> tuple[list[float], Tensor]:
+    """``(accept, final)`` at an accepted node: K-SEQ over i.i.d. children, else the residual walk."""
+    p_row = tree.p[node + 1]
+    kids = tree.children(node)
+    if not kids:
+        return [], p_row
+    if tree.draws[kids[0]] != Draw.IID:
+        accept: list[float] = []
+        r = p_row
+        for kid, law in zip(kids, _proposal_laws(tree, node)):
+            tok = tree.tokens[kid]
+            accept.append(_acceptance(float(r[tok]), float(law[tok])))
+            r = _residual(r, law, tok)
+        return accept, r
+    q_row = tree.q_rows[node]
+    k = len(kids)
+    rho = _kseq_rho(p_row, q_row, k)
+    accept = [_acceptance(float(p_row[tree.tokens[kid]]), rho * float(q_row[tree.tokens[kid]])) for kid in kids]
+    return accept, _kseq_residual(p_row, q_row, k, rho)
+
+
+def _kseq_walk(tree: _Tree) -> tuple[int, int]:
+    """K-SEQ tree verification (:func:`tmc.kseq.kseq_sample_from_uniforms`): ``(node, token)``."""
+    node = ROOT
+    while True:
+        accept, final = _kseq_node_rule(tree, node)
+        for kid, a in zip(tree.children(node), accept):
+            if tree.u[kid] < a:
+                node = kid
+                break
+        else:
+            return node, _draw(final, tree.u[tree.size])
+
+
+_TREE_WALKS: Mapping[str, Callable[[_Tree], tuple[int, int]]] = MappingProxyType(
+    {
+        "multidraft": _multidraft_walk,
+        "traversal": _traversal_walk,
+        "ordered_traversal": _ordered_traversal_walk,
+        "kseq": _kseq_walk,
+    }
+)
+
+
+def verify_tree(
+    method: str,
+    draft_tokens: TensorLike,
+    parents: TensorLike,
+    draws: DrawsLike,
+    draft_probs: TensorLike | None,
+    target_probs: TensorLike,
+    uniforms: TensorLike,
+) -> Verified:
+    """One tree verification step (module doc: arrays, noise, the one host synchronisation).
+
+    ``method`` is ``"multidraft"``, ``"traversal"``, ``"ordered_traversal"``
+    or ``"kseq"``.  The tokens come back on the device of ``target_probs``.
+    """
+    walk = _TREE_WALKS[_check_method(method, TREE_METHODS)]
+    tree = _prepare_tree(draft_tokens, parents, draws, draft_probs, target_probs, uniforms)
+    node, token = walk(tree)
+    nodes = tree.path(node)
+    emitted = [tree.tokens[i] for i in nodes] + [token]
+    return Verified(torch.tensor(emitted, dtype=torch.int64, device=_device_of(target_probs)), len(nodes), tuple(nodes))
+
+
+def verify_multidraft(
+    draft_tokens: TensorLike,
+    parents: TensorLike,
+    draws: DrawsLike,
+    draft_probs: TensorLike | None,
+    target_probs: TensorLike,
+    uniforms: TensorLike,
+) -> Verified:
+    """Recursive multi-draft residual verification: :func:`verify_tree` with ``"multidraft"``."""
+    return verify_tree("multidraft", draft_tokens, parents, draws, draft_probs, target_probs, uniforms)
+
+
+def verify_traversal(
+    draft_tokens: TensorLike,
+    parents: TensorLike,
+    draws: DrawsLike,
+    draft_probs: TensorLike | None,
+    target_probs: TensorLike,
+    uniforms: TensorLike,
+) -> Verified:
+    """Traversal Verification (Weng et al. 2025): :func:`verify_tree` with ``"traversal"``."""
+    return verify_tree("traversal", draft_tokens, parents, draws, draft_probs, target_probs, uniforms)
+
+
+def verify_ordered_traversal(
+    draft_tokens: TensorLike,
+    parents: TensorLike,
+    draws: DrawsLike,
+    draft_probs: TensorLike | None,
+    target_probs: TensorLike,
+    uniforms: TensorLike,
+) -> Verified:
+    """Ratio-ordered Traversal Verification: :func:`verify_tree` with ``"ordered_traversal"``."""
+    return verify_tree("ordered_traversal", draft_tokens, parents, draws, draft_probs, target_probs, uniforms)
+
+
+def verify_kseq(
+    draft_tokens: TensorLike,
+    parents: TensorLike,
+    draws: DrawsLike,
+    draft_probs: TensorLike | None,
+    target_probs: TensorLike,
+    uniforms: TensorLike,
+) -> Verified:
+    """SpecTr K-SEQ at i.i.d. nodes, residual verification elsewhere: :func:`verify_tree` with ``"kseq"``."""
+    return verify_tree("kseq", draft_tokens, parents, draws, draft_probs, target_probs, uniforms)
+
+
+#: Every verifier by method name.  Chain verifiers (:data:`CHAIN_METHODS`) take
+#: ``(draft_tokens, draft_probs, target_probs, uniforms)``; tree verifiers
+#: (:data:`TREE_METHODS`) take ``(draft_tokens, parents, draws, draft_probs,
+#: target_probs, uniforms)``.  All return a :class:`Verified`.
+TORCH_VERIFIERS: Mapping[str, Callable[..., Verified]] = MappingProxyType(
+    {
+        "sps": verify_sps,
+        "asps": verify_asps,
+        "block": verify_block,
+        "multidraft": verify_multidraft,
+        "traversal": verify_traversal,
+        "ordered_traversal": verify_ordered_traversal,
+        "kseq": verify_kseq,
+    }
+)

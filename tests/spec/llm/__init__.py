@@ -1,0 +1,1 @@
+"""Tests of spec.llm (need torch and transformers; marker llm)."""

@@ -1,0 +1,367 @@
+"""spec.llm.adapter: tree forward = plain decoding of each path; cache trim/gather; the LLM draft.
+
+The reference everywhere is plain decoding: one full-sequence forward of
+``context + path`` with no cache, default mask and positions (minGPT's test:
+two computations of the same logits must agree, here to ``atol = 1e-5`` in
+float32 on tiny random Llama models).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("transformers")
+import torch  # noqa: E402
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM  # noqa: E402
+from transformers.cache_utils import DynamicSlidingWindowLayer  # noqa: E402
+
+from spec.draft import DraftModel, draft_rows  # noqa: E402
+from spec.llm.adapter import (  # noqa: E402
+    LLMDraft,
+    additive_mask,
+    cache_length,
+    select_cache,
+    tree_logits,
+    trim_cache,
+)
+from spec.llm.sampling import Sampling, process_logits  # noqa: E402
+from spec.tree import bfs_order, dfs_order, keep_indices, random_tree  # noqa: E402
+from tmc.multidraft import DraftTree  # noqa: E402
+
+pytestmark = pytest.mark.llm
+
+VOCAB = 50
+ATOL = 1e-5
+_MODELS: dict[tuple[str, int], LlamaForCausalLM] = {}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models run ~10x faster on one thread than on two contended ones."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def tiny_model(impl: str = "sdpa", seed: int = 0) -> LlamaForCausalLM:
+    """A tiny random Llama (built once per implementation and seed)."""
+    if (impl, seed) not in _MODELS:
+        torch.manual_seed(seed)
+        cfg = LlamaConfig(
+            vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64
+        )
+        cfg._attn_implementation = impl
+        _MODELS[impl, seed] = LlamaForCausalLM(cfg).eval()
+    return _MODELS[impl, seed]
+
+
+def context(n: int = 7, seed: int = 0) -> list[int]:
+    return [int(t) for t in np.random.default_rng(seed).integers(0, VOCAB, size=n)]
+
+
+def prefill(model, tokens) -> tuple[DynamicCache, torch.Tensor]:
+    """A cache holding ``tokens`` and the logits after the last one (plain forward)."""
+    cache = DynamicCache()
+    with torch.no_grad():
+        out = model(torch.tensor([list(tokens)]), past_key_values=cache, use_cache=True)
+    return cache, out.logits[0, -1]
+
+
+def plain(model, tokens) -> torch.Tensor:
+    """Logits after ``tokens``: full-sequence forward, no cache."""
+    with torch.no_grad():
+        return model(torch.tensor([list(tokens)])).logits[0, -1]
+
+
+def hand_tree() -> DraftTree:
+    # root -> 0 (tok 3) -> 2 (tok 7) -> 4 (tok 7); root -> 1 (tok 9) -> 3 (tok 3); 0 -> 5 (tok 11)
+    return DraftTree.build([-1, -1, 0, 1, 2, 0], [3, 9, 7, 3, 7, 11], "topk", {}, VOCAB)
+
+
+def trees() -> list[DraftTree]:
+    return [hand_tree(), random_tree(9, 1, vocab=VOCAB), random_tree(12, 2, vocab=VOCAB)]
+
+
+# --- tree_logits --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+@pytest.mark.parametrize("with_root", [False, True])
+def test_tree_logits_equal_plain_decoding_of_each_path(impl, with_root):
+    model, ctx = tiny_model(impl), context()
+    cached = ctx[:-1] if with_root else ctx
+    for tree in trees():
+        rows = [plain(model, ctx + list(tree.path(i))) for i in range(tree.size)]
+        expected = torch.stack(([plain(model, ctx)] if with_root else []) + rows)
+        for order in (None, dfs_order(tree), bfs_order(tree)):
+            cache, _ = prefill(model, cached)
+            got = tree_logits(model, cache, tree, len(cached), root_token=ctx[-1] if with_root else None, order=order)
+            assert got.shape == (tree.size + with_root, VOCAB)
+            assert cache_length(cache) == len(ctx) + tree.size
+            torch.testing.assert_close(got, expected, rtol=0, atol=ATOL)
+
+
+def test_tree_logits_of_an_empty_tree_without_root_runs_no_forward():
+    model, ctx = tiny_model(), context()
+    cache, _ = prefill(model, ctx)
+    empty = DraftTree.build([], [], "topk", {}, VOCAB)
+    assert tree_logits(model, cache, empty, len(ctx)).shape == (0, VOCAB)
+    assert cache_length(cache) == len(ctx)
+    root_only = tree_logits(model, cache, empty, len(ctx), root_token=5)
+    torch.testing.assert_close(root_only[0], plain(model, ctx + [5]), rtol=0, atol=ATOL)
+
+
+def test_tree_logits_on_an_empty_cache_with_the_root_token():
+    model, ctx = tiny_model(), context(1)
+    tree = hand_tree()
+    cache = DynamicCache()
+    got = tree_logits(model, cache, tree, 0, root_token=ctx[0], order=dfs_order(tree))
+    expected = [plain(model, ctx)] + [plain(model, ctx + list(tree.path(i))) for i in range(tree.size)]
+    torch.testing.assert_close(got, torch.stack(expected), rtol=0, atol=ATOL)
+
+
+def test_tree_logits_rejects_bad_inputs():
+    model, ctx = tiny_model(), context()
+    cache, _ = prefill(model, ctx)
+    tree = hand_tree()
+    with pytest.raises(ValueError, match="past_len"):
+        tree_logits(model, cache, tree, len(ctx) - 1)
+    with pytest.raises(ValueError, match="tree"):
+        tree_logits(model, cache, [0, 1], len(ctx))
+    with pytest.raises(ValueError, match="order"):
+        tree_logits(model, cache, tree, len(ctx), order=[0, 1, 2])
+    with pytest.raises(ValueError, match="root_token"):
+        tree_logits(model, cache, tree, len(ctx), root_token=-1)
+    too_big = DraftTree.build([-1], [VOCAB + 3], "topk", {}, 2 * VOCAB)
+    with pytest.raises(ValueError, match="tokens"):
+        tree_logits(model, cache, too_big, len(ctx))
+    assert cache_length(cache) == len(ctx)  # nothing was fed
+
+
+def test_additive_mask_is_zero_where_allowed_and_dtype_min_elsewhere():
+    allowed = np.array([[True, False], [True, True]])
+    mask = additive_mask(allowed, torch.float16)
+    assert mask.shape == (1, 1, 2, 2) and mask.dtype == torch.float16
+    assert mask[0, 0, 0, 0] == 0 and mask[0, 0, 0, 1] == torch.finfo(torch.float16).min
+
+
+# --- trim_cache / select_cache ------------------------------------------------------------
+
+
+def test_crop_with_a_negative_count_removes_that_many_tokens_in_this_version():
+    """The one crop convention trim_cache relies on (transformers 4.x, 5.17 and 5.23 agree)."""
+    model, ctx = tiny_model(), context()
+    cache, _ = prefill(model, ctx)
+    cache.crop(-3)
+    assert cache_length(cache) == len(ctx) - 3
+
+
+def test_trim_cache_keeps_the_first_positions_and_only_crops_with_negative_counts(monkeypatch):
+    model, ctx = tiny_model(), context(9)
+    cache, _ = prefill(model, ctx)
+    keys = [layer.keys.clone() for layer in cache.layers]
+    calls = []
+    crop = cache.crop
+    monkeypatch.setattr(cache, "crop", lambda n: (calls.append(n), crop(n))[1])
+    assert trim_cache(cache, 9) is cache and calls == []  # already that long
+    trim_cache(cache, 4)
+    assert calls == [-5] and cache_length(cache) == 4
+    for layer, before in zip(cache.layers, keys):
+        assert torch.equal(layer.keys, before[..., :4, :])
+    with torch.no_grad():  # continuing from the trimmed cache = plain decoding
+        out = model(torch.tensor([ctx[4:]]), past_key_values=cache, use_cache=True).logits[0, -1]
+    torch.testing.assert_close(out, plain(model, ctx), rtol=0, atol=ATOL)
+    trim_cache(cache, 0)
+    assert cache_length(cache) == 0
+
+
+@pytest.mark.parametrize("length", [-1, 10, 2.5])
+def test_trim_cache_rejects_bad_lengths(length):
+    cache, _ = prefill(tiny_model(), context(9))
+    with pytest.raises(ValueError, match="length"):
+        trim_cache(cache, length)
+
+
+@pytest.mark.parametrize("with_root", [False, True])
+def test_select_cache_after_a_tree_forward_continues_like_plain_decoding(with_root):
+    model, ctx = tiny_model(), context()
+    cached = ctx[:-1] if with_root else ctx
+    tree = random_tree(12, 3, vocab=VOCAB)
+    deepest = max(range(tree.size), key=tree.node_depth)
+    first_leaf = next(i for i in range(tree.size) if not tree.children(i))
+    cases = [(deepest, None), (deepest, dfs_order(tree)), (first_leaf, bfs_order(tree)), (1, dfs_order(tree))]
+    for node, order in cases:
+        path = [node]
+        while tree.parents[path[0]] != -1:
+            path.insert(0, tree.parents[path[0]])
+        cache, _ = prefill(model, cached)
+        tree_logits(model, cache, tree, len(cached), root_token=ctx[-1] if with_root else None, order=order)
+        select_cache(cache, keep_indices(tree, path, len(cached), order, with_root))
+        accepted = ctx + list(tree.path(node))
+        assert cache_length(cache) == len(accepted)
+        reference, _ = prefill(model, accepted)
+        for got, ref in zip(cache.layers, reference.layers):
+            torch.testing.assert_close(got.keys, ref.keys, rtol=0, atol=ATOL)
+            torch.testing.assert_close(got.values, ref.values, rtol=0, atol=ATOL)
+        with torch.no_grad():
+            out = model(torch.tensor([[17, 4]]), past_key_values=cache, use_cache=True).logits[0]
+        torch.testing.assert_close(out[-1], plain(model, accepted + [17, 4]), rtol=0, atol=ATOL)
+
+
+def test_select_cache_of_a_prefix_is_a_trim_and_works_under_inference_mode():
+    model, ctx = tiny_model(), context()
+    with torch.inference_mode():
+        cache, _ = prefill(model, ctx)
+    select_cache(cache, [0, 1, 2])
+    assert cache_length(cache) == 3
+    select_cache(cache, torch.tensor([0, 2]))  # a gather on inference tensors, outside inference mode
+    assert cache_length(cache) == 2
+
+
+@pytest.mark.parametrize(
+    "indices, match",
+    [([0, 2, 2], "strictly increasing"), ([3, 1], "strictly increasing"), ([0, 7], r"\[0, 7\)"), ([-1, 0], r"\[0, 7\)"),
+     ([[0, 1]], "1-D"), ([0.0, 1.0], "1-D")],
+)
+def test_select_cache_rejects_bad_indices(indices, match):
+    cache, _ = prefill(tiny_model(), context())
+    with pytest.raises(ValueError, match=match):
+        select_cache(cache, indices)
+    assert cache_length(cache) == 7
+
+
+def test_select_cache_refuses_caches_it_cannot_gather():
+    cache, _ = prefill(tiny_model(), context())
+    with pytest.raises(ValueError, match="DynamicCache"):
+        select_cache(object(), [0])
+    cache.layers[1] = DynamicSlidingWindowLayer(sliding_window=4)
+    with pytest.raises(ValueError, match="DynamicSlidingWindowLayer"):
+        select_cache(cache, [0, 1])
+
+
+# --- LLMDraft -----------------------------------------------------------------------------
+
+SAMPLINGS = [Sampling(), Sampling(temperature=0.7, top_k=10, top_p=0.9), Sampling(temperature=0.0)]
+
+
+def expected_rows(model, ctx, paths, sampling):
+    return process_logits(torch.stack([plain(model, ctx + list(p)) for p in paths]), **vars(sampling)).numpy()
+
+
+@pytest.mark.parametrize("sampling", SAMPLINGS)
+@pytest.mark.parametrize("pending", [0, 1, 3])
+def test_llm_draft_rows_equal_processed_plain_rows_with_one_forward_per_call(sampling, pending):
+    model, ctx = tiny_model(seed=1), context(8, seed=1)
+    cache, last = prefill(model, ctx[: len(ctx) - pending])
+    kwargs = {"pending": ctx[len(ctx) - pending :]} if pending else {"last_logits": last}
+    draft = LLMDraft(model, cache, len(ctx) - pending, sampling=sampling, **kwargs)
+    assert isinstance(draft, DraftModel) and draft.vocab == VOCAB and draft.context_len == len(ctx)
+    layers = [[()], [(3,), (9,)], [(3, 7), (3, 11), (9, 3)], [(3, 7, 7), (9, 3, 1), (9, 3, 2)]]
+    for k, paths in enumerate(layers):
+        before = draft.forwards
+        got = draft.rows(paths)
+        assert got.dtype == np.float64 and got.shape == (len(paths), VOCAB)
+        np.testing.assert_allclose(got, expected_rows(model, ctx, paths, sampling), rtol=0, atol=ATOL)
+        assert draft.forwards - before == (0 if k == 0 and not pending else 1)
+    n_fed = 2 + 3 + 3
+    assert cache_length(cache) == len(ctx) + n_fed
+    again = draft.rows([(9,), (), (3, 11), (9,)])  # all known: no forward, repeats allowed
+    assert draft.forwards == (4 if pending else 3)
+    np.testing.assert_allclose(again[0], again[3])
+    draft_rows(draft, [(3,), (9, 3)])  # passes the builders' boundary check
+
+
+def test_llm_draft_prefills_an_empty_cache_from_pending_tokens():
+    model, ctx = tiny_model(seed=1), context(8, seed=1)
+    draft = LLMDraft(model, DynamicCache(), 0, pending=ctx)
+    paths = [(), (3,), (9,)]
+    np.testing.assert_allclose(draft.rows(paths), expected_rows(model, ctx, paths, Sampling()), rtol=0, atol=ATOL)
+    assert draft.forwards == 1 and cache_length(draft.cache) == len(ctx) + 2
+
+
+def test_llm_draft_feeds_missing_ancestors_in_the_same_forward():
+    model, ctx = tiny_model(seed=1), context(8, seed=1)
+    cache, last = prefill(model, ctx)
+    draft = LLMDraft(model, cache, len(ctx), last_logits=last)
+    paths = [(4, 5, 6), (4, 8), (2,)]
+    np.testing.assert_allclose(draft.rows(paths), expected_rows(model, ctx, paths, Sampling()), rtol=0, atol=ATOL)
+    assert draft.forwards == 1 and cache_length(cache) == len(ctx) + 5  # (4,), (4,5), (4,5,6), (4,8), (2,)
+    assert draft.rows([]).shape == (0, VOCAB) and draft.forwards == 1
+
+
+@pytest.mark.parametrize(
+    "emitted, fed, next_pending",
+    [((3, 7, 30), 2, (30,)), ((3, 7), 2, ()), ((9, 30, 31), 1, (30, 31)), ((30,), 0, (30,)), ((), 0, ())],
+)
+def test_llm_draft_end_step_keeps_the_accepted_path_and_the_next_step_continues(emitted, fed, next_pending):
+    model, ctx = tiny_model(seed=1), context(8, seed=1)
+    cache, _ = prefill(model, ctx[:-1])
+    draft = LLMDraft(model, cache, len(ctx) - 1, pending=ctx[-1:])
+    draft.rows([()])
+    draft.rows([(3,), (9,)])
+    draft.rows([(3, 7), (9, 3)])
+    nxt = draft.end_step(emitted)
+    new_ctx = ctx + list(emitted)
+    assert cache_length(cache) == len(ctx) + fed and nxt.past_len == len(ctx) + fed
+    assert nxt.pending == next_pending and nxt.context_len == len(new_ctx)
+    paths = [(), (5,), (5, 6)]
+    np.testing.assert_allclose(nxt.rows(paths), expected_rows(model, new_ctx, paths, Sampling()), rtol=0, atol=ATOL)
+    assert nxt.forwards == 1
+    with pytest.raises(RuntimeError, match="ended"):
+        draft.rows([()])
+    with pytest.raises(RuntimeError, match="end_step"):
+        draft.end_step(())
+
+
+def test_llm_draft_end_step_without_any_forward_passes_everything_on():
+    model, ctx = tiny_model(seed=1), context(8, seed=1)
+    cache, last = prefill(model, ctx)
+    draft = LLMDraft(model, cache, len(ctx), last_logits=last)
+    draft.rows([()])
+    nxt = draft.end_step((12, 13))
+    assert nxt.past_len == len(ctx) and nxt.pending == (12, 13) and draft.forwards == 0
+    after = nxt.end_step(())  # no forward in this step either: still pending
+    assert after.pending == (12, 13)
+    np.testing.assert_allclose(
+        after.rows([(1,)]), expected_rows(model, ctx + [12, 13], [(1,)], Sampling()), rtol=0, atol=ATOL
+    )
+
+
+def test_llm_draft_decodes_several_steps_like_plain_decoding():
+    model, ctx = tiny_model(seed=2), context(5, seed=2)
+    cache, last = prefill(model, ctx)
+    draft = LLMDraft(model, cache, len(ctx), last_logits=last, sampling=Sampling(temperature=0.0))
+    for _ in range(4):  # greedy chain of 3 drafted tokens per step, accept 2, emit a third token
+        path: tuple[int, ...] = ()
+        for _ in range(3):
+            path += (int(np.argmax(draft.rows([path])[0])),)
+        emitted = path[:2] + ((path[2] + 1) % VOCAB,)
+        draft = draft.end_step(emitted)
+        ctx = ctx + list(emitted)
+    np.testing.assert_allclose(draft.rows([()]), expected_rows(model, ctx, [()], Sampling(0.0)), rtol=0, atol=ATOL)
+
+
+def test_llm_draft_rejects_bad_inputs():
+    model, ctx = tiny_model(), context()
+    cache, last = prefill(model, ctx)
+    with pytest.raises(ValueError, match="past_len"):
+        LLMDraft(model, cache, len(ctx) + 1, last_logits=last)
+    with pytest.raises(ValueError, match="exactly one"):
+        LLMDraft(model, cache, len(ctx))
+    with pytest.raises(ValueError, match="exactly one"):
+        LLMDraft(model, cache, len(ctx), pending=[1], last_logits=last)
+    with pytest.raises(ValueError, match="last_logits"):
+        LLMDraft(model, cache, len(ctx), last_logits=last[:-1])
+    with pytest.raises(ValueError, match="pending"):
+        LLMDraft(model, cache, len(ctx), pending=[VOCAB])
+    with pytest.raises(ValueError, match="sampling"):
+        LLMDraft(model, cache, len(ctx), last_logits=last, sampling={"temperature": 1.0})
+    draft = LLMDraft(model, cache, len(ctx), last_logits=last)
+    for bad in ([(VOCAB,)], [(1, -2)], ["ab"], [5]):
+        with pytest.raises(ValueError, match="paths"):
+            draft.rows(bad)
+    with pytest.raises(ValueError, match="tokens"):
+        draft.end_step([VOCAB + 1])
+    assert draft.forwards == 0 and cache_length(cache) == len(ctx)

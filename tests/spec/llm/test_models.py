@@ -1,0 +1,160 @@
+"""Tiny Llama models, pair save/load, and a smoke run of the training script (spec.llm.models, spec.llm.train)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("tokenizers")
+
+import torch  # noqa: E402
+
+from spec.llm import train  # noqa: E402
+from spec.llm.models import count_parameters, load_pair, save_pair, tiny_llama, tiny_pair  # noqa: E402
+
+pytestmark = pytest.mark.llm
+
+VOCAB = 50
+
+
+def _same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def _logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return model(input_ids=ids).logits
+
+
+def test_tiny_llama_is_a_function_of_its_seed():
+    assert _same_weights(tiny_llama(VOCAB, seed=3), tiny_llama(VOCAB, seed=3))
+    assert not _same_weights(tiny_llama(VOCAB, seed=3), tiny_llama(VOCAB, seed=4))
+
+
+def test_tiny_llama_leaves_the_global_generator_alone():
+    torch.manual_seed(7)
+    expected = torch.rand(3)
+    torch.manual_seed(7)
+    tiny_llama(VOCAB, seed=0)
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_tiny_llama_shape_dtype_mode_and_attention():
+    model = tiny_llama(VOCAB, hidden_size=16, layers=3, heads=4, kv_heads=2, intermediate=24, seed=0)
+    assert model.dtype == torch.float32 and not model.training
+    assert model.config._attn_implementation == "sdpa"
+    assert (model.config.num_hidden_layers, model.config.num_key_value_heads) == (3, 2)
+    assert _logits(model, torch.tensor([[1, 2, 3]])).shape == (1, 3, VOCAB)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [({"vocab_size": 1}, "vocab_size"), ({"hidden_size": 30}, "heads"), ({"kv_heads": 3}, "kv_heads")],
+)
+def test_tiny_llama_bad_input_names_the_argument(kwargs, name):
+    args = {"vocab_size": VOCAB, **kwargs}
+    with pytest.raises(ValueError, match=name):
+        tiny_llama(**args)
+
+
+def test_tiny_pair_draft_is_smaller_on_the_same_vocabulary():
+    target, draft = tiny_pair(VOCAB, seed=1)
+    assert target.config.vocab_size == draft.config.vocab_size == VOCAB
+    assert count_parameters(draft) < count_parameters(target)
+    ids = torch.tensor([[0, 5, 9]])
+    assert not torch.allclose(_logits(target, ids).softmax(-1), _logits(draft, ids).softmax(-1))
+
+
+def test_save_load_round_trip_gives_equal_logits(tmp_path):
+    target, draft = tiny_pair(VOCAB, seed=2)
+    save_pair(target, draft, None, tmp_path)
+    target2, draft2, tokenizer = load_pair(tmp_path)
+    assert tokenizer is None
+    assert not target2.training and target2.config._attn_implementation == "sdpa"
+    ids = torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(0))
+    assert torch.equal(_logits(target, ids), _logits(target2, ids))
+    assert torch.equal(_logits(draft, ids), _logits(draft2, ids))
+
+
+def test_save_pair_rejects_different_vocabularies(tmp_path):
+    with pytest.raises(ValueError, match="vocabulary"):
+        save_pair(tiny_llama(VOCAB), tiny_llama(VOCAB + 1), None, tmp_path)
+
+
+def test_load_pair_rejects_a_folder_without_the_pair(tmp_path):
+    with pytest.raises(ValueError, match="path"):
+        load_pair(tmp_path)
+
+
+def test_learning_rate_warms_up_then_decays_to_a_tenth():
+    peak, warmup = 1e-3, 0.1
+    assert train.learning_rate(0.05, peak, warmup) == pytest.approx(peak / 2)
+    assert train.learning_rate(warmup, peak, warmup) == pytest.approx(peak)
+    assert train.learning_rate(1.0, peak, warmup) == pytest.approx(peak / 10)
+    assert train.learning_rate(2.0, peak, warmup) == pytest.approx(peak / 10)
+
+
+def test_split_holds_out_every_nth_file_or_the_largest():
+    docs = [train.Document(f"f{i}", "x" * (i + 1)) for i in range(10)]
+    tr, val = train.split_corpus(docs, val_every=4)
+    assert [d.name for d in val] == ["f3", "f7"] and len(tr) == 8
+    tr, val = train.split_corpus(docs, val_every=50)
+    assert [d.name for d in val] == ["f9"] and len(tr) == 9
+
+
+def test_validation_windows_spread_over_the_stream():
+    stream = torch.arange(1001)
+    windows = train.validation_windows(stream, seq_len=10, max_positions=30)
+    assert windows.shape == (3, 11)
+    assert windows[:, 0].tolist() == [0, 330, 660]
+    assert torch.equal(windows[:, 1:] - windows[:, :-1], torch.ones(3, 10, dtype=torch.int64))
+
+
+def test_evaluate_pair_of_a_model_with_itself_accepts_everything():
+    model = tiny_llama(VOCAB, seed=0)
+    windows = torch.randint(0, VOCAB, (3, 9), generator=torch.Generator().manual_seed(1))
+    out = train.evaluate_pair(model, model, windows, batch=2, device="cpu")
+    assert out["greedy_agreement"] == 1.0 and out["sps_acceptance"] == pytest.approx(1.0, abs=1e-5)
+    assert out["target_val_loss"] == pytest.approx(out["draft_val_loss"]) and out["eval_positions"] == 24
+    assert out["target_val_loss"] == pytest.approx(math.log(VOCAB), rel=0.05)  # random init: near uniform
+
+
+def test_collect_corpus_respects_the_cap_and_the_order(tmp_path):
+    for name, text in [("b.py", "b" * 30), ("a.py", "a" * 50), ("c.py", "c" * 10), ("skip.txt", "t")]:
+        (tmp_path / name).write_text(text, encoding="utf-8")
+    (tmp_path / "site-packages").mkdir()
+    (tmp_path / "site-packages" / "d.py").write_text("d", encoding="utf-8")
+    (tmp_path / "bad.py").write_bytes(b"\xff\xfe")
+    root = tmp_path.name
+    assert [d.name for d in train.collect_corpus([str(tmp_path)])] == [f"{root}/{n}" for n in ("a.py", "b.py", "c.py")]
+    # a.py fits, b.py would pass 70 and is skipped, c.py fits
+    assert [d.name for d in train.collect_corpus([str(tmp_path)], max_chars=70)] == [f"{root}/a.py", f"{root}/c.py"]
+
+
+def test_training_script_smoke_run(tmp_path):
+    """The whole pipeline on a 200 k-character corpus in ~15 s; report keys and loadable models."""
+    out = tmp_path / "pair"
+    argv = ["--out", str(out), "--max-chars", "200000", "--minutes", "0.3", "--vocab", "300"]
+    assert train.main([*argv, "--val-every", "6", "--eval-tokens", "2048", "--log-every", "1"]) == 0
+    report = json.loads((out / "report.json").read_text(encoding="utf-8"))
+    for key in ("target_val_loss", "draft_val_loss", "greedy_agreement", "sps_acceptance", "eval_positions", "wall_seconds"):
+        assert key in report
+    assert 0.0 <= report["greedy_agreement"] <= 1.0 and 0.0 < report["sps_acceptance"] <= 1.0
+    assert report["target"]["steps"] >= 1 and report["draft"]["steps"] >= 1
+    assert report["target"]["params"] > report["draft"]["params"]
+    assert 0 < report["corpus"]["chars_train"] + report["corpus"]["chars_val"] <= 200_000
+    assert report["corpus"]["tokens_val"] > 0 and report["tokenizer"]["vocab_size"] <= 300
+
+    target, draft, tokenizer = load_pair(out)
+    assert tokenizer is not None and len(tokenizer) == target.config.vocab_size == draft.config.vocab_size
+    ids = tokenizer("def f(x):\n    return x", return_tensors="pt")["input_ids"]
+    assert ids[0, 0].item() == tokenizer.bos_token_id
+    assert tokenizer.decode(ids[0], skip_special_tokens=True) == "def f(x):\n    return x"
+    logits = _logits(target, ids)
+    assert logits.shape == (1, ids.shape[1], len(tokenizer)) and torch.isfinite(logits).all()
+    assert (out / "draft" / "tokenizer.json").is_file()

@@ -1,0 +1,148 @@
+"""spec.llm.sampling: temperature, top-k, top-p on hand cases and against a numpy reference."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from spec.llm.sampling import Sampling, process_logits  # noqa: E402
+
+pytestmark = pytest.mark.llm
+
+
+def _probs(logits, temperature=1.0, top_k=None, top_p=None):
+    return process_logits(torch.tensor(logits, dtype=torch.float64), temperature, top_k, top_p).numpy()
+
+
+def reference(logits, temperature, top_k, top_p):
+    """Independent loop version of the definition in the module docstring."""
+    x = np.asarray(logits, dtype=np.float64)
+    out = np.zeros_like(x)
+    if temperature == 0:
+        out[int(np.argmax(x))] = 1.0  # np.argmax: first maximum
+        return out
+    x = x / temperature
+    ranked = sorted(range(len(x)), key=lambda i: (-x[i], i))
+    kept = ranked[: top_k or len(x)]
+    if top_p is not None:
+        w = np.exp(x[kept] - x[kept].max())
+        w /= w.sum()
+        mass, nucleus = 0.0, []
+        for tok, wi in zip(kept, w):
+            if mass >= top_p:
+                break
+            nucleus.append(tok)
+            mass += wi
+        kept = nucleus
+    e = np.exp(x[kept] - x[kept].max())
+    out[kept] = e / e.sum()
+    return out
+
+
+LN2, LN4 = math.log(2.0), math.log(4.0)
+
+# (logits, temperature, top_k, top_p, expected probabilities), each worked out by hand
+HAND = [
+    ([0.0, LN2, LN4], 1.0, None, None, [1 / 7, 2 / 7, 4 / 7]),
+    ([0.0, LN2, LN4], 2.0, None, None, np.array([1, math.sqrt(2), 2]) / (3 + math.sqrt(2))),
+    ([0.0, LN2, LN4], 1.0, 2, None, [0, 1 / 3, 2 / 3]),
+    ([0.0, LN2, LN4], 1.0, 1, None, [0, 0, 1]),
+    ([0.0, LN2, LN4], 1.0, 5, None, [1 / 7, 2 / 7, 4 / 7]),  # k >= V: no-op
+    ([0.0, LN2, LN4], 1.0, None, 0.5, [0, 0, 1]),  # 4/7 >= 0.5
+    ([0.0, LN2, LN4], 1.0, None, 0.6, [0, 1 / 3, 2 / 3]),  # 4/7 < 0.6 <= 6/7
+    ([0.0, LN2, LN4], 1.0, None, 1.0, [1 / 7, 2 / 7, 4 / 7]),
+    ([0.0, LN2, LN4], 1.0, None, 1e-9, [0, 0, 1]),  # the top token always stays
+    # order matters: top-k first makes {3, 2} hold 7/9 >= 0.75; top-p first would keep {3, 2, 1}
+    (np.log([0.1, 0.2, 0.3, 0.4]), 1.0, 3, 0.75, [0, 0, 3 / 7, 4 / 7]),
+    ([1.0, 3.0, 3.0], 0.0, None, None, [0, 1, 0]),  # greedy: ties to the lowest id
+    ([5.0, 3.0, 9.0], 0.0, 1, 0.1, [0, 0, 1]),
+    ([1.0, 2.0, 2.0, 2.0], 1.0, 2, None, [0, 0.5, 0.5, 0]),  # top-k ties to the lowest ids
+    ([0.0, 0.0, 0.0], 1.0, None, 0.5, [0.5, 0.5, 0]),  # top-p ties to the lowest ids
+    ([-math.inf, 0.0, 0.0], 1.0, None, None, [0, 0.5, 0.5]),  # banned token
+]
+
+
+@pytest.mark.parametrize("logits, temperature, top_k, top_p, expected", HAND)
+def test_process_logits_equals_hand_computed_rows(logits, temperature, top_k, top_p, expected):
+    got = _probs(logits, temperature, top_k, top_p)
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(got, reference(logits, temperature, top_k, top_p), rtol=0, atol=1e-12)
+
+
+SETTINGS = [(1.0, None, None), (0.7, None, None), (1.3, 5, None), (1.0, None, 0.9), (0.8, 8, 0.7), (2.0, 1, 0.5),
+            (0.0, None, None), (0.5, 40, 0.99), (1.0, None, 0.3)]
+
+
+@pytest.mark.parametrize("temperature, top_k, top_p", SETTINGS)
+def test_process_logits_equals_numpy_reference_on_random_rows(temperature, top_k, top_p):
+    rng = np.random.default_rng(12345)
+    logits = rng.normal(scale=3.0, size=(6, 40))
+    logits[1, :5] = logits[1, 5]  # exact ties
+    got = process_logits(torch.tensor(logits), temperature, top_k, top_p).numpy()
+    expected = np.stack([reference(row, temperature, top_k, top_p) for row in logits])
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-12)
+    assert got.dtype == np.float64
+    np.testing.assert_allclose(got.sum(axis=-1), 1.0, rtol=0, atol=1e-12)
+
+
+def test_process_logits_greedy_is_one_hot_at_the_argmax():
+    logits = torch.randn(5, 30, generator=torch.Generator().manual_seed(0))
+    got = process_logits(logits, 0.0, 3, 0.5)
+    assert torch.equal(got, torch.nn.functional.one_hot(logits.argmax(-1), 30).to(torch.float64))
+
+
+def test_process_logits_works_on_batched_shapes_and_low_precision_inputs():
+    logits = torch.randn(2, 3, 17, generator=torch.Generator().manual_seed(1))
+    got = process_logits(logits.to(torch.bfloat16), 0.9, 6, 0.8)
+    assert got.shape == (2, 3, 17) and got.dtype == torch.float64
+    flat = process_logits(logits.to(torch.bfloat16).reshape(6, 17), 0.9, 6, 0.8)
+    assert torch.equal(got.reshape(6, 17), flat)
+
+
+def test_sampling_dataclass_applies_its_settings():
+    logits = torch.randn(4, 9, generator=torch.Generator().manual_seed(2))
+    cfg = Sampling(temperature=0.5, top_k=4, top_p=0.9)
+    assert torch.equal(cfg.probs(logits), process_logits(logits, 0.5, 4, 0.9))
+    assert Sampling(0.0).greedy and not Sampling().greedy
+
+
+BAD_SETTINGS = [
+    (-0.1, None, None, "temperature"),
+    (math.nan, None, None, "temperature"),
+    (math.inf, None, None, "temperature"),
+    ("1", None, None, "temperature"),
+    (1.0, 0, None, "top_k"),
+    (1.0, 1.5, None, "top_k"),
+    (1.0, True, None, "top_k"),
+    (1.0, None, 0.0, "top_p"),
+    (1.0, None, 1.1, "top_p"),
+    (1.0, None, math.nan, "top_p"),
+]
+
+
+@pytest.mark.parametrize("temperature, top_k, top_p, name", BAD_SETTINGS)
+def test_process_logits_rejects_bad_settings(temperature, top_k, top_p, name):
+    with pytest.raises(ValueError, match=name):
+        process_logits(torch.zeros(3), temperature, top_k, top_p)
+    with pytest.raises(ValueError, match=name):
+        Sampling(temperature, top_k, top_p)
+
+
+@pytest.mark.parametrize(
+    "logits, match",
+    [
+        (torch.tensor([0.0, math.nan]), "NaN"),
+        (torch.tensor([0.0, math.inf]), r"\+inf"),
+        (torch.tensor([[0.0, 1.0], [-math.inf, -math.inf]]), "every token is -inf"),
+        (torch.tensor([1, 2]), "floating-point"),
+        (np.zeros(3), "floating-point"),
+        (torch.zeros(2, 0), "vocabulary size 0"),
+    ],
+)
+def test_process_logits_rejects_bad_logits(logits, match):
+    with pytest.raises(ValueError, match=match):
+        process_logits(logits)

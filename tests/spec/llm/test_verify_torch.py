@@ -1,0 +1,484 @@
+"""Torch verifiers (spec.llm.verify) against the numpy reference samplers of tmc, on identical noise.
+
+STYLE.md rule 11: the numpy kernel is the reference and the torch port must
+emit the same tokens for the same uniforms.  Every case is exact equality
+(no tolerance): random vocabularies of 2..6 tokens, rows with exact zeros,
+target rows equal to the draft row or one-hot, chains of 0..5 tokens, trees
+of every draw kind (built node by node as ``tmc.DraftTree`` or drawn by
+``tmc.drafts.sample_tree_draft``), uniforms that include 0, subnormals and
+values one ulp below 1; plus chains with V = 32000.  Then the bad-input
+paths, each of which must raise ``ValueError`` naming the argument.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from tmc import ALL_DRAWS, Draw, DraftTree, ToyModel  # noqa: E402
+from tmc.chain import (  # noqa: E402
+    asps_sample_from_uniforms,
+    block_sample_from_uniforms,
+    sps_sample_from_uniforms,
+)
+from tmc.drafts import sample_tree_draft  # noqa: E402
+from tmc.kseq import kseq_sample_from_uniforms  # noqa: E402
+from tmc.multidraft import multidraft_sample_from_uniforms  # noqa: E402
+from tmc.ordered_traversal import ordered_traversal_sample_from_uniforms  # noqa: E402
+from tmc.toy import random_row  # noqa: E402
+from tmc.traversal import traversal_sample_from_uniforms  # noqa: E402
+
+from spec.llm.verify import (  # noqa: E402
+    CHAIN_METHODS,
+    MAX_SWOR_TUPLES,
+    TORCH_VERIFIERS,
+    TREE_METHODS,
+    Verified,
+    noise_size,
+    verify_chain,
+    verify_tree,
+)
+
+pytestmark = pytest.mark.llm
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread() -> Iterator[None]:
+    """One intra-op thread: these tensors are tiny, and on a loaded 2-core machine
+    idle OpenMP workers cost more than the work (the whole module ~3x slower)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+CUDA = pytest.param(
+    "cuda",
+    marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")],
+)
+DEVICES = ["cpu", CUDA]
+
+NUMPY_CHAIN: dict[str, Callable[..., list[int]]] = {
+    "sps": sps_sample_from_uniforms,
+    "asps": lambda ref, q, p, u: asps_sample_from_uniforms(ref, q, p, u[:1]),
+    "block": block_sample_from_uniforms,
+}
+NUMPY_TREE: dict[str, Callable[..., list[int]]] = {
+    "multidraft": multidraft_sample_from_uniforms,
+    "traversal": traversal_sample_from_uniforms,
+    "ordered_traversal": ordered_traversal_sample_from_uniforms,
+    "kseq": kseq_sample_from_uniforms,
+}
+
+#: Uniforms at the edges of [0, 1): 0, the smallest subnormal, tiny, and up to one ulp below 1.
+EDGE_UNIFORMS = (0.0, 5e-324, 1e-300, 1e-12, 0.5, 1.0 - 1e-12, math.nextafter(1.0, 0.0))
+
+
+# ------------------------------------------------------------------ cases
+
+
+def uniforms(rng: np.random.Generator, size: int) -> np.ndarray:
+    """``size`` uniforms, about a fifth of them from :data:`EDGE_UNIFORMS`."""
+    u = rng.random(size)
+    edge = rng.random(size) < 0.2
+    u[edge] = rng.choice(EDGE_UNIFORMS, size=int(edge.sum()))
+    return u
+
+
+def target_row(rng: np.random.Generator, vocab: int, q_row: np.ndarray | None) -> np.ndarray:
+    """A target row: random with exact zeros, or equal to the draft row, or one-hot (temperature 0)."""
+    pick = rng.random()
+    if q_row is not None and pick < 0.15:
+        return q_row.copy()
+    if pick < 0.25:
+        return np.eye(vocab)[rng.integers(vocab)]
+    return random_row(vocab, rng, zero_prob=0.3)
+
+
+def chain_case(rng: np.random.Generator) -> tuple[list[int], np.ndarray, np.ndarray]:
+    """``(ref, q_rows, p_rows)``: V in 2..6, n in 0..5, each ``ref[i] ~ q_rows[i]``."""
+    vocab = int(rng.integers(2, 7))
+    n = int(rng.integers(0, 6))
+    q = np.array([random_row(vocab, rng, zero_prob=0.3) for _ in range(n)]).reshape(n, vocab)
+    ref = [int(rng.choice(vocab, p=row)) for row in q]
+    p = np.array([target_row(rng, vocab, q[i] if i < n else None) for i in range(n + 1)])
+    return ref, q, p
+
+
+Case = tuple[DraftTree, np.ndarray, dict[int, np.ndarray]]  # (tree, p_rows, the q rows the tree was built from)
+
+
+def random_tree(rng: np.random.Generator) -> Case:
+    """A ``DraftTree`` built node by node (random parents, a random draw kind per sibling group), its p rows and q rows."""
+    vocab = int(rng.integers(2, 7))
+    size = int(rng.integers(1, 8))
+    parents = [int(rng.integers(-1, i)) for i in range(size)]
+    groups: dict[int, list[int]] = {}
+    for i, par in enumerate(parents):
+        groups.setdefault(par, []).append(i)
+    tokens = [0] * size
+    draws = [Draw.IID] * size
+    q_rows: dict[int, np.ndarray] = {}
+    for par, kids in groups.items():
+        q_row = random_row(vocab, rng, zero_prob=0.3)
+        support = int(np.count_nonzero(q_row))
+        kind = ALL_DRAWS[int(rng.integers(3))]
+        if (kind == Draw.SWOR and len(kids) > support) or (kind == Draw.TOPK and len(kids) > vocab):
+            kind = Draw.IID
+        if kind == Draw.IID:
+            toks = rng.choice(vocab, size=len(kids), p=q_row)
+        elif kind == Draw.SWOR:
+            toks = rng.choice(vocab, size=len(kids), replace=False, p=q_row)
+        else:
+            toks = rng.permutation(vocab)[: len(kids)]
+        if kind != Draw.TOPK or rng.random() < 0.5:
+            q_rows[par] = q_row  # a topk group may still record its row; it is never read
+        for kid, tok in zip(kids, toks):
+            tokens[kid], draws[kid] = int(tok), kind
+    tree = DraftTree(tuple(parents), tuple(tokens), tuple(draws), q_rows, vocab)
+    p = np.array([target_row(rng, vocab, q_rows.get(node)) for node in range(-1, size)])
+    return tree, p, q_rows
+
+
+def sampled_tree(rng: np.random.Generator) -> Case:
+    """A tree drawn by ``tmc.drafts.sample_tree_draft`` from a random toy model."""
+    vocab = int(rng.integers(2, 7))
+    widths = [[2], [3], [2, 2], [1, 2], [2, 1, 1], [3, 1]][int(rng.integers(6))]
+    model = ToyModel.random(vocab, len(widths), rng, zero_prob=0.3)
+    draft = sample_tree_draft(model, widths, ALL_DRAWS[int(rng.integers(3))], rng)
+    return draft.tree, draft.p_rows, model_rows(model, draft.tree)
+
+
+def model_rows(model: ToyModel, tree: DraftTree) -> dict[int, np.ndarray]:
+    """The toy model's draft rows that ``tree`` was built from."""
+    return {node: model.q(tree.path(node)) for node in tree.q_rows}
+
+
+def draft_rows(
+    tree: DraftTree, rows: dict[int, np.ndarray], rng: np.random.Generator, filler: str
+) -> np.ndarray | None:
+    """The ``(N + 1, V)`` draft_probs of the torch API from the rows the tree was built from.
+
+    Not ``tree.q_rows``: ``DraftTree`` renormalises its rows and renormalising
+    twice can move the last bit, so the torch verifier gets the input numpy
+    got and both normalise it once (a target row copied from the draft row
+    then stays bit-equal to it, which decides ties in ordered Traversal).
+    Unread rows hold NaN or random junk; ``None`` for half of the all-``topk``
+    trees (allowed there).
+    """
+    if all(d == Draw.TOPK for d in tree.draws) and rng.random() < 0.5:
+        return None
+    fill = np.nan if filler == "nan" else rng.random()
+    q = np.full((tree.size + 1, tree.vocab), fill)
+    for node, row in rows.items():
+        q[node + 1] = row
+    return q
+
+
+def tree_cases(seed: int, count: int) -> Iterator[tuple[DraftTree, np.ndarray, np.ndarray | None, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    for i in range(count):
+        tree, p, rows = random_tree(rng) if i % 3 else sampled_tree(rng)
+        yield tree, p, draft_rows(tree, rows, rng, "nan" if i % 2 else "junk"), uniforms(rng, tree.size + 1)
+
+
+def as_tensor(x: np.ndarray | None, device: str) -> torch.Tensor | None:
+    return None if x is None else torch.as_tensor(x, device=device)
+
+
+def check_verified(out: Verified, device: str) -> list[int]:
+    """The result's own consistency; returns its tokens as a list."""
+    assert isinstance(out, Verified)
+    assert out.tokens.dtype == torch.int64 and out.tokens.device.type == device
+    assert out.n_accepted == out.tokens.shape[0] - 1 == len(out.nodes)
+    return [int(t) for t in out.tokens.tolist()]
+
+
+# --------------------------------------------------------------- equality
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_chain_verifiers_equal_numpy_on_same_uniforms(device):
+    rng = np.random.default_rng(1)
+    cases = 300 if device == "cpu" else 100
+    for _ in range(cases):
+        ref, q, p = chain_case(rng)
+        u = uniforms(rng, len(ref) + 1)
+        for method in CHAIN_METHODS:
+            want = NUMPY_CHAIN[method](ref, q, p, u)
+            out = verify_chain(method, torch.tensor(ref, dtype=torch.int64), as_tensor(q, device), as_tensor(p, device), as_tensor(u, device))
+            got = check_verified(out, device)
+            assert got == want, (method, ref, q.tolist(), p.tolist(), u.tolist())
+            assert out.nodes == tuple(range(out.n_accepted))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_chain_verifiers_with_a_deterministic_draft_equal_numpy_with_point_masses(device):
+    rng = np.random.default_rng(2)
+    for _ in range(150):
+        ref, _, p = chain_case(rng)
+        q_point = np.eye(p.shape[1])[ref].reshape(len(ref), p.shape[1])
+        u = uniforms(rng, len(ref) + 1)
+        for method in CHAIN_METHODS:
+            want = NUMPY_CHAIN[method](ref, q_point, p, u)
+            got = check_verified(verify_chain(method, ref, None, as_tensor(p, device), as_tensor(u, device)), device)
+            assert got == want, (method, ref, p.tolist(), u.tolist())
+
+
+def test_asps_takes_one_uniform_or_n_plus_one():
+    rng = np.random.default_rng(3)
+    for _ in range(50):
+        ref, q, p = chain_case(rng)
+        u = uniforms(rng, len(ref) + 1)
+        one = verify_chain("asps", ref, torch.as_tensor(q), torch.as_tensor(p), torch.as_tensor(u[:1]))
+        full = verify_chain("asps", ref, torch.as_tensor(q), torch.as_tensor(p), torch.as_tensor(u))
+        assert one.tokens.tolist() == full.tokens.tolist() == asps_sample_from_uniforms(ref, q, p, u[:1])
+    assert noise_size("asps", 4) == 1 and noise_size("sps", 4) == noise_size("kseq", 4) == 5
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_tree_verifiers_equal_numpy_on_same_uniforms(device):
+    checked = 0
+    for tree, p, q, u in tree_cases(seed=4, count=240 if device == "cpu" else 80):
+        for method in TREE_METHODS:
+            want = NUMPY_TREE[method](tree, p, u)
+            draws = [d.value for d in tree.draws] if checked % 2 else tree.draws
+            out = verify_tree(
+                method, torch.tensor(tree.tokens), torch.tensor(tree.parents), draws, as_tensor(q, device), as_tensor(p, device), as_tensor(u, device)
+            )
+            got = check_verified(out, device)
+            assert got == want, (method, tree, p.tolist(), u.tolist())
+            # the accepted nodes form the path whose tokens were emitted
+            assert [tree.tokens[i] for i in out.nodes] == got[:-1]
+            assert all(tree.parents[b] == a for a, b in zip((-1,) + out.nodes, out.nodes))
+            checked += 1
+    assert checked == len(TREE_METHODS) * (240 if device == "cpu" else 80)
+
+
+def test_tree_verifiers_take_one_draw_kind_for_all_nodes():
+    rng = np.random.default_rng(5)
+    model = ToyModel.random(4, 2, rng, zero_prob=0.2)
+    for kind in ALL_DRAWS:
+        for _ in range(10):
+            draft = sample_tree_draft(model, [2, 2], kind, rng)
+            tree, u = draft.tree, uniforms(rng, draft.tree.size + 1)
+            q = draft_rows(tree, model_rows(model, tree), rng, "nan")
+            for method in TREE_METHODS:
+                out = verify_tree(method, list(tree.tokens), list(tree.parents), kind.value, q, draft.p_rows, u)
+                assert out.tokens.tolist() == NUMPY_TREE[method](tree, draft.p_rows, u)
+
+
+def test_width_one_tree_is_the_chain():
+    # residual verification on a chain is SpS and Traversal is block verification (tmc's module docs)
+    rng = np.random.default_rng(6)
+    for _ in range(60):
+        ref, q, p = chain_case(rng)
+        u = uniforms(rng, len(ref) + 1)
+        q_tree = np.vstack([q, np.full((1, p.shape[1]), np.nan)])
+        parents = list(range(-1, len(ref) - 1))
+        for tree_method, chain_method in (("multidraft", "sps"), ("traversal", "block")):
+            tree_out = verify_tree(tree_method, ref, parents, "iid", q_tree, p, u)
+            assert tree_out.tokens.tolist() == verify_chain(chain_method, ref, q, p, u).tokens.tolist()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_chain_verifiers_equal_numpy_at_vocabulary_32000(device):
+    rng = np.random.default_rng(7)
+    vocab, n = 32000, 8
+    logits = rng.normal(size=(n + 1, vocab)) * 3.0
+
+    def softmax(x: np.ndarray) -> np.ndarray:
+        e = np.exp(x - x.max(axis=1, keepdims=True))
+        return e / e.sum(axis=1, keepdims=True)
+
+    p = softmax(logits)
+    q = softmax(logits[:n] + rng.normal(size=(n, vocab)) * 0.3)
+    ref = [int(rng.choice(vocab, p=row)) for row in q]
+    p_t, q_t = torch.as_tensor(p, device=device), torch.as_tensor(q, device=device)
+    for _ in range(4):
+        u = uniforms(rng, n + 1)
+        for method in CHAIN_METHODS:
+            got = check_verified(verify_chain(method, ref, q_t, p_t, torch.as_tensor(u, device=device)), device)
+            assert got == NUMPY_CHAIN[method](ref, q, p, u), method
+
+
+def test_tree_verifiers_equal_numpy_at_vocabulary_32000():
+    rng = np.random.default_rng(8)
+    vocab = 32000
+    for kind in ALL_DRAWS:
+        q_root = random_row(vocab, rng, zero_prob=0.5, concentration=0.3)
+        q_rows = {-1: q_root, **{i: random_row(vocab, rng, zero_prob=0.5, concentration=0.3) for i in range(2)}}
+        if kind == Draw.TOPK:
+            kids = [int(t) for t in np.argsort(-q_root, kind="stable")[:2]]
+            leaves = [int(np.argmax(q_rows[i])) for i in range(2)]
+        else:
+            kids = [int(t) for t in rng.choice(vocab, size=2, replace=kind == Draw.IID, p=q_root)]
+            leaves = [int(rng.choice(vocab, p=q_rows[i])) for i in range(2)]
+        tree = DraftTree.build([-1, -1, 0, 1], kids + leaves, kind.value, q_rows, vocab)
+        p = np.array([0.5 * random_row(vocab, rng) + 0.5 * q_rows.get(node, random_row(vocab, rng)) for node in range(-1, 4)])
+        q = draft_rows(tree, q_rows, rng, "nan")
+        for _ in range(2):
+            u = uniforms(rng, tree.size + 1)
+            for method in TREE_METHODS:
+                out = verify_tree(method, list(tree.tokens), list(tree.parents), tree.draws, q, p, u)
+                assert out.tokens.tolist() == NUMPY_TREE[method](tree, p, u), (kind, method)
+
+
+# ----------------------------------------------------------- edge cases
+
+
+def test_identical_rows_accept_every_draft_and_emit_the_bonus():
+    q = np.array([[0.2, 0.5, 0.3], [0.6, 0.4, 0.0]])
+    p = np.vstack([q, [[0.0, 0.0, 1.0]]])
+    for method in CHAIN_METHODS:
+        out = verify_chain(method, [1, 0], q, p, [math.nextafter(1.0, 0.0)] * 3)
+        assert out.tokens.tolist() == [1, 0, 2] and out.n_accepted == 2
+
+
+def test_zero_target_mass_rejects_even_at_uniform_zero():
+    q = np.array([[0.5, 0.5]])
+    p = np.array([[1.0, 0.0], [0.5, 0.5]])
+    for method in ("sps", "block"):
+        assert verify_chain(method, [1], q, p, [0.0, 0.0]).tokens.tolist() == [0]
+    for method in TREE_METHODS:
+        assert verify_tree(method, [1], [-1], "iid", np.vstack([q, q]), p, [0.0, 0.0]).tokens.tolist() == [0]
+
+
+def test_one_token_vocabulary_and_empty_drafts():
+    one = np.ones((3, 1))
+    for method in CHAIN_METHODS:
+        assert verify_chain(method, [0, 0], one[:2], one, [0.3, 0.6, 0.9]).tokens.tolist() == [0, 0, 0]
+        out = verify_chain(method, [], None, [[0.25, 0.75]], [0.5])
+        assert out.tokens.tolist() == [1] and out.n_accepted == 0 and out.nodes == ()
+    for method in TREE_METHODS:
+        out = verify_tree(method, [], [], "iid", None, [[0.25, 0.75]], [0.5])
+        assert out.tokens.tolist() == [1] and out.nodes == ()
+
+
+def test_float32_rows_are_upcast():
+    q = torch.tensor([[0.25, 0.75]], dtype=torch.float32)
+    p = torch.tensor([[0.5, 0.5], [1.0, 0.0]], dtype=torch.float32)
+    for method in CHAIN_METHODS:
+        want = NUMPY_CHAIN[method]([1], q.double().numpy(), p.double().numpy(), np.array([0.6, 0.2]))
+        assert verify_chain(method, torch.tensor([1]), q, p, torch.tensor([0.6, 0.2])).tokens.tolist() == want
+
+
+def test_registry_names_every_method_once():
+    assert set(TORCH_VERIFIERS) == set(CHAIN_METHODS) | set(TREE_METHODS)
+    assert not set(CHAIN_METHODS) & set(TREE_METHODS)
+    q = np.array([[0.5, 0.5]])
+    p = np.array([[0.5, 0.5], [0.5, 0.5]])
+    for method in CHAIN_METHODS:
+        assert TORCH_VERIFIERS[method]([0], q, p, [0.1, 0.1]).tokens.tolist() == [0, 0]
+    for method in TREE_METHODS:
+        assert TORCH_VERIFIERS[method]([0], [-1], "iid", np.vstack([q, q]), p, [0.1, 0.1]).tokens.tolist() == [0, 0]
+
+
+# ---------------------------------------------------------------- bad input
+
+Q2 = [[0.5, 0.5], [0.5, 0.5]]
+P3 = [[0.5, 0.5], [0.5, 0.5], [0.5, 0.5]]
+U3 = [0.1, 0.2, 0.3]
+
+
+def with_entry(rows: list[list[float]], row: int, col: int, value: float) -> list[list[float]]:
+    out = [list(r) for r in rows]
+    out[row][col] = value
+    return out
+
+
+CHAIN_BAD = {
+    "unknown method": (("spss", [0, 1], Q2, P3, U3), "method must be one of"),
+    "tree method as chain": (("kseq", [0, 1], Q2, P3, U3), "method must be one of"),
+    "tokens 2-D": (("sps", [[0, 1]], Q2, P3, U3), "draft_tokens must be 1-D"),
+    "float tokens": (("sps", [0.0, 1.0], Q2, P3, U3), "draft_tokens must hold integer ids"),
+    "target 1-D": (("sps", [0, 1], Q2, [0.5, 0.5], U3), "target_probs must be a 2-D"),
+    "target rows": (("sps", [0, 1], Q2, P3[:2], U3), r"target_probs has shape \(2, 2\); expected \(n \+ 1, V\)"),
+    "draft rows": (("sps", [0, 1], Q2[:1], P3, U3), r"draft_probs has shape \(1, 2\); expected \(n, V\)"),
+    "draft vocab": (("sps", [0, 1], [[1.0], [1.0]], P3, U3), r"draft_probs has shape \(2, 1\)"),
+    "uniforms short": (("sps", [0, 1], Q2, P3, U3[:2]), r"uniforms must have shape \(3,\)"),
+    "asps uniforms": (("asps", [0, 1], Q2, P3, U3[:2]), r"uniforms must have shape \(1,\) or \(3,\)"),
+    "target NaN": (("sps", [0, 1], Q2, with_entry(P3, 2, 0, math.nan), U3), "target_probs row 2 contains NaN"),
+    "target inf": (("block", [0, 1], Q2, with_entry(P3, 1, 1, math.inf), U3), "target_probs row 1 contains NaN or infinite"),
+    "target negative": (("asps", [0, 1], Q2, with_entry(with_entry(P3, 1, 1, -0.5), 1, 0, 1.5), U3), "target_probs row 1 has a negative entry"),
+    "target sum": (("sps", [0, 1], Q2, with_entry(P3, 0, 0, 0.6), U3), "target_probs row 0 sums to"),
+    "draft NaN": (("sps", [0, 1], with_entry(Q2, 1, 1, math.nan), P3, U3), "draft_probs row 1 contains NaN"),
+    "draft negative": (("block", [0, 1], with_entry(with_entry(Q2, 0, 1, -0.1), 0, 0, 1.1), P3, U3), "draft_probs row 0 has a negative entry"),
+    "draft sum": (("asps", [0, 1], with_entry(Q2, 1, 0, 0.9), P3, U3), "draft_probs row 1 sums to"),
+    "token too large": (("sps", [0, 2], Q2, P3, U3), r"draft_tokens\[1\] = 2 is outside the vocabulary"),
+    "token negative": (("block", [-1, 0], None, P3, U3), r"draft_tokens\[0\] = -1 is outside the vocabulary"),
+    "drafted q = 0": (("sps", [0, 1], [[0.5, 0.5], [1.0, 0.0]], P3, U3), r"draft_tokens\[1\] = 1 has draft_probs\[1, 1\] = 0"),
+    "uniform one": (("sps", [0, 1], Q2, P3, [0.1, 1.0, 0.3]), r"uniforms\[1\] = 1.0 is not a uniform draw"),
+    "uniform negative": (("block", [0, 1], Q2, P3, [-0.1, 0.1, 0.3]), r"uniforms\[0\] = -0.1"),
+    "uniform NaN": (("asps", [0, 1], Q2, P3, [math.nan]), r"uniforms\[0\] = nan"),
+    "complex rows": (("sps", [0, 1], Q2, torch.ones(3, 2, dtype=torch.complex128) / 2, U3), "target_probs must hold real numbers"),
+}
+
+
+@pytest.mark.parametrize("case", list(CHAIN_BAD), ids=list(CHAIN_BAD))
+def test_chain_bad_input_raises(case):
+    args, match = CHAIN_BAD[case]
+    with pytest.raises(ValueError, match=match):
+        verify_chain(*args)
+
+
+R2 = [[0.5, 0.5]] * 3  # (N + 1, V) rows for a 2-node tree
+T2 = ([0, 1], [-1, -1])  # two root children with tokens 0 and 1
+
+TREE_BAD = {
+    "unknown method": (("sps", *T2, "iid", R2, R2, U3), "method must be one of"),
+    "parents length": (("multidraft", [0, 1], [-1], "iid", R2, R2, U3), r"parents must have shape \(2,\)"),
+    "parent not earlier": (("traversal", [0, 1], [-1, 1], "iid", R2, R2, U3), r"parents\[1\] = 1; a parent must be"),
+    "parent below root": (("kseq", [0, 1], [-2, 0], "iid", R2, R2, U3), r"parents\[0\] = -2"),
+    "bad draw name": (("multidraft", *T2, "greedy", R2, R2, U3), "draws must be one of"),
+    "draws length": (("multidraft", *T2, ["iid"], R2, R2, U3), "draws has 1 entries; expected one per node"),
+    "mixed siblings": (("traversal", *T2, ["iid", "swor"], R2, R2, U3), "children of node -1 mix draw kinds"),
+    "swor repeat": (("kseq", [1, 1], [-1, -1], "swor", R2, R2, U3), r"children of node -1 repeat a token"),
+    "topk repeat": (("multidraft", [1, 1], [-1, -1], "topk", None, R2, U3), r"repeat a token \(\[1, 1\]\) but were drawn 'topk'"),
+    "no draft rows": (("ordered_traversal", *T2, "iid", None, R2, U3), "draft_probs is None but node -1 has children drawn 'iid'"),
+    "token outside": (("multidraft", [0, 2], [-1, -1], "iid", R2, R2, U3), r"draft_tokens\[1\] = 2 is outside"),
+    "target shape": (("multidraft", *T2, "iid", R2, R2[:2], U3), r"target_probs has shape \(2, 2\); expected \(N \+ 1, V\)"),
+    "draft shape": (("multidraft", *T2, "iid", R2[:2], R2, U3), r"draft_probs has shape \(2, 2\); expected \(N \+ 1, V\)"),
+    "target NaN": (("traversal", *T2, "iid", R2, with_entry(R2, 2, 1, math.nan), U3), "target_probs row 2 contains NaN"),
+    "target negative": (("kseq", *T2, "iid", R2, with_entry(with_entry(R2, 0, 0, -1.0), 0, 1, 2.0), U3), "target_probs row 0 has a negative"),
+    "target sum": (("multidraft", *T2, "iid", R2, with_entry(R2, 1, 1, 0.7), U3), "target_probs row 1 sums to"),
+    "used draft row NaN": (("multidraft", *T2, "iid", with_entry(R2, 0, 0, math.nan), R2, U3), "draft_probs row 0 contains NaN"),
+    "used draft row sum": (("kseq", [0, 1], [-1, 0], "iid", with_entry(R2, 1, 0, 0.1), R2, U3), "draft_probs row 1 sums to"),
+    "drafted q = 0": (("traversal", *T2, "swor", [[1.0, 0.0]] * 3, R2, U3), r"draft_tokens\[1\] = 1 has draft_probs\[0, 1\] = 0"),
+    "uniform one": (("kseq", *T2, "iid", R2, R2, [0.1, 0.2, 1.0]), r"uniforms\[2\] = 1.0"),
+    "uniforms length": (("kseq", *T2, "iid", R2, R2, U3[:2]), r"uniforms must have shape \(3,\)"),
+    "float parents": (("multidraft", [0, 1], [-1.0, -1.0], "iid", R2, R2, U3), "parents must hold integer ids"),
+}
+
+
+@pytest.mark.parametrize("case", list(TREE_BAD), ids=list(TREE_BAD))
+def test_tree_bad_input_raises(case):
+    args, match = TREE_BAD[case]
+    with pytest.raises(ValueError, match=match):
+        verify_tree(*args)
+
+
+def test_unread_draft_rows_may_hold_anything():
+    # only the root's row is read (its children are iid; the leaves have no children)
+    q = [[0.5, 0.5], [math.nan, -3.0], [7.0, 7.0]]
+    for method in TREE_METHODS:
+        assert verify_tree(method, *T2, "iid", q, R2, [0.1, 0.2, 0.3]).tokens.tolist() == [0, 0]
+
+
+def test_ordered_traversal_refuses_a_huge_swor_enumeration():
+    vocab = 200
+    q = np.full((4, vocab), 1.0 / vocab)
+    assert math.perm(vocab, 3) > MAX_SWOR_TUPLES
+    with pytest.raises(ValueError, match="MAX_SWOR_TUPLES"):
+        verify_tree("ordered_traversal", [0, 1, 2], [-1, -1, -1], "swor", q, q, [0.5] * 4)
+    # the other tree verifiers do not enumerate
+    assert verify_tree("traversal", [0, 1, 2], [-1, -1, -1], "swor", q, q, [0.0] * 4).n_accepted == 1
+
+
+def test_noise_size_rejects_unknown_methods():
+    with pytest.raises(ValueError, match="method must be one of"):
+        noise_size("greedy", 3)
