@@ -52,6 +52,13 @@ def test_tiny_llama_shape_dtype_mode_and_attention():
     assert _logits(model, torch.tensor([[1, 2, 3]])).shape == (1, 3, VOCAB)
 
 
+def test_tiny_llama_eager_and_sdpa_attention_give_the_same_logits():
+    eager, sdpa = tiny_llama(VOCAB, attn_implementation="eager"), tiny_llama(VOCAB, attn_implementation="sdpa")
+    assert eager.config._attn_implementation == "eager"
+    ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+    assert torch.allclose(_logits(eager, ids), _logits(sdpa, ids), atol=1e-5)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "name"),
     [({"vocab_size": 1}, "vocab_size"), ({"hidden_size": 30}, "heads"), ({"kv_heads": 3}, "kv_heads")],
@@ -158,3 +165,35 @@ def test_training_script_smoke_run(tmp_path):
     logits = _logits(target, ids)
     assert logits.shape == (1, ids.shape[1], len(tokenizer)) and torch.isfinite(logits).all()
     assert (out / "draft" / "tokenizer.json").is_file()
+
+
+def test_fixed_step_training_is_a_function_of_the_seed():
+    cfg = train.TrainConfig(out="unused", seq_len=8, batch=2, log_every=1e9)
+    stream = torch.randint(0, VOCAB, (500,), generator=torch.Generator().manual_seed(0))
+    size = train.ModelSize(hidden=16, layers=1, heads=2, intermediate=32, lr=1e-2)
+
+    def trained(data_seed: int) -> torch.nn.Module:
+        model = tiny_llama(VOCAB, hidden_size=16, layers=1, heads=2, intermediate=32, seed=0)
+        stats = train.train_model(model, stream, train.Plan(seconds=0.0, steps=4), size, cfg, data_seed, print, "m")
+        assert stats["steps"] == 4 and not model.training
+        return model
+
+    assert _same_weights(trained(1), trained(1))
+    assert not _same_weights(trained(1), trained(2))
+
+
+def test_tokenizer_is_deterministic_byte_level_with_bos():
+    texts = ["def f(x):\n    return x + 1\n" * 20, "import os\nprint(os.sep)\n" * 20]
+    a, b = train.train_tokenizer(texts, 300, 64), train.train_tokenizer(texts, 300, 64)
+    assert a.backend_tokenizer.to_str() == b.backend_tokenizer.to_str()
+    assert (a.bos_token_id, a.eos_token_id, a.pad_token_id) == (0, 1, 1)
+    ids = a("héllo wörld\t")["input_ids"]  # bytes outside the corpus still encode losslessly
+    assert ids[0] == 0 and a.decode(ids, skip_special_tokens=True) == "héllo wörld\t"
+    stream = train.encode_corpus(a, [train.Document("x", "import os")])
+    assert stream[0].item() == 0 and stream[-1].item() == 1
+
+
+def test_bad_options_are_reported_by_name(capsys):
+    with pytest.raises(SystemExit):
+        train.main(["--out", "unused", "--target-size", "micro", "--draft-size", "small"])
+    assert "--draft-size" in capsys.readouterr().err
