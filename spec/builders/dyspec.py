@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -29,16 +30,39 @@ from tmc.multidraft import ROOT, Draw
 from tmc.validate import check_int
 
 
-def _draw_at(grow: Growing, node: int, removed: dict[int, list[int]], sampler: Sampler) -> tuple[int, float] | None:
-    """Draw the next child of ``node`` without replacement: ``(child, R[y])``, or ``None``
-    when no token with ``q > 0`` is left."""
+Position = tuple[float, int, int]  # (−value, tie-break counter, node whose next child it is)
+
+
+def _expand(
+    grow: Growing,
+    position: Position,
+    removed: dict[int, list[int]],
+    sampler: Sampler,
+    heap: list[Position],
+    counter: Iterator[int],
+) -> tuple[int, float] | None:
+    """Draw at ``position`` without replacement (Alg. 1 lines 5–12).
+
+    Pushes the next-sibling position, value ``v · (1 − R[y])``, onto ``heap``
+    and returns the new child with its first-child value ``v · R[y]``;
+    ``None`` when no token with ``q > 0`` is left at the position.
+    """
+    neg_v, _, node = position
     law = without(grow.row(node), removed.setdefault(node, []))
     mass = float(law.sum())
     if mass <= 0.0:
         return None
     tok = sampler.draw(law)
     removed[node].append(tok)
-    return grow.add(node, tok, Draw.SWOR), float(law[tok]) / mass
+    r_y, v = float(law[tok]) / mass, -neg_v
+    if v * (1.0 - r_y) > 0.0:
+        heapq.heappush(heap, (-v * (1.0 - r_y), next(counter), node))
+    return grow.add(node, tok, Draw.SWOR), v * r_y
+
+
+def _check_max_depth(builder: DySpecBuilder | DySpecThresholdBuilder) -> None:
+    if builder.max_depth is not None:
+        object.__setattr__(builder, "max_depth", check_int("max_depth", builder.max_depth, minimum=1))
 
 
 @dataclass(frozen=True)
@@ -59,26 +83,22 @@ class DySpecBuilder(TreeBuilder):
     adaptive_widths: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
-        if self.max_depth is not None:
-            object.__setattr__(self, "max_depth", check_int("max_depth", self.max_depth, minimum=1))
+        _check_max_depth(self)
 
     def _grow(self, grow: Growing, budget: int, sampler: Sampler, state: Any) -> None:
         counter = itertools.count()
-        heap: list[tuple[float, int, int]] = [(-1.0, next(counter), ROOT)]
+        heap: list[Position] = [(-1.0, next(counter), ROOT)]
         removed: dict[int, list[int]] = {}
         while heap and grow.size < budget:
-            neg_v, _, node = heapq.heappop(heap)
-            if not grow.has_row(node):
-                grow.fetch([node] + [n for _, _, n in heap if not grow.has_row(n)])
-            drawn = _draw_at(grow, node, removed, sampler)
+            position = heapq.heappop(heap)
+            if not grow.has_row(position[2]):
+                grow.fetch([position[2]] + [n for _, _, n in heap if not grow.has_row(n)])
+            drawn = _expand(grow, position, removed, sampler, heap, counter)
             if drawn is None:
                 continue
-            child, r_y = drawn
-            v = -neg_v
-            if v * (1.0 - r_y) > 0.0:
-                heapq.heappush(heap, (-v * (1.0 - r_y), next(counter), node))
+            child, value = drawn
             if self.max_depth is None or grow.depth(child) < self.max_depth:
-                heapq.heappush(heap, (-v * r_y, next(counter), child))
+                heapq.heappush(heap, (-value, next(counter), child))
 
 
 @dataclass(frozen=True)
@@ -101,27 +121,21 @@ class DySpecThresholdBuilder(TreeBuilder):
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "threshold", check_prob("threshold", self.threshold))
-        if self.max_depth is not None:
-            object.__setattr__(self, "max_depth", check_int("max_depth", self.max_depth, minimum=1))
+        _check_max_depth(self)
 
     def _grow(self, grow: Growing, budget: int, sampler: Sampler, state: Any) -> None:
         counter = itertools.count()
-        layer: list[tuple[float, int, int]] = [(-1.0, next(counter), ROOT)]
+        layer: list[Position] = [(-1.0, next(counter), ROOT)]
         removed: dict[int, list[int]] = {}
         depth = 0
         while layer and grow.size < budget and (self.max_depth is None or depth < self.max_depth):
             grow.fetch([n for _, _, n in layer])  # one draft call for the layer
             heapq.heapify(layer)
-            nxt: list[tuple[float, int, int]] = []
+            nxt: list[Position] = []
             while layer and grow.size < budget and -layer[0][0] >= self.threshold:
-                neg_v, _, node = heapq.heappop(layer)
-                drawn = _draw_at(grow, node, removed, sampler)
-                if drawn is None:
-                    continue
-                child, r_y = drawn
-                v = -neg_v
-                if v * (1.0 - r_y) > 0.0:
-                    heapq.heappush(layer, (-v * (1.0 - r_y), next(counter), node))
-                nxt.append((-v * r_y, next(counter), child))
+                drawn = _expand(grow, heapq.heappop(layer), removed, sampler, layer, counter)
+                if drawn is not None:
+                    child, value = drawn
+                    nxt.append((-value, next(counter), child))
             layer = nxt
             depth += 1

@@ -46,6 +46,7 @@ from spec.llm.verify import CHAIN_METHODS, TREE_METHODS, Verified, noise_size, v
 from spec.randomness import RngSampler
 from spec.tree import bfs_order, dfs_order, keep_indices
 from tmc.multidraft import DraftTree, Draw
+from tmc.noise import categorical
 from tmc.validate import check_int
 
 __all__ = ["GenerateOutput", "StepStats", "VERIFIERS", "ar_generate", "generate"]
@@ -263,8 +264,7 @@ def ar_generate(
             t0 = time.perf_counter()
             logits = target(input_ids=ids, past_key_values=cache, use_cache=True).logits[0, -1]
             probs = sampling.probs(logits).cpu().numpy()
-            tok = int(np.searchsorted(np.cumsum(probs), rng.random() * probs.sum(), side="right"))
-            tok = min(tok, int(np.flatnonzero(probs > 0)[-1]))
+            tok = categorical(probs, float(rng.random()))
             out.append(tok)
             steps.append(StepStats(0, 0, 1, 0, 0.0, time.perf_counter() - t0, 0.0))
             if eos_token_id is not None and tok == eos_token_id:
