@@ -156,3 +156,13 @@ def test_first_two_tokens_follow_the_target_law(builder: str, verifier: str, par
         counts[out.tokens[0] * VOCAB + out.tokens[1]] += 1
     result = chi_square_check(counts, law, ALPHA)
     assert result.passed, (result, detectable_tv(16, SAMPLES, ALPHA))
+
+
+def test_decode_command_reports_a_missing_model_in_one_line(tmp_path: object, capsys: pytest.CaptureFixture[str]) -> None:
+    from tmc.cli import main
+
+    missing = str(tmp_path) + "/nothing-here"
+    code = main(["decode", "--target", missing, "--draft", missing, "--prompt", "x", "--max-new-tokens", "2"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "cannot load" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
