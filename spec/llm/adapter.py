@@ -46,6 +46,7 @@ Notation: ``p`` target, ``q`` draft (DESIGN.md §3).
 from __future__ import annotations
 
 import numbers
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -68,9 +69,16 @@ __all__ = [
     "cache_length",
     "forward_masked",
     "select_cache",
+    "sync",
     "tree_logits",
     "trim_cache",
 ]
+
+
+def sync(device: torch.device) -> None:
+    """Wait for the device's queued work (a no-op off CUDA): timers then measure the work itself."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 # --- KV cache ---------------------------------------------------------------------------
@@ -270,7 +278,7 @@ class LLMDraft:
     ancestors and itself, at position ``context + depth - 1``.  Rows are the
     processed law ``q`` (:class:`~spec.llm.sampling.Sampling`) as float64
     numpy ``(len(paths), V)``; rows already evaluated are served from memory.
-    ``forwards`` counts forward passes.  :meth:`end_step` trims the cache to
+    ``forwards`` counts forward passes and ``forward_s`` their seconds.  :meth:`end_step` trims the cache to
     the context + the accepted tokens and returns the next step's draft.
     """
 
@@ -306,6 +314,7 @@ class LLMDraft:
         self._pending_fed = not self.pending  # True once the cache holds the whole context
         self._ended = False
         self.forwards = 0
+        self.forward_s = 0.0  # seconds in draft forwards (device synchronised)
 
     @property
     def vocab(self) -> int:
@@ -364,7 +373,10 @@ class LLMDraft:
             allowed[len(pend) + k, [self._slot[node[:d]] for d in range(1, len(node) + 1)]] = True
         positions = [self.past_len + j for j in range(len(pend))] + [context + len(node) - 1 for node in new]
         tokens = list(pend) + [node[-1] for node in new]
+        t0 = time.perf_counter()
         logits = forward_masked(self.model, self.cache, tokens, positions, allowed)
+        sync(logits.device)
+        self.forward_s += time.perf_counter() - t0
         self.forwards += 1
         if pend:
             self._logits[()] = logits[len(pend) - 1]

@@ -40,7 +40,7 @@ from transformers import DynamicCache
 
 from spec.acceptance import verifiers_for
 from spec.builders import TreeBuilder, make_builder
-from spec.llm.adapter import LLMDraft, select_cache, tree_logits
+from spec.llm.adapter import LLMDraft, select_cache, sync, tree_logits
 from spec.llm.sampling import Sampling
 from spec.llm.verify import CHAIN_METHODS, TREE_METHODS, Verified, noise_size, verify_chain, verify_tree
 from spec.randomness import RngSampler
@@ -66,6 +66,7 @@ class StepStats:
     build_s: float  # builder time, draft forwards included
     target_s: float  # the one target forward over the tree
     verify_s: float  # the verifier
+    draft_s: float = 0.0  # the draft forwards (part of build_s)
 
 @dataclass(frozen=True)
 class GenerateOutput:
@@ -88,6 +89,7 @@ class GenerateOutput:
             "tokens_per_step": self.tokens_per_step,
             "mean_tree_size": float(np.mean([x.tree_size for x in s])) if s else 0.0,
             "build_s": float(sum(x.build_s for x in s)),
+            "draft_s": float(sum(x.draft_s for x in s)),
             "target_s": float(sum(x.target_s for x in s)),
             "verify_s": float(sum(x.verify_s for x in s)),
             "total_s": self.total_s,
@@ -116,10 +118,6 @@ def _vocab(model: Any, name: str) -> int:
         return int(model.config.vocab_size)
     except AttributeError:
         raise ValueError(f"{name} must be a transformers causal LM (with .config.vocab_size)") from None
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 def _order(tree: DraftTree, order: str) -> Sequence[int] | None:
     return dfs_order(tree) if order == "dfs" else bfs_order(tree) if order == "bfs" else None
@@ -202,7 +200,7 @@ def generate(
             target(input_ids=torch.tensor([prompt[:-1]], device=device), past_key_values=t_cache, use_cache=True)
     t_past, root = len(prompt) - 1, prompt[-1]
     d_step = LLMDraft(draft, DynamicCache(), 0, pending=prompt, sampling=sampling)
-    _sync(device)
+    sync(device)
     prefill_s = time.perf_counter() - t_start
 
     out: list[int] = []
@@ -215,7 +213,7 @@ def generate(
         ordr = _order(tree, order)
         logits = tree_logits(target, t_cache, tree, t_past, root_token=root, order=ordr)
         p = sampling.probs(logits)
-        _sync(device)
+        sync(device)
         t2 = time.perf_counter()
         res = _verify(verifier, tree, p, rng, b.adaptive_widths)
         tokens = [int(t) for t in res.tokens.tolist()]
@@ -224,14 +222,15 @@ def generate(
         if eos_token_id is not None and eos_token_id in kept:
             kept = kept[: kept.index(eos_token_id) + 1]
         out.extend(kept)
-        steps.append(StepStats(tree.size, res.n_accepted, len(kept), d_step.forwards, t1 - t0, t2 - t1, t3 - t2))
+        steps.append(StepStats(tree.size, res.n_accepted, len(kept), d_step.forwards, t1 - t0, t2 - t1, t3 - t2,
+                               d_step.forward_s))
         if len(kept) < len(tokens) or (eos_token_id is not None and kept and kept[-1] == eos_token_id):
             break
         select_cache(t_cache, keep_indices(tree, res.nodes, t_past, ordr, with_root=True))
         t_past, root = t_past + 1 + len(res.nodes), tokens[-1]
         d_step = d_step.end_step(tokens)
         state = b.next_state(state, tree, res.n_accepted)
-    _sync(device)
+    sync(device)
     return GenerateOutput(out, steps, prefill_s, time.perf_counter() - t_start)
 
 def ar_generate(
@@ -270,5 +269,5 @@ def ar_generate(
             if eos_token_id is not None and tok == eos_token_id:
                 break
             ids = torch.tensor([[tok]], device=device)
-    _sync(device)
+    sync(device)
     return GenerateOutput(out, steps, 0.0, time.perf_counter() - t_start)
