@@ -8,7 +8,9 @@
 * ``tmc decode --target DIR --draft DIR --prompt TEXT``: speculative decoding
   with a Hugging Face model pair (:func:`spec.llm.generate.generate`);
 * ``tmc bench masks``: DySpec App. C's block count of the tree attention mask
-  in DFS vs BFS order (the ``tmc.benchmarks`` group, :mod:`spec.bench_masks`).
+  in DFS vs BFS order (the ``tmc.benchmarks`` group, :mod:`spec.bench_masks`);
+  ``tmc bench builders`` (:mod:`spec.bench_builders`) and ``tmc bench decode``
+  (:mod:`spec.bench_decode`, whose options come through ``tmc.bench_options``).
 
 Registration only adds options; the work is imported when a handler runs.
 """

@@ -24,6 +24,10 @@ BENCH_GROUP = "tmc.benchmarks"
 #: returns ``hook(args) -> int | None``: an exit status when its options were
 #: given, ``None`` to leave the command to the core.
 ACCEPTANCE_GROUP = "tmc.acceptance"
+#: Entry-point group through which a registered benchmark adds its own options
+#: to ``tmc bench``: each entry is a function ``add(parser)`` (keep it light: it
+#: runs whenever the parser is built).
+BENCH_OPTIONS_GROUP = "tmc.bench_options"
 CORE_BENCHMARKS = ("kernels", "exact", "gap")
 
 
@@ -122,6 +126,11 @@ def _register_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     bench.add_argument("--gap-vocab", default="3,4", help="gap: comma-separated vocabulary sizes (default 3,4)")
     add_seed(bench, "benchmark inputs")
     add_json(bench)
+    for ep in sorted(entry_points(group=BENCH_OPTIONS_GROUP), key=lambda ep: ep.name):
+        try:
+            ep.load()(bench)
+        except Exception as err:  # a broken package must not take the command down
+            print(f"tmc: the {ep.name!r} bench options are unavailable: {' '.join(str(err).split())}", file=sys.stderr)
     bench.set_defaults(func=_cmd_bench)
 
 

@@ -1,0 +1,419 @@
+"""``tmc bench decode``: speculative decoding against plain and assisted decoding on one model pair.
+
+Side by side in one run, on the same prompts, every method decodes exactly
+``new_tokens`` tokens per prompt (EOS does not stop it) at each temperature:
+
+* ``ar``: Hugging Face ``generate`` (dynamic cache), the baseline of the speedups;
+* ``ar-static``: ``generate(..., cache_implementation="static")``; on CUDA
+  transformers compiles the forward for a static cache, so this is the strong
+  baseline (a warm-up run of full length pays the compilation first);
+* ``ar-loop``: :func:`spec.llm.generate.ar_generate`, our own plain loop;
+* ``hf-assisted``: ``generate(..., assistant_model=draft)`` (transformers'
+  assisted generation, its default schedule);
+* ``BUILDER:VERIFIER[@BUDGET]``: :func:`spec.llm.generate.generate` with that
+  tree builder and lossless verifier (budget: draft nodes per step).
+
+Figures per method and temperature: tokens per target step, tokens/s
+(prefill included, all prompts together), speedup against ``ar``,
+``ar-static`` and ``hf-assisted``, and the per-step costs of our loop as a
+percentage of the target forward time: the builder's own work (builder time
+minus draft forwards), the verifier, and the draft forwards.  At temperature
+0 the ``=ar`` column is the share of prompts whose tokens equal ``ar``'s
+(greedy decoding): 1.0 in float32; in bfloat16 a tree forward and a one-token
+forward round differently, so an argmax tie can flip.
+
+HF generate is called with ``min_new_tokens = max_new_tokens`` (EOS masked)
+and, at temperature > 0, ``top_k=0, top_p=1.0`` so its law is the plain
+softmax our methods use.  Timings are wall-clock seconds with the device
+synchronised; one untimed warm-up run per method comes first.  Batch size 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["DEFAULT_METHODS", "Method", "add_options", "bench", "heldout_prompts", "parse_method", "render",
+           "run_decode_bench"]
+
+#: Baselines that are not our loop.
+BASELINES = ("ar", "ar-static", "ar-loop", "hf-assisted")
+DEFAULT_METHODS = (
+    "ar", "ar-static", "hf-assisted",
+    "chain:sps", "chain:asps", "chain:block",
+    "fixed:multidraft", "fixed:traversal",
+    "dyspec:traversal", "dyspec:multidraft",
+    "dynatree:traversal", "wetap:traversal",
+)
+
+
+@dataclass(frozen=True)
+class Method:
+    """A row of the benchmark: a baseline name, or builder + verifier (+ budget)."""
+
+    name: str
+    builder: str | None = None
+    verifier: str | None = None
+    budget: int | None = None
+
+    @property
+    def label(self) -> str:
+        if self.builder is None:
+            return self.name
+        return f"{self.builder}+{self.verifier}@{self.budget}"
+
+
+def parse_method(text: str, budget: int, chain_budget: int) -> Method:
+    """``ar`` / ``ar-static`` / ``ar-loop`` / ``hf-assisted`` or ``BUILDER:VERIFIER[@BUDGET]`` (``ValueError`` else)."""
+    from spec.builders import BUILDERS
+    from spec.llm.generate import VERIFIERS
+
+    text = text.strip()
+    if text in BASELINES:
+        return Method(text)
+    spec, _, b = text.partition("@")
+    builder, sep, verifier = spec.partition(":")
+    if not sep or builder not in BUILDERS or verifier not in VERIFIERS:
+        raise ValueError(
+            f"method {text!r}: use one of {', '.join(BASELINES)} or BUILDER:VERIFIER[@BUDGET] with a builder of "
+            f"{', '.join(BUILDERS)} and a verifier of {', '.join(VERIFIERS)}"
+        )
+    if b:
+        try:
+            n = int(b)
+        except ValueError:
+            n = 0
+        if n < 1:
+            raise ValueError(f"method {text!r}: the budget after @ must be a positive integer")
+    else:
+        n = chain_budget if builder == "chain" else budget
+    return Method(text, builder, verifier, n)
+
+
+def heldout_prompts(tokenizer: Any, n: int, length: int, val_every: int = 50) -> list[list[int]]:
+    """``n`` prompts of exactly ``length`` tokens from standard-library files that training held out.
+
+    :mod:`spec.llm.train` holds out every ``val_every``-th file of the same
+    walk, standard library first, so on the machine that trained the pair
+    these files were never trained on.  Each prompt is a window starting a
+    third of the way into its file; files too short are skipped.
+    """
+    from spec.llm.train import collect_corpus, source_roots, split_corpus
+
+    _, val = split_corpus(collect_corpus(source_roots(False)), val_every)
+    prompts = []
+    for doc in val:
+        ids = tokenizer(doc.text)["input_ids"]
+        start = len(ids) // 3
+        if len(ids) - start >= length:
+            prompts.append(list(ids[start : start + length]))
+    if len(prompts) < n:
+        raise ValueError(f"only {len(prompts)} held-out files have {length} tokens past their first third; lower --prompts")
+    step = len(prompts) / n
+    return [prompts[int(i * step)] for i in range(n)]
+
+
+def _hf_kwargs(temperature: float, new_tokens: int, pad: int) -> dict[str, Any]:
+    kw: dict[str, Any] = {"max_new_tokens": new_tokens, "min_new_tokens": new_tokens, "pad_token_id": pad}
+    if temperature > 0:
+        kw.update(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
+    else:
+        kw.update(do_sample=False, temperature=None, top_k=None, top_p=None)
+    return kw
+
+
+def _run_one(method: Method, target: Any, draft: Any, prompt: list[int], temperature: float, new_tokens: int,
+             seed: int) -> dict[str, Any]:
+    """Decode one prompt; tokens, seconds and per-step costs."""
+    import torch
+
+    from spec.llm.adapter import sync
+    from spec.llm.generate import ar_generate, generate
+
+    device = next(target.parameters()).device
+    if method.builder is not None or method.name == "ar-loop":
+        if method.builder is None:
+            out = ar_generate(target, prompt, temperature=temperature, max_new_tokens=new_tokens, seed=seed)
+        else:
+            assert method.verifier is not None and method.budget is not None  # parse_method sets all three
+            out = generate(target, draft, prompt, method.builder, method.verifier, budget=method.budget,
+                           temperature=temperature, max_new_tokens=new_tokens, seed=seed)
+        s = out.summary()
+        return {"tokens": out.tokens, "seconds": out.total_s, "steps": len(out.steps), "tree": s["mean_tree_size"],
+                "build_s": s["build_s"], "draft_s": s["draft_s"], "target_s": s["target_s"], "verify_s": s["verify_s"]}
+    ids = torch.tensor([prompt], device=device)
+    kw = _hf_kwargs(temperature, new_tokens, pad=0)
+    if method.name == "ar-static":
+        kw["cache_implementation"] = "static"
+    calls = [0]
+    handle = None
+    if method.name == "hf-assisted":
+        kw["assistant_model"] = draft
+        handle = target.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+    torch.manual_seed(seed)
+    sync(device)
+    t0 = time.perf_counter()
+    try:
+        seq = target.generate(ids, attention_mask=torch.ones_like(ids), **kw)
+        sync(device)
+    finally:
+        if handle is not None:
+            handle.remove()
+    seconds = time.perf_counter() - t0
+    tokens = seq[0, len(prompt):].tolist()
+    steps = calls[0] if method.name == "hf-assisted" else len(tokens)
+    return {"tokens": tokens, "seconds": seconds, "steps": steps, "tree": None,
+            "build_s": None, "draft_s": None, "target_s": None, "verify_s": None}
+
+
+def _pct(part: float | None, whole: float | None) -> float | None:
+    return None if part is None or not whole else 100.0 * part / whole
+
+
+def run_decode_bench(
+    target: Any,
+    draft: Any,
+    prompts: Sequence[Sequence[int]],
+    methods: Sequence[Method],
+    temperatures: Sequence[float] = (0.0, 1.0),
+    new_tokens: int = 128,
+    seed: int = 0,
+    warmup: bool = True,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Every method × temperature on every prompt (module doc); a JSON-able report."""
+    import torch
+    import transformers
+
+    if not prompts:
+        raise ValueError("prompts must hold at least one prompt")
+    if new_tokens < 1:
+        raise ValueError(f"new_tokens must be >= 1, got {new_tokens}")
+    if not methods:
+        raise ValueError("methods must name at least one method")
+    device = next(target.parameters()).device
+    rows: list[dict[str, Any]] = []
+    with torch.inference_mode():
+        for temp in temperatures:
+            ref: dict[int, list[int]] = {}
+            for method in methods:
+                if warmup:  # static-cache compilation and allocator growth happen here, untimed
+                    _run_one(method, target, draft, list(prompts[0]), temp,
+                             new_tokens if method.name == "ar-static" else min(new_tokens, 16), seed)
+                runs = [_run_one(method, target, draft, list(p), temp, new_tokens, seed + i) for i, p in enumerate(prompts)]
+                n_tok = sum(len(r["tokens"]) for r in runs)
+                secs = sum(r["seconds"] for r in runs)
+                steps = sum(r["steps"] for r in runs)
+                row: dict[str, Any] = {
+                    "method": method.label, "temperature": temp, "prompts": len(runs), "new_tokens": n_tok,
+                    "seconds": secs, "tokens_per_s": n_tok / secs if secs > 0 else 0.0,
+                    "tokens_per_step": n_tok / steps if steps else 0.0,
+                }
+                if method.builder is not None:
+                    tot = {k: sum(r[k] for r in runs) for k in ("build_s", "draft_s", "target_s", "verify_s")}
+                    row.update(mean_tree=sum(r["tree"] for r in runs) / len(runs), **tot,
+                               builder_pct=_pct(tot["build_s"] - tot["draft_s"], tot["target_s"]),
+                               verify_pct=_pct(tot["verify_s"], tot["target_s"]),
+                               draft_pct=_pct(tot["draft_s"], tot["target_s"]),
+                               overhead_pct=_pct(tot["build_s"] - tot["draft_s"] + tot["verify_s"], tot["target_s"]))
+                if method.name == "ar":
+                    ref = {i: r["tokens"] for i, r in enumerate(runs)}
+                if temp == 0 and ref:
+                    row["agree_ar"] = sum(r["tokens"] == ref[i] for i, r in enumerate(runs)) / len(runs)
+                rows.append(row)
+                if progress:
+                    progress(f"  T={temp:g} {method.label}: {row['tokens_per_s']:.1f} tok/s, "
+                             f"{row['tokens_per_step']:.2f} tok/step")
+    by = {(r["temperature"], r["method"]): r for r in rows}
+    for r in rows:
+        for base, key in (("ar", "speedup_ar"), ("ar-static", "speedup_ar_static"), ("hf-assisted", "speedup_assisted")):
+            b = by.get((r["temperature"], base))
+            r[key] = r["tokens_per_s"] / b["tokens_per_s"] if b and b["tokens_per_s"] > 0 else None
+    env = {"torch": torch.__version__, "threads": torch.get_num_threads(), "transformers": transformers.__version__, "python": platform.python_version(),
+           "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+           "dtype": str(next(target.parameters()).dtype).replace("torch.", ""),
+           "target_params": sum(p.numel() for p in target.parameters()),
+           "draft_params": sum(p.numel() for p in draft.parameters())}
+    return {"environment": env, "prompts": len(prompts), "prompt_tokens": [len(p) for p in prompts],
+            "new_tokens": new_tokens, "temperatures": list(temperatures), "seed": seed, "rows": rows}
+
+
+def _fmt(v: Any, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def render(report: dict[str, Any]) -> str:
+    from tmc.commands.table import format_table
+
+    env = report["environment"]
+    out = []
+    for temp in report["temperatures"]:
+        table = []
+        for r in report["rows"]:
+            if r["temperature"] != temp:
+                continue
+            table.append([r["method"], _fmt(r["tokens_per_step"], ".2f"), _fmt(r["tokens_per_s"], ".1f"),
+                          _fmt(r["speedup_ar"], ".2f"), _fmt(r["speedup_ar_static"], ".2f"),
+                          _fmt(r["speedup_assisted"], ".2f"), _fmt(r.get("overhead_pct"), ".1f"),
+                          _fmt(r.get("builder_pct"), ".1f"), _fmt(r.get("verify_pct"), ".1f"),
+                          _fmt(r.get("draft_pct"), ".1f"), _fmt(r.get("agree_ar"), ".2f") if temp == 0 else "-"])
+        out.append(format_table(
+            ["method", "tok/step", "tok/s", "×ar", "×ar-static", "×assisted", "bld+ver %", "builder %",
+             "verifier %", "draft fwd %", "=ar"], table,
+            title=f"T = {temp:g}: {report['prompts']} prompts × {report['new_tokens']} new tokens, {env['device']}, "
+                  f"{env['dtype']}, torch {env['torch']} ({env['threads']} CPU threads), transformers {env['transformers']} "
+                  f"(% columns: of the target forward time)"))
+    return "\n\n".join(out)
+
+
+def plot(report: dict[str, Any], path: str | Path) -> None:
+    """Tokens/s per method, one bar group per temperature, AR as a dashed line (needs matplotlib)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    temps = report["temperatures"]
+    methods = list(dict.fromkeys(r["method"] for r in report["rows"]))
+    by = {(r["temperature"], r["method"]): r["tokens_per_s"] for r in report["rows"]}
+    fig, axes = plt.subplots(len(temps), 1, figsize=(max(6.0, 0.7 * len(methods)), 3.2 * len(temps)), squeeze=False)
+    for ax, temp in zip(axes[:, 0], temps):
+        vals = [by.get((temp, m), 0.0) for m in methods]
+        ax.bar(range(len(methods)), vals, color=["0.6" if m in BASELINES else "C0" for m in methods])
+        if (temp, "ar") in by:
+            ax.axhline(by[(temp, "ar")], ls="--", color="C3", lw=1, label="ar")
+            ax.legend(loc="upper right")
+        ax.set_xticks(range(len(methods)), methods, rotation=40, ha="right", fontsize=8)
+        ax.set_ylabel("tokens / s")
+        ax.set_title(f"T = {temp:g}", fontsize=9)
+    env = report["environment"]
+    fig.suptitle(f"tmc bench decode: {env['device']}, {env['dtype']}, {report['new_tokens']} new tokens", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# --- command line ---------------------------------------------------------------------------
+
+
+def add_options(parser: argparse.ArgumentParser) -> None:
+    """The ``decode:`` options of ``tmc bench`` (also used by ``python -m spec.bench_decode``)."""
+    g = parser.add_argument_group("decode (tmc bench decode)")
+    g.add_argument("--pair", metavar="DIR", help="decode: a folder with target/ and draft/ (spec.llm.train's output)")
+    g.add_argument("--target", metavar="DIR", help="decode: target model folder (instead of --pair)")
+    g.add_argument("--draft", metavar="DIR", help="decode: draft model folder (instead of --pair)")
+    g.add_argument("--methods", default=",".join(DEFAULT_METHODS),
+                   help="decode: comma-separated ar, ar-static, ar-loop, hf-assisted, BUILDER:VERIFIER[@BUDGET]")
+    g.add_argument("--budget", type=int, default=16, help="decode: tree budget of methods without @ (default 16)")
+    g.add_argument("--chain-budget", type=int, default=4, help="decode: chain length of chain methods without @ (default 4)")
+    g.add_argument("--prompts", type=int, default=8, help="decode: held-out prompts (default 8)")
+    g.add_argument("--prompt-tokens", type=int, default=64, help="decode: tokens per prompt (default 64)")
+    g.add_argument("--new-tokens", type=int, default=128, help="decode: new tokens per prompt (default 128)")
+    g.add_argument("--temperatures", default="0,1", help="decode: comma-separated temperatures (default 0,1)")
+    g.add_argument("--device", default=None, help="decode: torch device (default cuda when available, else cpu)")
+    g.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
+                   help="decode: model dtype (default bfloat16 on cuda, float32 on cpu)")
+    g.add_argument("--threads", type=int, default=None,
+                   help="decode: torch CPU threads (default: torch's; 4 measured best on a 16-core GPU host, README)")
+    g.add_argument("--save", metavar="DIR", help="decode: write decode.json and decode.png into DIR")
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        vals = [float(x) for x in text.split(",")]
+    except ValueError:
+        raise ValueError(f"--temperatures takes comma-separated numbers, got {text!r}") from None
+    if not vals or any(not v >= 0 or v == float("inf") for v in vals):
+        raise ValueError(f"--temperatures must be finite and >= 0, got {text!r}")
+    return vals
+
+
+def _fail(msg: str) -> None:
+    print(f"tmc bench decode: {msg}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def bench(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+    """``tmc bench decode``: load the pair, pick held-out prompts, run, print; save JSON and PNG with --save."""
+    try:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+    except ImportError:
+        _fail("needs torch and transformers: pip install 'tmc-spec[llm]' (CPU torch: pip install torch==2.13.0)")
+    if args.pair:
+        if args.target or args.draft:
+            _fail("give --pair or --target and --draft, not both")
+        target_dir, draft_dir = str(Path(args.pair, "target")), str(Path(args.pair, "draft"))
+    elif args.target and args.draft:
+        target_dir, draft_dir = args.target, args.draft
+    else:
+        _fail("needs --pair DIR or --target DIR and --draft DIR")
+    for name, v in (("--budget", args.budget), ("--chain-budget", args.chain_budget), ("--prompts", args.prompts),
+                    ("--prompt-tokens", args.prompt_tokens), ("--new-tokens", args.new_tokens),
+                    ("--threads", 1 if args.threads is None else args.threads)):
+        if v < 1:
+            _fail(f"{name} must be a positive integer, got {v}")
+    try:
+        temps = _floats(args.temperatures)
+        methods = [parse_method(m, args.budget, args.chain_budget) for m in args.methods.split(",") if m.strip()]
+    except ValueError as err:
+        _fail(str(err))
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
+
+    def load(path: str) -> Any:
+        try:
+            return AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa", dtype=dtype).to(device).eval()
+        except (OSError, ValueError) as err:
+            _fail(f"cannot load a causal LM from {path!r}: {' '.join(str(err).split())[:200]}")
+
+    try:
+        tok = AutoTokenizer.from_pretrained(target_dir)
+    except (OSError, ValueError) as err:
+        _fail(f"cannot load a tokenizer from {target_dir!r}: {' '.join(str(err).split())[:200]}")
+    target, draft = load(target_dir), load(draft_dir)
+    try:
+        prompts = heldout_prompts(tok, args.prompts, args.prompt_tokens)
+    except ValueError as err:
+        _fail(str(err))
+    print(f"decoding {args.prompts} prompts x {args.new_tokens} tokens with {len(methods)} methods at T in {temps} "
+          f"on {device} ({str(dtype).replace('torch.', '')}) ...", file=sys.stderr)
+    report = run_decode_bench(target, draft, prompts, methods, temps, args.new_tokens, seed=args.seed,
+                              progress=lambda m: print(m, file=sys.stderr, flush=True))
+    report["pair"] = {"target": target_dir, "draft": draft_dir}
+    text = render(report)
+    if args.save:
+        out = Path(args.save)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "decode.json").write_text(json.dumps(report, indent=2))
+        try:
+            plot(report, out / "decode.png")
+        except ImportError:
+            print("tmc bench decode: matplotlib is not installed; decode.png not written", file=sys.stderr)
+        print(f"wrote {out / 'decode.json'} and {out / 'decode.png'}", file=sys.stderr)
+    return report, text
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m spec.bench_decode``: the same as ``tmc bench decode`` without an installed package."""
+    p = argparse.ArgumentParser(prog="python -m spec.bench_decode", description=__doc__.split("\n\n")[0])
+    add_options(p)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    args = p.parse_args(argv)
+    report, text = bench(args)
+    print(json.dumps(report, indent=2) if args.json else text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,147 @@
+"""``tmc bench decode`` on tiny random pairs: every method runs, greedy rows equal AR, figures add up, bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from importlib.metadata import entry_points  # noqa: E402
+
+from spec.bench_decode import BASELINES, DEFAULT_METHODS, Method, main, parse_method, plot, render, run_decode_bench  # noqa: E402
+from spec.llm.models import save_pair, tiny_pair  # noqa: E402
+from tmc.cli import main as tmc_main  # noqa: E402
+
+pytestmark = pytest.mark.llm
+
+
+@pytest.fixture(scope="module")
+def pair() -> tuple[object, object]:
+    return tiny_pair(29, seed=0)
+
+
+def _methods(names: tuple[str, ...] = DEFAULT_METHODS) -> list[Method]:
+    return [parse_method(m, budget=6, chain_budget=3) for m in names]
+
+
+def test_parse_method() -> None:
+    assert parse_method("ar", 16, 4) == Method("ar")
+    assert parse_method("chain:sps", 16, 4) == Method("chain:sps", "chain", "sps", 4)
+    assert parse_method("dyspec:traversal", 16, 4).budget == 16
+    assert parse_method(" fixed:multidraft@32 ", 16, 4) == Method("fixed:multidraft@32", "fixed", "multidraft", 32)
+    assert parse_method("wetap:traversal@3", 16, 4).label == "wetap+traversal@3"
+    for bad in ("nope", "dyspec", "dyspec:nope", "nope:traversal", "chain:sps@0", "chain:sps@x", "chain:sps@-2"):
+        with pytest.raises(ValueError, match="method"):
+            parse_method(bad, 16, 4)
+
+
+def test_every_method_runs_and_greedy_rows_equal_ar(pair: tuple[object, object]) -> None:
+    target, draft = pair
+    prompts = [[1, 2, 3, 4, 5, 6], [7, 3, 9, 2, 2, 8]]
+    report = run_decode_bench(target, draft, prompts, _methods(), temperatures=(0.0, 1.0), new_tokens=10, seed=3,
+                              warmup=False)
+    rows = report["rows"]
+    assert len(rows) == 2 * len(DEFAULT_METHODS)
+    labels = [m.label for m in _methods()]
+    assert [r["method"] for r in rows] == labels * 2
+    for r in rows:
+        assert r["new_tokens"] == 2 * 10  # EOS never stops a benchmark run
+        assert r["tokens_per_s"] > 0 and r["seconds"] > 0
+        assert 1.0 <= r["tokens_per_step"] <= 7.0 + 1e-9  # at most budget 6 accepted + 1 per step
+        if r["method"] in ("ar", "ar-static"):
+            assert r["tokens_per_step"] == 1.0
+        if r["method"] not in BASELINES:
+            assert r["draft_s"] <= r["build_s"]
+            expected = 100 * (r["build_s"] - r["draft_s"] + r["verify_s"]) / r["target_s"]
+            assert r["overhead_pct"] == pytest.approx(expected)
+            assert r["overhead_pct"] == pytest.approx(r["builder_pct"] + r["verify_pct"])
+        base = next(b for b in rows if b["temperature"] == r["temperature"] and b["method"] == "ar")
+        assert r["speedup_ar"] == pytest.approx(r["tokens_per_s"] / base["tokens_per_s"])
+        if r["temperature"] == 0:
+            # float32 on CPU: every lossless method, HF's static and assisted generation included, is greedy decoding
+            assert r["agree_ar"] == 1.0, r["method"]
+        else:
+            assert "agree_ar" not in r
+    text = render(report)
+    assert "T = 0" in text and "T = 1" in text and "wetap+traversal@6" in text
+    json.dumps(report)  # JSON-able
+
+
+def test_plot_writes_a_png(pair: tuple[object, object], tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    target, draft = pair
+    report = run_decode_bench(target, draft, [[1, 2, 3]], _methods(("ar", "chain:sps")), temperatures=(1.0,),
+                              new_tokens=4, warmup=False)
+    plot(report, tmp_path / "d.png")
+    assert (tmp_path / "d.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"prompts": []}, "prompts"),
+        ({"new_tokens": 0}, "new_tokens"),
+        ({"methods": []}, "methods"),
+    ],
+)
+def test_bad_arguments(pair: tuple[object, object], kwargs: dict[str, object], message: str) -> None:
+    target, draft = pair
+    args: dict[str, object] = {"prompts": [[1, 2]], "methods": _methods(("ar",)), "new_tokens": 2}
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=message):
+        run_decode_bench(target, draft, **args)  # type: ignore[arg-type]
+
+
+REGISTERED = any(ep.name == "decode" for ep in entry_points(group="tmc.benchmarks"))
+
+
+@pytest.mark.parametrize("entry", [
+    pytest.param("tmc", marks=pytest.mark.skipif(not REGISTERED, reason="package not installed: no tmc.benchmarks entry")),
+    "module",
+])
+def test_command_on_a_saved_pair(pair: tuple[object, object], tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                 entry: str) -> None:
+    """End to end through ``tmc bench decode`` (and ``python -m spec.bench_decode``): held-out prompts, table,
+    JSON and PNG."""
+    pytest.importorskip("matplotlib")
+    from spec.llm.train import train_tokenizer
+
+    tok = train_tokenizer(["def f(x):\n    return x + 1\n" * 50, "import os\nprint(os.sep)\n" * 50], 300, 256)
+    target, draft = tiny_pair(len(tok), seed=1)
+    save_pair(target, draft, tok, tmp_path / "pair")
+    argv = ["--pair", str(tmp_path / "pair"), "--prompts", "2", "--prompt-tokens", "8", "--new-tokens", "4",
+            "--methods", "ar,chain:sps@2,dyspec:traversal@4", "--device", "cpu", "--threads", "1", "--save", str(tmp_path / "out")]
+    code = tmc_main(["bench", "decode", *argv]) if entry == "tmc" else main(argv)
+    out = capsys.readouterr()
+    assert code == 0
+    assert "dyspec+traversal@4" in out.out and "tok/s" in out.out
+    report = json.loads((tmp_path / "out" / "decode.json").read_text())
+    assert {r["method"] for r in report["rows"]} == {"ar", "chain+sps@2", "dyspec+traversal@4"}
+    assert report["prompt_tokens"] == [8, 8]
+    assert report["environment"]["threads"] == 1
+    assert (tmp_path / "out" / "decode.png").is_file()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--methods", "ar"], "--pair DIR or --target DIR and --draft DIR"),
+        (["--pair", "P", "--target", "T"], "not both"),
+        (["--pair", "{tmp}/missing", "--methods", "ar"], "cannot load a tokenizer"),
+        (["--pair", "P", "--methods", "ar,bogus"], "method 'bogus'"),
+        (["--pair", "P", "--temperatures", "0,-1"], "--temperatures"),
+        (["--pair", "P", "--new-tokens", "0"], "--new-tokens must be a positive integer"),
+        (["--pair", "P", "--threads", "0"], "--threads must be a positive integer"),
+    ],
+)
+def test_command_errors_are_one_line(argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    with pytest.raises(SystemExit) as exc:
+        main(argv)  # the same function as `tmc bench decode` (test_command_on_a_saved_pair runs both)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
