@@ -335,56 +335,48 @@ def _floats(text: str) -> list[float]:
     return vals
 
 
-def _fail(msg: str) -> None:
-    print(f"tmc bench decode: {msg}", file=sys.stderr)
-    raise SystemExit(2)
-
-
 def bench(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     """``tmc bench decode``: load the pair, pick held-out prompts, run, print; save JSON and PNG with --save."""
+    from tmc.cli import fail
+
     try:
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        import transformers  # noqa: F401
     except ImportError:
-        _fail("needs torch and transformers: pip install 'tmc-spec[llm]' (CPU torch: pip install torch==2.13.0)")
+        fail("needs torch and transformers: pip install 'tmc-spec[llm]' (CPU torch: pip install torch==2.13.0)")
     if args.pair:
         if args.target or args.draft:
-            _fail("give --pair or --target and --draft, not both")
+            fail("give --pair or --target and --draft, not both")
         target_dir, draft_dir = str(Path(args.pair, "target")), str(Path(args.pair, "draft"))
     elif args.target and args.draft:
         target_dir, draft_dir = args.target, args.draft
     else:
-        _fail("needs --pair DIR or --target DIR and --draft DIR")
+        fail("needs --pair DIR or --target DIR and --draft DIR")
     for name, v in (("--budget", args.budget), ("--chain-budget", args.chain_budget), ("--prompts", args.prompts),
                     ("--prompt-tokens", args.prompt_tokens), ("--new-tokens", args.new_tokens),
                     ("--threads", 1 if args.threads is None else args.threads)):
         if v < 1:
-            _fail(f"{name} must be a positive integer, got {v}")
+            fail(f"{name} must be a positive integer, got {v}")
     try:
         temps = _floats(args.temperatures)
         methods = [parse_method(m, args.budget, args.chain_budget) for m in args.methods.split(",") if m.strip()]
     except ValueError as err:
-        _fail(str(err))
+        fail(str(err))
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
 
-    def load(path: str) -> Any:
-        try:
-            return AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa", dtype=dtype).to(device).eval()
-        except (OSError, ValueError) as err:
-            _fail(f"cannot load a causal LM from {path!r}: {' '.join(str(err).split())[:200]}")
+    from spec.llm.models import load_for_decoding
 
     try:
-        tok = AutoTokenizer.from_pretrained(target_dir)
-    except (OSError, ValueError) as err:
-        _fail(f"cannot load a tokenizer from {target_dir!r}: {' '.join(str(err).split())[:200]}")
-    target, draft = load(target_dir), load(draft_dir)
+        target, draft, tok = load_for_decoding(target_dir, draft_dir, device, dtype)
+    except ValueError as err:
+        fail(str(err))
     try:
         prompts = heldout_prompts(tok, args.prompts, args.prompt_tokens)
     except ValueError as err:
-        _fail(str(err))
+        fail(str(err))
     print(f"decoding {args.prompts} prompts x {args.new_tokens} tokens with {len(methods)} methods at T in {temps} "
           f"on {device} ({str(dtype).replace('torch.', '')}) ...", file=sys.stderr)
     report = run_decode_bench(target, draft, prompts, methods, temps, args.new_tokens, seed=args.seed,
@@ -410,7 +402,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     args = p.parse_args(argv)
-    report, text = bench(args)
+    from tmc.cli import UsageError
+
+    try:
+        report, text = bench(args)
+    except (UsageError, ValueError) as err:  # one line, as `tmc bench decode` prints it
+        print(f"tmc bench decode: {' '.join(str(err).split())}", file=sys.stderr)
+        return 2
     print(json.dumps(report, indent=2) if args.json else text)
     return 0
 

@@ -121,22 +121,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def _cmd_decode(args: argparse.Namespace) -> int:
     try:
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        import transformers  # noqa: F401
     except ImportError:
         fail("tmc decode needs torch and transformers: pip install 'tmc-spec[llm]' (CPU torch: pip install torch==2.13.0)")
     from spec.llm.generate import ar_generate, generate
-
-    def load(path: str) -> Any:
-        try:
-            return AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa").to(args.device).eval()
-        except (OSError, ValueError) as err:
-            fail(f"cannot load a causal LM from {path!r}: {' '.join(str(err).split())[:200]}")
+    from spec.llm.models import load_for_decoding
 
     try:
-        tok = AutoTokenizer.from_pretrained(args.target)
-    except (OSError, ValueError) as err:
-        fail(f"cannot load a tokenizer from {args.target!r}: {' '.join(str(err).split())[:200]}")
-    target, draft = load(args.target), load(args.draft)
+        target, draft, tok = load_for_decoding(args.target, args.draft, args.device)
+    except ValueError as err:
+        fail(str(err))
     ids = tok(args.prompt)["input_ids"]
     if not ids:
         fail("--prompt tokenises to no tokens")

@@ -20,17 +20,19 @@ flash-attention kernels do not take (DESIGN.md §8).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import (
     AutoModelForCausalLM,
+    AutoTokenizer,
     LlamaConfig,
     LlamaForCausalLM,
     PreTrainedModel,
     PreTrainedTokenizerFast,
 )
 
-__all__ = ["count_parameters", "load_pair", "save_pair", "tiny_llama", "tiny_pair"]
+__all__ = ["count_parameters", "load_for_decoding", "load_pair", "save_pair", "tiny_llama", "tiny_pair"]
 
 TARGET_DIR = "target"
 DRAFT_DIR = "draft"
@@ -140,3 +142,29 @@ def load_pair(
     if (root / TARGET_DIR / "tokenizer.json").is_file():
         tokenizer = PreTrainedTokenizerFast.from_pretrained(root / TARGET_DIR)
     return target.eval(), draft.eval(), tokenizer
+
+
+def load_for_decoding(
+    target: str, draft: str, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
+) -> tuple[Any, Any, Any]:
+    """(target, draft, tokenizer) for the command line: folders or hub ids, sdpa, eval mode, on ``device``.
+
+    The tokenizer is the target's.  ``dtype=None`` keeps the stored dtype.  A path that
+    holds no tokenizer or no causal LM raises a one-line ``ValueError`` naming it.
+    """
+
+    def one_line(err: Exception) -> str:
+        return " ".join(str(err).split())[:200]
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(target)
+    except (OSError, ValueError) as err:
+        raise ValueError(f"cannot load a tokenizer from {target!r}: {one_line(err)}") from None
+    extra = {} if dtype is None else {"dtype": dtype}
+    models = []
+    for path in (target, draft):
+        try:
+            models.append(AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa", **extra).to(device).eval())
+        except (OSError, ValueError) as err:
+            raise ValueError(f"cannot load a causal LM from {path!r}: {one_line(err)}") from None
+    return models[0], models[1], tokenizer
