@@ -7,7 +7,10 @@ Side by side in one run, on the same prompts, every method decodes exactly
 * ``ar-static``: ``generate(..., cache_implementation="static")``; on CUDA
   transformers compiles the forward for a static cache, so this is the strong
   baseline (a warm-up run of full length pays the compilation first);
-* ``ar-loop``: :func:`spec.llm.generate.ar_generate`, our own plain loop;
+* ``ar-loop``: :func:`spec.llm.generate.ar_generate`, our own plain loop, on
+  the same KV cache as our speculative methods (``--cache``; on CUDA by
+  default the static cache with captured graphs), so it shows what the cache
+  and graphs alone give;
 * ``hf-assisted``: ``generate(..., assistant_model=draft)`` (transformers'
   assisted generation, its default schedule);
 * ``BUILDER:VERIFIER[@BUDGET]``: :func:`spec.llm.generate.generate` with that
@@ -46,7 +49,7 @@ __all__ = ["DEFAULT_METHODS", "Method", "add_options", "bench", "heldout_prompts
 #: Baselines that are not our loop.
 BASELINES = ("ar", "ar-static", "ar-loop", "hf-assisted")
 DEFAULT_METHODS = (
-    "ar", "ar-static", "hf-assisted",
+    "ar", "ar-static", "ar-loop", "hf-assisted",
     "chain:sps", "chain:asps", "chain:block",
     "fixed:multidraft", "fixed:traversal",
     "dyspec:traversal", "dyspec:multidraft",
@@ -130,7 +133,7 @@ def _hf_kwargs(temperature: float, new_tokens: int, pad: int) -> dict[str, Any]:
 
 
 def _run_one(method: Method, target: Any, draft: Any, prompt: list[int], temperature: float, new_tokens: int,
-             seed: int) -> dict[str, Any]:
+             seed: int, cache: str = "auto") -> dict[str, Any]:
     """Decode one prompt; tokens, seconds and per-step costs."""
     import torch
 
@@ -140,11 +143,12 @@ def _run_one(method: Method, target: Any, draft: Any, prompt: list[int], tempera
     device = next(target.parameters()).device
     if method.builder is not None or method.name == "ar-loop":
         if method.builder is None:
-            out = ar_generate(target, prompt, temperature=temperature, max_new_tokens=new_tokens, seed=seed)
+            out = ar_generate(target, prompt, temperature=temperature, max_new_tokens=new_tokens, seed=seed,
+                              cache=cache)
         else:
             assert method.verifier is not None and method.budget is not None  # parse_method sets all three
             out = generate(target, draft, prompt, method.builder, method.verifier, budget=method.budget,
-                           temperature=temperature, max_new_tokens=new_tokens, seed=seed)
+                           temperature=temperature, max_new_tokens=new_tokens, seed=seed, cache=cache)
         s = out.summary()
         return {"tokens": out.tokens, "seconds": out.total_s, "steps": len(out.steps), "tree": s["mean_tree_size"],
                 "build_s": s["build_s"], "draft_s": s["draft_s"], "target_s": s["target_s"], "verify_s": s["verify_s"]}
@@ -186,9 +190,14 @@ def run_decode_bench(
     new_tokens: int = 128,
     seed: int = 0,
     warmup: bool = True,
+    cache: str = "auto",
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """Every method × temperature on every prompt (module doc); a JSON-able report."""
+    """Every method × temperature on every prompt (module doc); a JSON-able report.
+
+    ``cache`` is the KV cache of our loop (``generate``'s ``cache``: auto,
+    dynamic or static); the HF baselines use their own.
+    """
     import torch
     import transformers
 
@@ -198,6 +207,12 @@ def run_decode_bench(
         raise ValueError(f"new_tokens must be >= 1, got {new_tokens}")
     if not methods:
         raise ValueError("methods must name at least one method")
+    from spec.llm.generate import CACHES
+
+    if cache not in CACHES:
+        raise ValueError(f"cache must be one of {CACHES}, got {cache!r}")
+    if cache == "auto":
+        cache = "static" if next(target.parameters()).device.type == "cuda" else "dynamic"
     device = next(target.parameters()).device
     rows: list[dict[str, Any]] = []
     with torch.inference_mode():
@@ -206,8 +221,9 @@ def run_decode_bench(
             for method in methods:
                 if warmup:  # static-cache compilation and allocator growth happen here, untimed
                     _run_one(method, target, draft, list(prompts[0]), temp,
-                             new_tokens if method.name == "ar-static" else min(new_tokens, 16), seed)
-                runs = [_run_one(method, target, draft, list(p), temp, new_tokens, seed + i) for i, p in enumerate(prompts)]
+                             new_tokens if method.name == "ar-static" else min(new_tokens, 16), seed, cache)
+                runs = [_run_one(method, target, draft, list(p), temp, new_tokens, seed + i, cache)
+                        for i, p in enumerate(prompts)]
                 n_tok = sum(len(r["tokens"]) for r in runs)
                 secs = sum(r["seconds"] for r in runs)
                 steps = sum(r["steps"] for r in runs)
@@ -238,7 +254,7 @@ def run_decode_bench(
             r[key] = r["tokens_per_s"] / b["tokens_per_s"] if b and b["tokens_per_s"] > 0 else None
     env = {"torch": torch.__version__, "threads": torch.get_num_threads(), "transformers": transformers.__version__, "python": platform.python_version(),
            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
-           "dtype": str(next(target.parameters()).dtype).replace("torch.", ""),
+           "dtype": str(next(target.parameters()).dtype).replace("torch.", ""), "cache": cache,
            "target_params": sum(p.numel() for p in target.parameters()),
            "draft_params": sum(p.numel() for p in draft.parameters())}
     return {"environment": env, "prompts": len(prompts), "prompt_tokens": [len(p) for p in prompts],
@@ -268,7 +284,7 @@ def render(report: dict[str, Any]) -> str:
             ["method", "tok/step", "tok/s", "×ar", "×ar-static", "×assisted", "bld+ver %", "builder %",
              "verifier %", "draft fwd %", "=ar"], table,
             title=f"T = {temp:g}: {report['prompts']} prompts × {report['new_tokens']} new tokens, {env['device']}, "
-                  f"{env['dtype']}, torch {env['torch']} ({env['threads']} CPU threads), transformers {env['transformers']} "
+                  f"{env['dtype']}, our cache {env.get('cache', 'dynamic')}, torch {env['torch']} ({env['threads']} CPU threads), transformers {env['transformers']} "
                   f"(% columns: of the target forward time)"))
     return "\n\n".join(out)
 
@@ -322,6 +338,9 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                    help="decode: model dtype (default bfloat16 on cuda, float32 on cpu)")
     g.add_argument("--threads", type=int, default=None,
                    help="decode: torch CPU threads (default: torch's; 4 measured best on a 16-core GPU host, README)")
+    g.add_argument("--cache", choices=["auto", "dynamic", "static"], default="auto",
+                   help="decode: KV cache of our loop: static (with CUDA graphs on cuda), dynamic, or auto "
+                        "(static on cuda, dynamic on cpu; default)")
     g.add_argument("--save", metavar="DIR", help="decode: write decode.json and decode.png into DIR")
 
 
@@ -380,7 +399,7 @@ def bench(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     print(f"decoding {args.prompts} prompts x {args.new_tokens} tokens with {len(methods)} methods at T in {temps} "
           f"on {device} ({str(dtype).replace('torch.', '')}) ...", file=sys.stderr)
     report = run_decode_bench(target, draft, prompts, methods, temps, args.new_tokens, seed=args.seed,
-                              progress=lambda m: print(m, file=sys.stderr, flush=True))
+                              cache=args.cache, progress=lambda m: print(m, file=sys.stderr, flush=True))
     report["pair"] = {"target": target_dir, "draft": draft_dir}
     text = render(report)
     if args.save:

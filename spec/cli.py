@@ -112,6 +112,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     dec.add_argument("--top-p", type=float, default=None)
     dec.add_argument("--max-new-tokens", type=positive_int, default=64)
     dec.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    dec.add_argument("--cache", choices=["auto", "dynamic", "static"], default="auto",
+                     help="KV cache: static (explicit slots; CUDA graphs on cuda), dynamic, or auto "
+                          "(static on cuda, dynamic elsewhere; default)")
     dec.add_argument("--no-ar", action="store_true", help="skip the autoregressive baseline run")
     add_seed(dec, "builder draws and verifier uniforms")
     add_json(dec)
@@ -139,8 +142,8 @@ def _cmd_decode(args: argparse.Namespace) -> int:
     print(f"decoding {args.max_new_tokens} tokens with {args.builder} + {args.verifier} on {args.device} ...", file=sys.stderr)
     with torch.inference_mode():
         out = generate(target, draft, ids, args.builder, args.verifier, budget=args.budget,
-                       builder_params=dict(args.param), **settings)
-        ar = None if args.no_ar else ar_generate(target, ids, **settings)
+                       builder_params=dict(args.param), cache=args.cache, **settings)
+        ar = None if args.no_ar else ar_generate(target, ids, cache=args.cache, **settings)
     summary = out.summary()
     report: dict[str, Any] = {"builder": args.builder, "verifier": args.verifier, "budget": args.budget,
                               "text": tok.decode(out.tokens), "tokens": out.tokens, **summary}

@@ -56,6 +56,7 @@ from numpy.typing import NDArray
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from spec.llm.sampling import Sampling
+from spec.llm.static_cache import StaticTreeCache
 from spec.tree import attention_mask, check_order, position_ids
 from tmc.multidraft import DraftTree, Path
 from tmc.validate import check_int
@@ -101,6 +102,9 @@ def trim_cache(cache: Any, length: int) -> Any:
     have = cache_length(cache)
     if length > have:
         raise ValueError(f"length {length} exceeds the {have} positions the cache holds")
+    if isinstance(cache, StaticTreeCache):
+        cache.trim(length)
+        return cache
     if length < have:
         cache.crop(length - have)
     got = cache_length(cache)
@@ -127,13 +131,17 @@ def _dynamic_layers(cache: Any) -> list[DynamicLayer]:
 
 
 def select_cache(cache: Any, indices: Sequence[int] | NDArray[np.integer[Any]] | torch.Tensor) -> Any:
-    """Keep only sequence positions ``indices`` (strictly increasing) of a ``DynamicCache``, in place.
+    """Keep only sequence positions ``indices`` (strictly increasing) of a ``DynamicCache`` or
+    :class:`~spec.llm.static_cache.StaticTreeCache`, in place.
 
     Typically ``spec.tree.keep_indices(...)``: the past, then the accepted
     path's flattened positions.  A leading run ``0, 1, ..., m-1`` is kept as
     a slice; the rest is gathered with ``index_select`` on the sequence axis
     (dim ``-2`` of each layer's ``(B, H, S, D)`` keys and values).
     """
+    if isinstance(cache, StaticTreeCache):
+        cache.select(_index_array(indices, cache.length))
+        return cache
     layers = _dynamic_layers(cache)
     have = cache_length(cache)
     idx = _index_array(indices, have)
@@ -211,6 +219,10 @@ def forward_masked(
         raise ValueError(f"positions has {len(positions)} entries for {n} tokens")
     if any(not isinstance(t, numbers.Integral) or not 0 <= int(t) < vocab for t in tokens):
         raise ValueError(f"tokens must be integers in [0, {vocab}), got {list(tokens)[:16]}")
+    if isinstance(cache, StaticTreeCache):
+        if cache.model is not model:
+            raise ValueError("this StaticTreeCache belongs to another model")
+        return cache.forward([int(t) for t in tokens], positions, allowed)
     device = _device(model)
     ids = torch.as_tensor([int(t) for t in tokens], dtype=torch.long, device=device)[None]  # (1, n)
     pos = torch.as_tensor(np.asarray(positions, dtype=np.int64), device=device)[None]  # (1, n)
@@ -332,6 +344,12 @@ class LLMDraft:
         return tok
 
     def _path(self, i: int, path: object) -> Path:
+        if type(path) is tuple and path and path[:-1] in self._slot or path == ():
+            # the prefix was validated when it was fed: check only the last token
+            assert isinstance(path, tuple)
+            if path:
+                self._token(f"paths[{i}][{len(path) - 1}]", path[-1])
+            return tuple(int(t) for t in path)
         if isinstance(path, (str, bytes)) or not isinstance(path, Sequence | np.ndarray):
             raise ValueError(f"paths[{i}] must be a sequence of token ids, got {path!r}")
         return tuple(self._token(f"paths[{i}][{j}]", t) for j, t in enumerate(path))

@@ -40,8 +40,9 @@ from transformers import DynamicCache
 
 from spec.acceptance import verifiers_for
 from spec.builders import TreeBuilder, make_builder
-from spec.llm.adapter import LLMDraft, select_cache, sync, tree_logits
+from spec.llm.adapter import LLMDraft, forward_masked, select_cache, sync, tree_logits
 from spec.llm.sampling import Sampling
+from spec.llm.static_cache import shared_static_cache
 from spec.llm.verify import CHAIN_METHODS, TREE_METHODS, Verified, noise_size, verify_chain, verify_tree
 from spec.randomness import RngSampler
 from spec.tree import bfs_order, dfs_order, keep_indices
@@ -54,6 +55,8 @@ __all__ = ["GenerateOutput", "StepStats", "VERIFIERS", "ar_generate", "generate"
 #: Verifier names ``generate`` accepts: the chain ones need a chain builder.
 VERIFIERS: tuple[str, ...] = CHAIN_METHODS + TREE_METHODS
 ORDERS = ("dfs", "bfs", "index")
+#: KV cache kinds ``generate`` accepts (``auto``: static on CUDA, dynamic elsewhere).
+CACHES = ("auto", "dynamic", "static")
 
 @dataclass(frozen=True)
 class StepStats:
@@ -134,6 +137,28 @@ def _draft_probs(tree: DraftTree, vocab: int) -> torch.Tensor | None:
 def _is_chain(tree: DraftTree) -> bool:
     return all(par == i - 1 for i, par in enumerate(tree.parents))
 
+def _new_cache(model: Any, kind: str, role: str, capacity: int, graphs: bool | None) -> Any:
+    """An empty KV cache: ``DynamicCache`` or the model's shared :class:`~spec.llm.static_cache.StaticTreeCache`."""
+    if graphs is not None and not isinstance(graphs, bool):
+        raise ValueError(f"graphs must be None, True or False, got {graphs!r}")
+    if kind == "auto":
+        kind = "static" if next(model.parameters()).device.type == "cuda" else "dynamic"
+    if kind == "dynamic":
+        if graphs:
+            raise ValueError("graphs=True needs cache='static' (a DynamicCache changes shape every step)")
+        return DynamicCache()
+    return shared_static_cache(model, role, capacity, graphs=graphs)
+
+def _prefill(model: Any, cache: Any, tokens: Sequence[int]) -> None:
+    """Feed ``tokens`` causally into an empty cache (a ``DynamicCache`` through the model's own causal mask)."""
+    if tokens and isinstance(cache, DynamicCache):
+        with torch.no_grad():
+            model(input_ids=torch.tensor([list(tokens)], device=next(model.parameters()).device),
+                  past_key_values=cache, use_cache=True)
+    elif tokens:
+        n = len(tokens)
+        forward_masked(model, cache, tokens, np.arange(n), np.tril(np.ones((n, n), dtype=bool)))
+
 def _verify(method: str, tree: DraftTree, p: torch.Tensor, rng: np.random.Generator, adaptive: bool) -> Verified:
     u = torch.from_numpy(rng.random(noise_size(method, tree.size)))
     vocab = p.shape[-1]
@@ -163,6 +188,8 @@ def generate(
     eos_token_id: int | None = None,
     builder_params: dict[str, Any] | None = None,
     order: str = "dfs",
+    cache: str = "auto",
+    graphs: bool | None = None,
 ) -> GenerateOutput:
     """Speculative decoding of ``max_new_tokens`` tokens after ``input_ids`` (module doc).
 
@@ -170,6 +197,11 @@ def generate(
     ``builder_params``) or a builder object; ``verifier`` one of
     :data:`VERIFIERS`; ``budget`` the draft nodes per step; ``order`` how the
     tree is laid out for the target forward (``dfs``, ``bfs``, ``index``).
+    ``cache``: ``dynamic`` (transformers' ``DynamicCache``, gathered after
+    each step), ``static`` (:class:`~spec.llm.static_cache.StaticTreeCache`:
+    fixed buffers written at explicit slots; with ``graphs`` — default: on
+    CUDA — every forward of ≤ 128 tokens replays a captured CUDA graph) or
+    ``auto`` (static on CUDA, dynamic elsewhere); the tokens are the same.
     Randomness: one ``numpy`` generator seeded with ``seed`` draws the
     builder's tokens and every step's uniforms.
     """
@@ -183,6 +215,8 @@ def generate(
         raise ValueError(f"unknown verifier {verifier!r}; choose one of {', '.join(VERIFIERS)}")
     if order not in ORDERS:
         raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
+    if cache not in CACHES:
+        raise ValueError(f"cache must be one of {CACHES}, got {cache!r}")
     budget = check_int("budget", budget, minimum=1)
     max_new_tokens = check_int("max_new_tokens", max_new_tokens, minimum=0)
     seed = check_int("seed", seed, minimum=0)
@@ -194,12 +228,12 @@ def generate(
     device = next(target.parameters()).device
 
     # Prefill: the target caches the prompt but its last token (fed as each step's root).
-    t_cache = DynamicCache()
-    if len(prompt) > 1:
-        with torch.no_grad():
-            target(input_ids=torch.tensor([prompt[:-1]], device=device), past_key_values=t_cache, use_cache=True)
+    capacity = len(prompt) + max_new_tokens + 4 * budget + 64  # a first guess: a static cache grows on demand
+    t_cache = _new_cache(target, cache, "target", capacity, graphs)
+    d_cache = _new_cache(draft, cache, "draft", capacity, graphs)
+    _prefill(target, t_cache, prompt[:-1])
     t_past, root = len(prompt) - 1, prompt[-1]
-    d_step = LLMDraft(draft, DynamicCache(), 0, pending=prompt, sampling=sampling)
+    d_step = LLMDraft(draft, d_cache, 0, pending=prompt, sampling=sampling)
     sync(device)
     prefill_s = time.perf_counter() - t_start
 
@@ -243,31 +277,44 @@ def ar_generate(
     max_new_tokens: int = 64,
     seed: int = 0,
     eos_token_id: int | None = None,
+    cache: str = "dynamic",
+    graphs: bool | None = None,
 ) -> GenerateOutput:
     """Plain autoregressive decoding with the same processing and a seeded inverse-CDF draw per token.
 
-    The baseline of the benchmarks (one target forward per token, dynamic cache).
+    The baseline of the benchmarks: one target forward per token.  ``cache``
+    and ``graphs`` as in :func:`generate` (default: a ``DynamicCache``, the
+    loop of plain transformers decoding; ``static`` gives the same loop on
+    the static cache, with a captured one-token graph on CUDA).
     """
     t_start = time.perf_counter()
     vocab = _vocab(target, "target")
     prompt = _prompt(input_ids, vocab)
     sampling = Sampling(temperature, top_k, top_p)
     rng = np.random.default_rng(check_int("seed", seed, minimum=0))
+    max_new_tokens = check_int("max_new_tokens", max_new_tokens, minimum=0)
+    if cache not in CACHES:
+        raise ValueError(f"cache must be one of {CACHES}, got {cache!r}")
     device = next(target.parameters()).device
-    cache = DynamicCache()
-    ids = torch.tensor([prompt], device=device)
+    kv = _new_cache(target, cache, "target", len(prompt) + max_new_tokens + 64, graphs)
+    dynamic = isinstance(kv, DynamicCache)
+    _prefill(target, kv, prompt[:-1])
+    tok, pos = prompt[-1], len(prompt) - 1
     out: list[int] = []
     steps: list[StepStats] = []
     with torch.no_grad():
-        while len(out) < check_int("max_new_tokens", max_new_tokens, minimum=0):
+        while len(out) < max_new_tokens:
             t0 = time.perf_counter()
-            logits = target(input_ids=ids, past_key_values=cache, use_cache=True).logits[0, -1]
+            if dynamic:
+                ids = torch.tensor([[tok]], device=device)
+                logits = target(input_ids=ids, past_key_values=kv, use_cache=True).logits[0, -1]
+            else:
+                logits = forward_masked(target, kv, [tok], [pos], np.ones((1, pos + 1), dtype=bool))[0]
             probs = sampling.probs(logits).cpu().numpy()
-            tok = categorical(probs, float(rng.random()))
+            tok, pos = categorical(probs, float(rng.random())), pos + 1
             out.append(tok)
             steps.append(StepStats(0, 0, 1, 0, 0.0, time.perf_counter() - t0, 0.0))
             if eos_token_id is not None and tok == eos_token_id:
                 break
-            ids = torch.tensor([[tok]], device=device)
     sync(device)
     return GenerateOutput(out, steps, 0.0, time.perf_counter() - t_start)

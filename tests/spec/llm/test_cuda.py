@@ -67,3 +67,25 @@ def test_bench_runs_on_cuda(pairs: tuple[tuple[object, object], tuple[object, ob
     report = run_decode_bench(t_gpu, d_gpu, [[1, 2, 3, 4]], methods, temperatures=(0.0,), new_tokens=8, warmup=False)
     assert all(r["agree_ar"] == 1.0 for r in report["rows"])
     assert report["environment"]["device"] != "cpu"
+
+
+def test_static_cache_graphs_are_captured_once_and_replay_the_eager_forwards(
+        pairs: tuple[tuple[object, object], tuple[object, object]]) -> None:
+    """generate on CUDA defaults to the static cache with CUDA graphs: captured in the first call, only
+    replayed in the next; replays give the eager static forwards' tokens on every seed."""
+    from spec.llm.static_cache import shared_static_cache
+
+    _, (t_gpu, d_gpu) = pairs
+    prompt = [4, 4, 2, 9]
+    generate(t_gpu, d_gpu, prompt, "dyspec", "traversal", budget=8, temperature=1.0, max_new_tokens=16, seed=0)
+    caches = [shared_static_cache(m, role, 1, graphs=True) for m, role in ((t_gpu, "target"), (d_gpu, "draft"))]
+    captured = [c.captures for c in caches]
+    assert all(c.graphs for c in caches) and min(captured) > 0
+    for seed in range(5):
+        kw = dict(budget=8, temperature=1.0, max_new_tokens=16, seed=seed)
+        graphed = generate(t_gpu, d_gpu, prompt, "dyspec", "traversal", **kw)
+        eager = generate(t_gpu, d_gpu, prompt, "dyspec", "traversal", cache="static", graphs=False, **kw)
+        assert graphed.tokens == eager.tokens
+    assert [shared_static_cache(m, r, 1, graphs=True).captures for m, r in ((t_gpu, "target"), (d_gpu, "draft"))] == captured
+    greedy = ar_generate(t_gpu, prompt, temperature=0, max_new_tokens=24, cache="static")
+    assert greedy.tokens == ar_generate(t_gpu, prompt, temperature=0, max_new_tokens=24).tokens

@@ -1,0 +1,300 @@
+"""A static KV cache written at explicit slots, with captured CUDA graphs (DESIGN.md §8).
+
+The decode loop's forwards are small (a tree of ≤ a few dozen tokens, a draft
+layer, one root token), so on a GPU their cost is kernel launches and host
+work, not arithmetic.  :class:`StaticTreeCache` removes both where a
+``DynamicCache`` cannot:
+
+* **Fixed buffers.**  One tensor ``kv`` of shape
+  ``(layers, 2, 1, kv_heads, capacity, head_dim)`` holds every layer's keys
+  and values.  A forward writes its ``n`` new entries at the explicit slots
+  ``length .. length + n - 1`` (``index_copy_``) and attends over the whole
+  buffer, with a 4D additive mask that opens only the slots the node may see:
+  the context ``[0, length)``, its tree ancestors and itself.  Slots past the
+  context hold stale entries from rejected nodes; the mask keeps them out and
+  a later forward overwrites them.
+* **Keeping the accepted path** (:meth:`StaticTreeCache.select`) is one
+  gather over all layers at once: the kept positions are copied to the
+  contiguous slots after the retained prefix and ``length`` becomes their
+  count.  As for ``DynamicCache``, this is exact: each kept entry was
+  computed with the attention set and position plain decoding of its path
+  uses, and RoPE is already applied to the stored keys.
+* **CUDA graphs.**  Every input of a forward lives in a per-size static
+  buffer (token ids, position ids, write slots, mask), so the forward of
+  ``n`` tokens is padded to the next power of two ``B ≥ n`` and replays a
+  graph captured once for ``(model, B)``.  Padding rows write to slots no
+  real row attends to and their logits are dropped.  The first forward of a
+  size runs twice eagerly (warm-up, on a side stream) and captures; later ones
+  replay.  On the CPU (or with ``graphs=False``) the same buffers run eagerly,
+  so the CPU tests exercise everything but the capture.
+
+The cache implements the one method transformers' Llama-style attention calls
+on a cache — ``update(keys, values, layer_idx)``, the same in 5.17 and 5.23 —
+plus ``get_seq_length``; it is not a ``transformers.Cache`` subclass, so
+masking code sizes the mask from the 4D mask it is given (both versions
+return a 4D mask as is).  Models whose config declares sliding-window or
+non-full-attention layers are refused: their layers need state this buffer
+does not keep.  Batch size 1.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from numpy.typing import NDArray
+
+from tmc.validate import check_int
+
+__all__ = ["StaticTreeCache", "shared_static_cache"]
+
+#: Forwards of at most this many tokens replay a captured graph (larger ones, e.g. a prefill, run eagerly).
+MAX_GRAPH_TOKENS = 128
+#: Capacity is rounded up to a multiple of this.
+CAPACITY_STEP = 64
+
+
+def _model_device(model: Any) -> torch.device:
+    device: torch.device = next(model.parameters()).device
+    return device
+
+
+def _model_dtype(model: Any) -> torch.dtype:
+    dtype = getattr(model, "dtype", None)
+    return dtype if isinstance(dtype, torch.dtype) else next(model.parameters()).dtype
+
+
+def _geometry(model: Any) -> tuple[int, int, int]:
+    """``(layers, kv_heads, head_dim)`` from a decoder config, refusing layer kinds this cache cannot hold."""
+    cfg = getattr(model, "config", None)
+    if cfg is None or not hasattr(cfg, "num_hidden_layers"):
+        raise ValueError(f"model must be a transformers causal LM with a decoder config, got {type(model).__name__}")
+    if getattr(cfg, "sliding_window", None) not in (None, 0) and getattr(cfg, "use_sliding_window", True):
+        raise ValueError("StaticTreeCache holds full-attention layers only; this model uses a sliding window")
+    kinds = set(getattr(cfg, "layer_types", None) or ["full_attention"])
+    if kinds != {"full_attention"}:
+        raise ValueError(f"StaticTreeCache holds full-attention layers only; this model has {sorted(kinds)}")
+    heads = int(cfg.num_attention_heads)
+    kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
+    return int(cfg.num_hidden_layers), kv_heads, head_dim
+
+
+def _round_capacity(n: int) -> int:
+    return max(CAPACITY_STEP, math.ceil(n / CAPACITY_STEP) * CAPACITY_STEP)
+
+
+@dataclass
+class _Size:
+    """Static inputs (and, once captured, the graph and its output) of forwards padded to ``size`` tokens."""
+
+    size: int
+    index: torch.Tensor  # (3, size) int64: token ids, position ids, write slots
+    allowed: torch.Tensor  # (size, capacity) bool
+    mask: torch.Tensor  # (1, 1, size, capacity) additive, model dtype
+    graph: Any = None  # torch.cuda.CUDAGraph once captured
+    logits: torch.Tensor | None = None  # the captured forward's output (1, size, V)
+
+
+class StaticTreeCache:
+    """Fixed-capacity KV cache for one model, written at explicit slots (module doc).
+
+    ``capacity`` is the number of slots (rounded up to a multiple of
+    :data:`CAPACITY_STEP`); a forward that would pass it grows the buffers
+    (doubling; captured graphs are dropped and re-captured).  ``graphs``:
+    capture CUDA graphs (default: when the model is on CUDA; ``True`` off
+    CUDA is a ``ValueError``).  ``pad``: pad forwards of ≤ ``max_graph_tokens``
+    tokens to a power of two (default: as ``graphs``; ``pad=True`` without
+    graphs exercises the padding on the CPU).  ``length`` is the number of
+    context positions held, slots ``[0, length)``.
+    """
+
+    def __init__(self, model: Any, capacity: int, *, graphs: bool | None = None, pad: bool | None = None,
+                 max_graph_tokens: int = MAX_GRAPH_TOKENS) -> None:
+        self.model = model
+        self.layers, self.kv_heads, self.head_dim = _geometry(model)
+        self.device = _model_device(model)
+        self.dtype = _model_dtype(model)
+        on_cuda = self.device.type == "cuda"
+        if graphs and not on_cuda:
+            raise ValueError(f"graphs=True needs a CUDA model; this one is on {self.device}")
+        self.graphs = on_cuda if graphs is None else bool(graphs)
+        self.pad = self.graphs if pad is None else bool(pad)
+        if self.graphs and not self.pad:
+            raise ValueError("graphs=True needs pad=True: a graph is captured per padded size")
+        self.max_graph_tokens = check_int("max_graph_tokens", max_graph_tokens, minimum=1)
+        self.capacity = 0
+        self.kv = torch.zeros(0)
+        self.length = 0
+        self.captures = 0  # graphs captured so far (tests, benchmarks)
+        self._sizes: dict[int, _Size] = {}
+        self._slots: torch.Tensor | None = None  # write slots of the forward in flight
+        self._pool: Any = None
+        self._allocate(_round_capacity(check_int("capacity", capacity, minimum=1)))
+
+    # --- the transformers cache protocol ---------------------------------------------------
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
+               cache_kwargs: dict[str, Any] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write this forward's keys/values ``(1, H, n, D)`` at its slots; return the layer's whole buffers."""
+        if self._slots is None:
+            raise RuntimeError("StaticTreeCache is written only through StaticTreeCache.forward")
+        keys, values = self.kv[layer_idx, 0], self.kv[layer_idx, 1]  # (1, H, capacity, D) views
+        keys.index_copy_(-2, self._slots, key_states.to(keys.dtype))
+        values.index_copy_(-2, self._slots, value_states.to(values.dtype))
+        return keys, values
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.length
+
+    def __len__(self) -> int:
+        return self.layers
+
+    # --- forwards ------------------------------------------------------------------------
+
+    def forward(self, tokens: Sequence[int], positions: Sequence[int] | NDArray[np.int64],
+                allowed: NDArray[np.bool_]) -> torch.Tensor:
+        """Logits ``(n, V)`` of ``tokens`` fed after the ``length`` cached positions; ``length += n``.
+
+        ``positions`` are their position ids and ``allowed`` the
+        ``(n, length + n)`` bool mask over the context and the new tokens
+        (checked by the caller, :func:`spec.llm.adapter.forward_masked`).
+        """
+        n, have = len(tokens), self.length
+        if n == 0:
+            raise ValueError("tokens must not be empty")
+        if have + n > self.capacity:
+            self._allocate(_round_capacity(max(have + n, 2 * self.capacity)))
+        size = 1 << (n - 1).bit_length()  # next power of two
+        padded = self.pad and size <= self.max_graph_tokens and have + size <= self.capacity
+        if not padded:
+            size = n
+        buf = self._sizes.get(size) if padded else None
+        if buf is None:
+            buf = self._new_size(size)
+            if padded:
+                self._sizes[size] = buf
+        graphed = padded and self.graphs
+        index = np.zeros((3, size), dtype=np.int64)
+        index[0, :n] = np.asarray(tokens, dtype=np.int64)
+        index[1, :n] = np.asarray(positions, dtype=np.int64)
+        index[2] = np.arange(have, have + size)
+        mask = np.zeros((size, self.capacity), dtype=bool)
+        mask[:n, : have + n] = allowed
+        mask[n:, 0] = True  # padding rows: any one open slot keeps their softmax finite
+        buf.index.copy_(torch.from_numpy(index))
+        buf.allowed.copy_(torch.from_numpy(mask))
+        with torch.no_grad():
+            torch.where(buf.allowed, self._open, self._closed, out=buf.mask[0, 0])
+            if graphed:
+                if buf.graph is None:
+                    self._capture(buf)
+                buf.graph.replay()
+                assert buf.logits is not None
+                logits = buf.logits[0, :n].clone()
+            else:
+                logits = self._eager(buf)[0, :n]
+        self.length = have + n
+        return logits
+
+    def _eager(self, buf: _Size) -> torch.Tensor:
+        self._slots = buf.index[2]
+        try:
+            out = self.model(input_ids=buf.index[0:1], attention_mask=buf.mask, position_ids=buf.index[1:2],
+                             past_key_values=self, use_cache=True)
+        finally:
+            self._slots = None
+        logits: torch.Tensor = out.logits
+        return logits
+
+    def _capture(self, buf: _Size) -> None:
+        """Warm up on a side stream (twice), then capture the forward of ``buf`` into a CUDA graph."""
+        stream = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self._eager(buf)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            buf.logits = self._eager(buf)
+        buf.graph = graph
+        self.captures += 1
+
+    # --- keeping and dropping positions --------------------------------------------------
+
+    def select(self, indices: NDArray[np.int64]) -> None:
+        """Keep positions ``indices`` (strictly increasing, validated by the caller) as slots ``0..len-1``."""
+        idx = np.asarray(indices, dtype=np.int64)
+        moved = np.flatnonzero(idx != np.arange(len(idx)))
+        prefix = int(moved[0]) if moved.size else len(idx)
+        if prefix < len(idx):
+            tail = torch.as_tensor(idx[prefix:], device=self.device)
+            self.kv[..., prefix : len(idx), :] = self.kv.index_select(-2, tail)
+        self.length = len(idx)
+
+    def trim(self, length: int) -> None:
+        """Keep the first ``length`` positions."""
+        length = check_int("length", length, minimum=0)
+        if length > self.length:
+            raise ValueError(f"length {length} exceeds the {self.length} positions the cache holds")
+        self.length = length
+
+    def reset(self) -> StaticTreeCache:
+        """Empty the cache (buffers and captured graphs are kept); returns it."""
+        self.length = 0
+        return self
+
+    # --- buffers -------------------------------------------------------------------------
+
+    def _allocate(self, capacity: int) -> None:
+        # plain tensors even under torch.inference_mode(): the cache may be reused outside it
+        with torch.inference_mode(False), torch.no_grad():
+            self._allocate_buffers(capacity)
+
+    def _allocate_buffers(self, capacity: int) -> None:
+        kv = torch.zeros((self.layers, 2, 1, self.kv_heads, capacity, self.head_dim), dtype=self.dtype,
+                         device=self.device)
+        if self.length:
+            kv[..., : self.length, :] = self.kv[..., : self.length, :]
+        self.kv, self.capacity = kv, capacity
+        self._sizes.clear()  # graphs point at the old buffers
+        self._pool = None  # freed with its last graph: a new capture needs a new pool
+        self._open = torch.zeros((), dtype=self.dtype, device=self.device)
+        self._closed = torch.full((), torch.finfo(self.dtype).min, dtype=self.dtype, device=self.device)
+
+    def _new_size(self, size: int) -> _Size:
+        dev = self.device
+        with torch.inference_mode(False):
+                return _Size(size, torch.zeros((3, size), dtype=torch.long, device=dev),
+                         torch.zeros((size, self.capacity), dtype=torch.bool, device=dev),
+                         torch.zeros((1, 1, size, self.capacity), dtype=self.dtype, device=dev))
+
+
+_SHARED: weakref.WeakKeyDictionary[Any, dict[tuple[str, bool], StaticTreeCache]] = weakref.WeakKeyDictionary()
+
+
+def shared_static_cache(model: Any, role: str, capacity: int, *, graphs: bool | None = None) -> StaticTreeCache:
+    """An empty :class:`StaticTreeCache` for ``model`` in ``role`` (e.g. ``"target"``/``"draft"``), reused across calls.
+
+    Captured graphs stay with the cache, so only the first decode of a model
+    pays for capture.  One cache per model, role and graph setting; it grows on demand when ``capacity`` is larger.  The same model in two
+    roles (self-speculation) gets two caches.
+    """
+    per_model = _SHARED.setdefault(model, {})
+    key = (role, _model_device(model).type == "cuda" if graphs is None else bool(graphs))
+    cache = per_model.get(key)
+    if cache is None or cache.device != _model_device(model) or cache.dtype != _model_dtype(model):
+        cache = StaticTreeCache(model, capacity, graphs=graphs)
+        per_model[key] = cache
+    cache.reset()
+    if cache.capacity < capacity:
+        cache._allocate(_round_capacity(capacity))
+    return cache
