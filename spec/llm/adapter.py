@@ -323,6 +323,7 @@ class LLMDraft:
             self._logits[()] = last_logits.reshape(self._vocab)
         self._rows: dict[Path, FloatArray] = {}  # processed rows q(. | context + path)
         self._slot: dict[Path, int] = {}  # cache position of each fed node
+        self._seen: dict[Path, tuple[int, ...]] = {}  # cache positions of each fed node's path (ancestors, itself)
         self._pending_fed = not self.pending  # True once the cache holds the whole context
         self._ended = False
         self.forwards = 0
@@ -347,9 +348,10 @@ class LLMDraft:
         if type(path) is tuple and path and path[:-1] in self._slot or path == ():
             # the prefix was validated when it was fed: check only the last token
             assert isinstance(path, tuple)
-            if path:
-                self._token(f"paths[{i}][{len(path) - 1}]", path[-1])
-            return tuple(int(t) for t in path)
+            if not path:
+                return ()
+            last = self._token(f"paths[{i}][{len(path) - 1}]", path[-1])
+            return path if type(path[-1]) is int else path[:-1] + (last,)
         if isinstance(path, (str, bytes)) or not isinstance(path, Sequence | np.ndarray):
             raise ValueError(f"paths[{i}] must be a sequence of token ids, got {path!r}")
         return tuple(self._token(f"paths[{i}][{j}]", t) for j, t in enumerate(path))
@@ -361,7 +363,12 @@ class LLMDraft:
         wanted = [self._path(i, p) for i, p in enumerate(paths)]
         new: dict[Path, None] = {}  # nodes to feed, parents before children (an ordered set)
         for path in wanted:
-            new.update((path[:depth], None) for depth in range(1, len(path) + 1) if path[:depth] not in self._slot)
+            if not path or path in self._slot:
+                continue
+            if len(path) == 1 or path[:-1] in self._slot:  # the usual case: a child of a fed node
+                new[path] = None
+            else:
+                new.update((path[:depth], None) for depth in range(1, len(path) + 1) if path[:depth] not in self._slot)
         if new or (() in wanted and () not in self._logits):
             self._feed(list(new))
         todo = list(dict.fromkeys(p for p in wanted if p not in self._rows))
@@ -387,8 +394,9 @@ class LLMDraft:
             allowed[j, self.past_len : self.past_len + j + 1] = True
         context = self.context_len
         allowed[len(pend) :, self.past_len : context] = True
-        for k, node in enumerate(new):
-            allowed[len(pend) + k, [self._slot[node[:d]] for d in range(1, len(node) + 1)]] = True
+        for k, node in enumerate(new):  # each node sees its ancestors and itself
+            self._seen[node] = self._seen.get(node[:-1], ()) + (self._slot[node],)
+            allowed[len(pend) + k, list(self._seen[node])] = True
         positions = [self.past_len + j for j in range(len(pend))] + [context + len(node) - 1 for node in new]
         tokens = list(pend) + [node[-1] for node in new]
         t0 = time.perf_counter()
