@@ -30,7 +30,11 @@ second forward that crop-and-refill (crop to the past, re-feed the accepted
 tokens) would cost.  Other layer kinds (sliding window, quantised, static,
 linear-attention) keep extra state that a gather would desynchronise, so
 :func:`select_cache` refuses them with ``ValueError``; callers may fall back
-to :func:`trim_cache` + refeed there.
+to :func:`trim_cache` + refeed there.  A
+:class:`~spec.llm.static_cache.StaticTreeCache` (fixed buffers written at
+explicit slots, CUDA graphs) goes through the same three functions:
+:func:`forward_masked` runs its forward, :func:`select_cache` and
+:func:`trim_cache` move or drop its slots.
 
 ``DynamicCache.crop`` changed meaning: 5.17 treats ``crop(n > 0)`` as
 "keep the first ``n``" (deprecated) and ``crop(-m)`` as "remove the last
@@ -57,6 +61,8 @@ from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from spec.llm.sampling import Sampling
 from spec.llm.static_cache import StaticTreeCache
+from spec.llm.static_cache import model_device as _device
+from spec.llm.static_cache import model_dtype as _dtype
 from spec.tree import attention_mask, check_order, position_ids
 from tmc.multidraft import DraftTree, Path
 from tmc.validate import check_int
@@ -177,16 +183,6 @@ def _index_array(indices: object, have: int) -> NDArray[np.int64]:
 
 
 # --- one masked forward -----------------------------------------------------------------
-
-
-def _device(model: Any) -> torch.device:
-    device: torch.device = next(model.parameters()).device
-    return device
-
-
-def _dtype(model: Any) -> torch.dtype:
-    dtype = getattr(model, "dtype", None)
-    return dtype if isinstance(dtype, torch.dtype) else next(model.parameters()).dtype
 
 
 def _vocab(model: Any) -> int:

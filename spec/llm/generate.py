@@ -17,6 +17,9 @@ One step:
    :func:`spec.llm.adapter.select_cache`; the emitted last token is fed as the
    next step's root), and a stateful builder (DynaTree) updates its state.
 
+The caches are ``DynamicCache`` or, by default on CUDA, the static cache of
+:mod:`spec.llm.static_cache`, whose forwards replay captured CUDA graphs.
+
 Because every step is a lossless verification of a tree whose nodes record
 the law they were drawn from, the output law is the target's (processed)
 law; at temperature 0 every builder × verifier reproduces greedy decoding

@@ -59,12 +59,14 @@ MAX_GRAPH_TOKENS = 128
 CAPACITY_STEP = 64
 
 
-def _model_device(model: Any) -> torch.device:
+def model_device(model: Any) -> torch.device:
+    """The device of the model's first parameter."""
     device: torch.device = next(model.parameters()).device
     return device
 
 
-def _model_dtype(model: Any) -> torch.dtype:
+def model_dtype(model: Any) -> torch.dtype:
+    """The model's ``dtype`` (its first parameter's when it has none)."""
     dtype = getattr(model, "dtype", None)
     return dtype if isinstance(dtype, torch.dtype) else next(model.parameters()).dtype
 
@@ -118,8 +120,8 @@ class StaticTreeCache:
                  max_graph_tokens: int = MAX_GRAPH_TOKENS) -> None:
         self.model = model
         self.layers, self.kv_heads, self.head_dim = _geometry(model)
-        self.device = _model_device(model)
-        self.dtype = _model_dtype(model)
+        self.device = model_device(model)
+        self.dtype = model_dtype(model)
         on_cuda = self.device.type == "cuda"
         if graphs and not on_cuda:
             raise ValueError(f"graphs=True needs a CUDA model; this one is on {self.device}")
@@ -289,9 +291,9 @@ def shared_static_cache(model: Any, role: str, capacity: int, *, graphs: bool | 
     roles (self-speculation) gets two caches.
     """
     per_model = _SHARED.setdefault(model, {})
-    key = (role, _model_device(model).type == "cuda" if graphs is None else bool(graphs))
+    key = (role, model_device(model).type == "cuda" if graphs is None else bool(graphs))
     cache = per_model.get(key)
-    if cache is None or cache.device != _model_device(model) or cache.dtype != _model_dtype(model):
+    if cache is None or cache.device != model_device(model) or cache.dtype != model_dtype(model):
         cache = StaticTreeCache(model, capacity, graphs=graphs)
         per_model[key] = cache
     cache.reset()
