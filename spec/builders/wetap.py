@@ -85,10 +85,10 @@ class WetapBuilder(TreeBuilder):
             rows = np.stack([scratch.row(node) for node in layer])
             base = np.array([1.0 if node == ROOT else cum[node] for node in layer])
             flat = (base[:, None] * rows).ravel()  # f of every (parent, token) candidate, parent-major
-            keep = flat > 0.0
+            chosen = flat > 0.0
             if flat.size > width:  # at least the width-th largest f (a value-only partition: no index shuffling)
-                keep &= flat >= np.partition(flat, flat.size - width)[flat.size - width]
-            pos = np.flatnonzero(keep)
+                chosen &= flat >= np.partition(flat, flat.size - width)[flat.size - width]
+            pos = np.flatnonzero(chosen)
             pos = pos[np.lexsort((pos, -flat[pos]))][:width]  # by decreasing f, ties by parent then token
             parents_of = [layer[i] for i in (pos // grow.vocab).tolist()]
             layer = []
