@@ -341,7 +341,7 @@ class LLMDraft:
         return tok
 
     def _path(self, i: int, path: object) -> Path:
-        if type(path) is tuple and path and path[:-1] in self._slot or path == ():
+        if type(path) is tuple and (not path or path[:-1] in self._slot):
             # the prefix was validated when it was fed: check only the last token
             assert isinstance(path, tuple)
             if not path:

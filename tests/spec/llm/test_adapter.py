@@ -291,6 +291,16 @@ def test_llm_draft_feeds_missing_ancestors_in_the_same_forward():
     assert draft.rows([]).shape == (0, VOCAB) and draft.forwards == 1
 
 
+def test_llm_draft_takes_paths_as_lists_and_numpy_arrays():
+    model, ctx = tiny_model(seed=1), context(8, seed=1)
+    cache, last = prefill(model, ctx)
+    draft = LLMDraft(model, cache, len(ctx), last_logits=last)
+    paths = [np.array([4, 5]), [4], np.array([], dtype=np.int64), (np.int64(4), np.int64(5), 6)]
+    want = expected_rows(model, ctx, [(4, 5), (4,), (), (4, 5, 6)], Sampling())
+    np.testing.assert_allclose(draft.rows(paths), want, rtol=0, atol=ATOL)
+    assert draft.forwards == 1
+
+
 @pytest.mark.parametrize(
     "emitted, fed, next_pending",
     [((3, 7, 30), 2, (30,)), ((3, 7), 2, ()), ((9, 30, 31), 1, (30, 31)), ((30,), 0, (30,)), ((), 0, ())],
