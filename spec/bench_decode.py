@@ -207,12 +207,9 @@ def run_decode_bench(
         raise ValueError(f"new_tokens must be >= 1, got {new_tokens}")
     if not methods:
         raise ValueError("methods must name at least one method")
-    from spec.llm.generate import CACHES
+    from spec.llm.generate import resolve_cache
 
-    if cache not in CACHES:
-        raise ValueError(f"cache must be one of {CACHES}, got {cache!r}")
-    if cache == "auto":
-        cache = "static" if next(target.parameters()).device.type == "cuda" else "dynamic"
+    cache = resolve_cache(target, cache)
     device = next(target.parameters()).device
     rows: list[dict[str, Any]] = []
     with torch.inference_mode():

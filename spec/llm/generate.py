@@ -45,7 +45,7 @@ from spec.acceptance import verifiers_for
 from spec.builders import TreeBuilder, make_builder
 from spec.llm.adapter import LLMDraft, forward_masked, select_cache, sync, tree_logits
 from spec.llm.sampling import Sampling
-from spec.llm.static_cache import shared_static_cache
+from spec.llm.static_cache import model_device, shared_static_cache
 from spec.llm.verify import CHAIN_METHODS, TREE_METHODS, Verified, noise_size, verify_chain, verify_tree
 from spec.randomness import RngSampler
 from spec.tree import bfs_order, dfs_order, keep_indices
@@ -53,7 +53,7 @@ from tmc.multidraft import DraftTree, Draw
 from tmc.noise import categorical
 from tmc.validate import check_int
 
-__all__ = ["GenerateOutput", "StepStats", "VERIFIERS", "ar_generate", "generate"]
+__all__ = ["CACHES", "GenerateOutput", "StepStats", "VERIFIERS", "ar_generate", "generate", "resolve_cache"]
 
 #: Verifier names ``generate`` accepts: the chain ones need a chain builder.
 VERIFIERS: tuple[str, ...] = CHAIN_METHODS + TREE_METHODS
@@ -140,12 +140,19 @@ def _draft_probs(tree: DraftTree, vocab: int) -> torch.Tensor | None:
 def _is_chain(tree: DraftTree) -> bool:
     return all(par == i - 1 for i, par in enumerate(tree.parents))
 
+def resolve_cache(model: Any, cache: str) -> str:
+    """``cache`` checked against :data:`CACHES`, with ``auto`` read as ``static`` on CUDA and ``dynamic`` elsewhere."""
+    if cache not in CACHES:
+        raise ValueError(f"cache must be one of {CACHES}, got {cache!r}")
+    if cache == "auto":
+        return "static" if model_device(model).type == "cuda" else "dynamic"
+    return cache
+
 def _new_cache(model: Any, kind: str, role: str, capacity: int, graphs: bool | None) -> Any:
-    """An empty KV cache: ``DynamicCache`` or the model's shared :class:`~spec.llm.static_cache.StaticTreeCache`."""
+    """An empty KV cache of a resolved ``kind``: ``DynamicCache`` or the model's shared
+    :class:`~spec.llm.static_cache.StaticTreeCache`."""
     if graphs is not None and not isinstance(graphs, bool):
         raise ValueError(f"graphs must be None, True or False, got {graphs!r}")
-    if kind == "auto":
-        kind = "static" if next(model.parameters()).device.type == "cuda" else "dynamic"
     if kind == "dynamic":
         if graphs:
             raise ValueError("graphs=True needs cache='static' (a DynamicCache changes shape every step)")
@@ -218,8 +225,7 @@ def generate(
         raise ValueError(f"unknown verifier {verifier!r}; choose one of {', '.join(VERIFIERS)}")
     if order not in ORDERS:
         raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
-    if cache not in CACHES:
-        raise ValueError(f"cache must be one of {CACHES}, got {cache!r}")
+    cache = resolve_cache(target, cache)
     budget = check_int("budget", budget, minimum=1)
     max_new_tokens = check_int("max_new_tokens", max_new_tokens, minimum=0)
     seed = check_int("seed", seed, minimum=0)
@@ -296,8 +302,7 @@ def ar_generate(
     sampling = Sampling(temperature, top_k, top_p)
     rng = np.random.default_rng(check_int("seed", seed, minimum=0))
     max_new_tokens = check_int("max_new_tokens", max_new_tokens, minimum=0)
-    if cache not in CACHES:
-        raise ValueError(f"cache must be one of {CACHES}, got {cache!r}")
+    cache = resolve_cache(target, cache)
     device = next(target.parameters()).device
     kv = _new_cache(target, cache, "target", len(prompt) + max_new_tokens + 64, graphs)
     dynamic = isinstance(kv, DynamicCache)

@@ -86,6 +86,7 @@ def test_plot_writes_a_png(pair: tuple[object, object], tmp_path: Path) -> None:
         ({"prompts": []}, "prompts"),
         ({"new_tokens": 0}, "new_tokens"),
         ({"methods": []}, "methods"),
+        ({"cache": "paged"}, "cache must be one of"),
     ],
 )
 def test_bad_arguments(pair: tuple[object, object], kwargs: dict[str, object], message: str) -> None:
