@@ -20,14 +20,16 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 import numpy as np
-from numpy.typing import NDArray
+from numpy.typing import ArrayLike, NDArray
 
 from tmc.toy import Path, ToyModel
-from tmc.validate import check_prob_rows
+from tmc.validate import check_int, check_prob_rows
 
 FloatArray = NDArray[np.float64]
 
-__all__ = ["DraftModel", "HashedDraft", "ToyDraft", "draft_rows"]
+IntArray = NDArray[np.int64]
+
+__all__ = ["BeamDraft", "DraftModel", "HashedDraft", "ToyDraft", "beam_candidates", "draft_rows", "select_beam"]
 
 
 @runtime_checkable
@@ -64,6 +66,72 @@ def draft_rows(draft: DraftModel, paths: Sequence[Path]) -> FloatArray:
         for path, row in zip(paths, arr):
             check_prob_rows(f"draft row for path {tuple(path)}", row[None, :])
         raise
+
+
+@runtime_checkable
+class BeamDraft(Protocol):
+    """A draft that selects a beam's best continuations itself (an LLM on its device).
+
+    ``beam_candidates(paths, weights, k)`` must return what :func:`select_beam`
+    returns for the draft's rows of ``paths``; a builder then never ships
+    ``len(paths) × V`` rows to the host for a step that only needs ``k`` of them.
+    """
+
+    def beam_candidates(self, paths: Sequence[Path], weights: FloatArray, k: int) -> tuple[IntArray, FloatArray]:
+        """``(positions, values)`` as :func:`select_beam` gives for these paths' rows."""
+        ...
+
+
+def select_beam(rows: FloatArray, weights: FloatArray, k: int) -> tuple[IntArray, FloatArray]:
+    """The best continuations of a beam, from its rows (the reference of :class:`BeamDraft`).
+
+    The candidates are every (row ``i``, token ``t``) with value
+    ``f = weights[i] · rows[i, t]``.  Returned: the flat positions ``i · V + t``
+    (ascending: row-major) and values ``f`` of every candidate with ``f > 0`` and
+    ``f`` at least the ``k``-th largest value — the ``k`` best plus any ties
+    with the ``k``-th, so a caller can break ties its own way.
+    """
+    flat = (weights[:, None] * rows).ravel()
+    chosen = flat > 0.0
+    if flat.size > k:  # a value-only partition: the k-th largest value, whatever the tie order
+        chosen &= flat >= np.partition(flat, flat.size - k)[flat.size - k]
+    pos = np.flatnonzero(chosen).astype(np.int64)
+    return pos, flat[pos]
+
+
+def beam_candidates(
+    draft: DraftModel, paths: Sequence[Path], weights: ArrayLike, k: int
+) -> tuple[IntArray, FloatArray] | None:
+    """:func:`select_beam` computed by a :class:`BeamDraft` (checked), or ``None`` for other drafts.
+
+    ``weights`` are the beam's path weights (finite, ``>= 0``), one per path;
+    ``k >= 1``.  ``None`` tells the caller to fetch the rows itself.
+    """
+    w = np.asarray(weights, dtype=np.float64)
+    if w.shape != (len(paths),):
+        raise ValueError(f"weights must hold one number per path ({len(paths)}), got shape {w.shape}")
+    if not (np.isfinite(w).all() and (w >= 0.0).all()):
+        raise ValueError(f"weights must be finite and >= 0, got {w.tolist()}")
+    k = check_int("k", k, minimum=1)
+    if not isinstance(draft, BeamDraft):
+        return None
+    if not paths:
+        return np.zeros(0, dtype=np.int64), np.zeros(0)
+    pos, val = draft.beam_candidates(list(paths), w, k)
+    pos = np.asarray(pos)
+    val = np.asarray(val, dtype=np.float64)
+    size = len(paths) * int(draft.vocab)
+    if pos.ndim != 1 or val.shape != pos.shape or (pos.size and not np.issubdtype(pos.dtype, np.integer)):
+        raise ValueError(
+            f"draft beam_candidates returned positions {pos.shape} and values {val.shape}; "
+            "expected two 1-D arrays of one length, the positions integers"
+        )
+    pos = pos.astype(np.int64)
+    if pos.size and (pos[0] < 0 or pos[-1] >= size or (np.diff(pos) <= 0).any()):
+        raise ValueError(f"draft beam_candidates returned positions outside [0, {size}) or not ascending")
+    if not (np.isfinite(val).all() and (val > 0.0).all()):
+        raise ValueError("draft beam_candidates returned values that are not finite and > 0")
+    return pos, val
 
 
 @dataclass

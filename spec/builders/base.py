@@ -37,13 +37,14 @@ from typing import Any, ClassVar
 import numpy as np
 from numpy.typing import NDArray
 
-from spec.draft import DraftModel, draft_rows
+from spec.draft import DraftModel, beam_candidates, draft_rows, select_beam
 from spec.randomness import Sampler, as_sampler
 from tmc.multidraft import ROOT, DraftTree, Draw
 from tmc.toy import Path
 from tmc.validate import check_int
 
 FloatArray = NDArray[np.float64]
+IntArray = NDArray[np.int64]
 
 
 class TreeBuilder(ABC):
@@ -108,12 +109,18 @@ class Growing:
         return len(self.path(node))
 
     def add(self, parent: int, token: int, draw: Draw) -> int:
-        """Append a child of ``parent``; records the parent's row in the tree."""
+        """Append a child of ``parent``; records the parent's row in the tree when it was fetched.
+
+        Sampled children need that row (the tree refuses them without it); a
+        ``topk`` child chosen through :meth:`beam` has none, and its point-mass
+        rule needs none.
+        """
         self.parents.append(parent)
         self.tokens.append(int(token))
         self.draws.append(draw)
         self._paths.append(self.path(parent) + (int(token),))
-        self.kept_rows[parent] = self.row(parent)
+        if parent in self._rows:
+            self.kept_rows[parent] = self._rows[parent]
         return self.size - 1
 
     def fetch(self, nodes: Sequence[int]) -> None:
@@ -122,6 +129,18 @@ class Growing:
         if missing:
             rows = draft_rows(self.draft, [self.path(n) for n in missing])
             self._rows.update(zip(missing, rows))
+
+    def beam(self, nodes: Sequence[int], weights: FloatArray, k: int) -> tuple[IntArray, FloatArray]:
+        """:func:`spec.draft.select_beam` over the rows of ``nodes``, in one draft call.
+
+        A :class:`spec.draft.BeamDraft` selects on its side and no row is
+        fetched; other drafts' rows are fetched (and kept) as by :meth:`fetch`.
+        """
+        got = beam_candidates(self.draft, [self.path(n) for n in nodes], weights, k)
+        if got is not None:
+            return got
+        self.fetch(nodes)
+        return select_beam(np.stack([self._rows[n] for n in nodes]).reshape(len(nodes), self.vocab), weights, k)
 
     def set_row(self, node: int, row: FloatArray) -> None:
         """Record a row obtained elsewhere (a builder's scratch tree) for ``node``."""

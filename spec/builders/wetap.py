@@ -81,18 +81,15 @@ class WetapBuilder(TreeBuilder):
         layer = [ROOT]
         width = self.w_min
         for level in range(1, self.length + 1):
-            scratch.fetch(layer)  # one draft call per layer
-            rows = np.stack([scratch.row(node) for node in layer])
+            # f of every (parent, token) candidate: the width best and their ties, one draft call per layer
+            # (an LLM draft selects them on its device and ships no rows)
             base = np.array([1.0 if node == ROOT else cum[node] for node in layer])
-            flat = (base[:, None] * rows).ravel()  # f of every (parent, token) candidate, parent-major
-            chosen = flat > 0.0
-            if flat.size > width:  # at least the width-th largest f (a value-only partition: no index shuffling)
-                chosen &= flat >= np.partition(flat, flat.size - width)[flat.size - width]
-            pos = np.flatnonzero(chosen)
-            pos = pos[np.lexsort((pos, -flat[pos]))][:width]  # by decreasing f, ties by parent then token
+            pos, val = scratch.beam(layer, base, width)
+            order = np.lexsort((pos, -val))[:width]  # by decreasing f, ties by parent then token
+            pos, val = pos[order], val[order]
             parents_of = [layer[i] for i in (pos // grow.vocab).tolist()]
             layer = []
-            for par, tok, f in zip(parents_of, (pos % grow.vocab).tolist(), flat[pos].tolist()):
+            for par, tok, f in zip(parents_of, (pos % grow.vocab).tolist(), val.tolist()):
                 layer.append(scratch.add(par, tok, Draw.TOPK))
                 cum.append(f)
                 depth.append(level)
@@ -138,7 +135,7 @@ def _copy(grow: Growing, scratch: Growing, keep: list[int], cum: list[float]) ->
     while queue:
         nxt = []
         for old, new in queue:
-            if old in kids:
+            if old in kids and scratch.has_row(old):  # rows travel with the tree when they were fetched
                 grow.set_row(new, scratch.row(old))
             for i in sorted(kids.get(old, []), key=lambda i: (-cum[i], scratch.tokens[i])):
                 nxt.append((i, grow.add(new, scratch.tokens[i], Draw.TOPK)))

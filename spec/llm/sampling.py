@@ -65,13 +65,14 @@ def process_logits(
         raise ValueError("logits must be a floating-point torch.Tensor of shape (..., V)")
     if logits.shape[-1] == 0:
         raise ValueError("logits has vocabulary size 0")
+    _check_finite_rows(logits)
     x = logits.to(torch.float64)
-    _check_finite_rows(x)
     if temperature == 0:
         # torch.argmax returns the first maximal index: ties go to the lowest token id
         top = x.argmax(dim=-1, keepdim=True)
         return torch.zeros_like(x).scatter_(-1, top, 1.0)
-    x = x / temperature
+    if temperature != 1.0:
+        x = x / temperature
     k = x.shape[-1] if top_k is None else min(top_k, x.shape[-1])
     if k == x.shape[-1] and (top_p is None or top_p == 1.0):
         return torch.softmax(x, dim=-1)
@@ -88,14 +89,19 @@ def process_logits(
 
 
 def _check_finite_rows(x: torch.Tensor) -> None:
-    """``ValueError`` for NaN or ``+inf`` logits and for rows where every logit is ``-inf``."""
-    bad = torch.isnan(x).any() | torch.isposinf(x).any() | torch.isneginf(x).all(dim=-1).any()
-    if bool(bad):  # one host sync for the three checks
-        if bool(torch.isnan(x).any()):
-            raise ValueError("logits contain NaN")
-        if bool(torch.isposinf(x).any()):
-            raise ValueError("logits contain +inf")
-        raise ValueError("logits have a row where every token is -inf")
+    """``ValueError`` for NaN or ``+inf`` logits and for rows where every logit is ``-inf``.
+
+    One pass and one host sync: a row's maximum is NaN if the row holds a NaN
+    (``amax`` propagates NaN), ``+inf`` if it holds ``+inf``, and ``-inf`` if
+    every entry is ``-inf``; the slower checks below only name the fault.
+    """
+    if x.numel() == 0 or bool(torch.isfinite(x.amax(dim=-1)).all()):
+        return
+    if bool(torch.isnan(x).any()):
+        raise ValueError("logits contain NaN")
+    if bool(torch.isposinf(x).any()):
+        raise ValueError("logits contain +inf")
+    raise ValueError("logits have a row where every token is -inf")
 
 
 @dataclass(frozen=True)

@@ -16,11 +16,13 @@ import torch  # noqa: E402
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM  # noqa: E402
 from transformers.cache_utils import DynamicSlidingWindowLayer  # noqa: E402
 
-from spec.draft import DraftModel, draft_rows  # noqa: E402
+from spec.builders import WetapBuilder  # noqa: E402
+from spec.draft import BeamDraft, DraftModel, beam_candidates, draft_rows, select_beam  # noqa: E402
 from spec.llm.adapter import (  # noqa: E402
     LLMDraft,
     additive_mask,
     cache_length,
+    select_beam_torch,
     select_cache,
     tree_logits,
     trim_cache,
@@ -375,3 +377,69 @@ def test_llm_draft_rejects_bad_inputs():
     with pytest.raises(ValueError, match="tokens"):
         draft.end_step([VOCAB + 1])
     assert draft.forwards == 0 and cache_length(cache) == len(ctx)
+
+
+# --- LLMDraft as a BeamDraft ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sampling", SAMPLINGS)
+def test_llm_draft_beam_equals_select_beam_of_its_rows_with_one_forward_per_call(sampling):
+    model, ctx = tiny_model(seed=1), context(8, seed=1)
+    rng = np.random.default_rng(3)
+    layers = [[()], [(3,), (9,), (4,)], [(3, 7), (3, 11), (9, 3), (4, 4)]]
+    beam = LLMDraft(model, prefill(model, ctx)[0], len(ctx), last_logits=prefill(model, ctx)[1], sampling=sampling)
+    rows = LLMDraft(model, prefill(model, ctx)[0], len(ctx), last_logits=prefill(model, ctx)[1], sampling=sampling)
+    assert isinstance(beam, BeamDraft)
+    for paths in layers:
+        weights = rng.random(len(paths))
+        for k in (1, 4, 30, len(paths) * VOCAB + 5):
+            before = beam.forwards
+            pos, val = beam_candidates(beam, paths, weights, k)
+            assert beam.forwards - before <= 1
+            want_pos, want_val = select_beam(draft_rows(rows, paths), weights, k)
+            np.testing.assert_array_equal(pos, want_pos)
+            np.testing.assert_allclose(val, want_val, rtol=1e-14, atol=0)
+    assert beam.forwards == rows.forwards == 2
+
+
+def test_select_beam_torch_equals_select_beam_with_ties_and_zeros():
+    """The CUDA path's selection, run here on CPU tensors against the numpy reference."""
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        n, vocab = int(rng.integers(1, 6)), int(rng.integers(1, 9))
+        raw = rng.choice([0.0, 1.0, 2.0, 2.0, 3.0], size=(n, vocab))
+        raw[:, 0] += 1.0
+        probs = raw / raw.sum(axis=1, keepdims=True)
+        weights = rng.choice([0.0, 0.5, 1.0], size=n)
+        k = int(rng.integers(1, n * vocab + 2))
+        pos, val = select_beam_torch(torch.from_numpy(probs), weights, k)
+        want_pos, want_val = select_beam(probs, weights, k)
+        assert pos.dtype == np.int64 and val.dtype == np.float64
+        np.testing.assert_array_equal(pos, want_pos)
+        np.testing.assert_array_equal(val, want_val)
+
+
+class _RowsOnly:
+    """The same LLM draft seen only through ``rows`` (not a BeamDraft)."""
+
+    def __init__(self, draft: LLMDraft) -> None:
+        self.draft = draft
+
+    @property
+    def vocab(self) -> int:
+        return self.draft.vocab
+
+    def rows(self, paths):
+        return self.draft.rows(paths)
+
+
+@pytest.mark.parametrize("sampling", [Sampling(), Sampling(temperature=0.0), Sampling(temperature=0.8, top_k=7)])
+def test_wetap_trees_from_an_llm_draft_equal_the_row_path(sampling):
+    model, ctx = tiny_model(seed=2), context(6, seed=4)
+    builder = WetapBuilder(length=4, w_min=3, w_max=12)
+    for seed, budget in ((0, 5), (1, 10), (2, 16)):
+        drafts = [LLMDraft(model, DynamicCache(), 0, pending=ctx + [seed], sampling=sampling) for _ in range(2)]
+        via_beam = builder.build(drafts[0], budget, seed)
+        via_rows = builder.build(_RowsOnly(drafts[1]), budget, seed)
+        assert (via_beam.parents, via_beam.tokens) == (via_rows.parents, via_rows.tokens)
+        assert drafts[0].forwards == drafts[1].forwards and not drafts[0]._rows  # no row reached the host

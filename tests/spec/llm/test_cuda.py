@@ -89,3 +89,24 @@ def test_static_cache_graphs_are_captured_once_and_replay_the_eager_forwards(
     assert [shared_static_cache(m, r, 1, graphs=True).captures for m, r in ((t_gpu, "target"), (d_gpu, "draft"))] == captured
     greedy = ar_generate(t_gpu, prompt, temperature=0, max_new_tokens=24, cache="static")
     assert greedy.tokens == ar_generate(t_gpu, prompt, temperature=0, max_new_tokens=24).tokens
+
+
+def test_beam_selection_on_cuda_equals_the_numpy_reference() -> None:
+    """select_beam_torch on CUDA rows (the WETAP path there) against select_beam on the same rows, ties included."""
+    import numpy as np
+
+    from spec.draft import select_beam
+    from spec.llm.adapter import select_beam_torch
+
+    rng = np.random.default_rng(9)
+    for _ in range(50):
+        n, vocab = int(rng.integers(1, 40)), int(rng.integers(1, 300))
+        raw = rng.choice([0.0, 1.0, 2.0, 2.0, 3.0, 7.0], size=(n, vocab))
+        raw[:, 0] += 1.0
+        probs = raw / raw.sum(axis=1, keepdims=True)
+        weights = rng.choice([0.0, 0.3, 1.0], size=n) * rng.random(n)
+        k = int(rng.integers(1, 160))
+        pos, val = select_beam_torch(torch.from_numpy(probs).cuda(), weights, k)
+        want_pos, want_val = select_beam(probs, weights, k)
+        np.testing.assert_array_equal(pos, want_pos)
+        np.testing.assert_array_equal(val, want_val)

@@ -1,0 +1,147 @@
+"""The beam primitive (``spec.draft.select_beam``, ``BeamDraft``) and WETAP through it.
+
+``select_beam`` is checked against a full sort of every candidate (a second,
+independent computation); a draft that selects its beam itself must give
+WETAP exactly the trees the row path gives, without any row being fetched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+
+from spec.builders import WetapBuilder
+from spec.builders.base import Growing
+from spec.draft import BeamDraft, DraftModel, HashedDraft, ToyDraft, beam_candidates, draft_rows, select_beam
+from tmc.multidraft import ROOT
+from tmc.toy import Path
+
+from tests.spec.conftest import models
+
+
+def by_full_sort(rows: np.ndarray, weights: np.ndarray, k: int) -> list[int]:
+    """Positions of every candidate with f > 0 and f >= the k-th largest f, from one sort of all of them."""
+    f = [float(w) * float(x) for w, row in zip(weights, rows) for x in row]
+    kth = sorted(f, reverse=True)[k - 1] if len(f) >= k else -np.inf
+    return [i for i, v in enumerate(f) if v > 0.0 and v >= kth]
+
+
+def random_rows(rng: np.random.Generator, n: int, vocab: int) -> np.ndarray:
+    """Rows with exact zeros and exact ties (values from a small set)."""
+    raw = rng.choice([0.0, 1.0, 2.0, 2.0, 3.0, 5.0], size=(n, vocab))
+    raw[:, 0] += 1.0  # no all-zero row
+    return raw / raw.sum(axis=1, keepdims=True)
+
+
+def test_select_beam_equals_a_full_sort_with_zeros_and_ties() -> None:
+    rng = np.random.default_rng(0)
+    for trial in range(300):
+        n, vocab = int(rng.integers(1, 6)), int(rng.integers(1, 7))
+        rows = random_rows(rng, n, vocab)
+        weights = rng.choice([0.0, 0.25, 0.5, 1.0], size=n)
+        k = int(rng.integers(1, n * vocab + 3))
+        pos, val = select_beam(rows, weights, k)
+        assert pos.dtype == np.int64 and pos.tolist() == by_full_sort(rows, weights, k), trial
+        np.testing.assert_array_equal(val, (weights[:, None] * rows).ravel()[pos])
+        positive = int(((weights[:, None] * rows) > 0).sum())
+        assert len(pos) >= min(k, positive)  # the k best are always there (ties may add more)
+
+
+class BeamToy:
+    """A toy draft that also selects beams itself (from its own rows), counting both kinds of call."""
+
+    def __init__(self, draft: DraftModel) -> None:
+        self.inner, self.row_calls, self.beam_calls = draft, 0, 0
+
+    @property
+    def vocab(self) -> int:
+        return self.inner.vocab
+
+    def rows(self, paths: Sequence[Path]) -> np.ndarray:
+        self.row_calls += 1
+        return self.inner.rows(paths)
+
+    def beam_candidates(self, paths: Sequence[Path], weights: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        self.beam_calls += 1
+        return select_beam(draft_rows(self.inner, paths), weights, k)
+
+
+def test_wetap_gives_the_same_trees_through_a_beam_draft_and_fetches_no_row() -> None:
+    drafts: list[DraftModel] = [ToyDraft(m) for m in models(4, range(4))]
+    drafts += [HashedDraft(7, seed=s, concentration=c) for s in range(3) for c in (0.2, 1.0)]
+    for draft in drafts:
+        for params in ({"length": 3, "w_min": 2, "w_max": 4}, {"length": 5, "w_min": 1, "w_max": 9}):
+            builder = WetapBuilder(**params)  # type: ignore[arg-type]
+            for budget in (1, 4, 12):
+                want = builder.build(draft, budget)
+                beam = BeamToy(draft)
+                assert isinstance(beam, BeamDraft)
+                got = builder.build(beam, budget)
+                assert (got.parents, got.tokens, got.draws) == (want.parents, want.tokens, want.draws)
+                assert beam.row_calls == 0 and beam.beam_calls >= 1
+                assert dict(got.q_rows) == {}  # topk nodes only: no row needed, none recorded
+                assert set(want.q_rows) == {ROOT} | set(want.parents)  # the row path keeps its rows
+
+
+def test_growing_beam_falls_back_to_rows_and_keeps_them() -> None:
+    draft = HashedDraft(5, seed=1)
+    grow = Growing(draft, 5)
+    pos, val = grow.beam([ROOT], np.array([1.0]), 2)
+    assert grow.has_row(ROOT) and draft.calls == 1
+    assert pos.tolist() == sorted(np.argsort(-grow.row(ROOT))[:2].tolist())
+    np.testing.assert_array_equal(val, grow.row(ROOT)[pos])
+
+
+class _Liar:
+    """A BeamDraft whose answer is malformed in one chosen way."""
+
+    vocab = 3
+
+    def __init__(self, pos: object, val: object) -> None:
+        self.pos, self.val = pos, val
+
+    def rows(self, paths: Sequence[Path]) -> np.ndarray:
+        return np.full((len(paths), 3), 1 / 3)
+
+    def beam_candidates(self, paths: Sequence[Path], weights: np.ndarray, k: int) -> tuple[object, object]:
+        return self.pos, self.val
+
+
+@pytest.mark.parametrize(
+    ("pos", "val", "message"),
+    [
+        ([0, 1], [0.5], "1-D arrays of one length"),
+        ([0.5], [0.5], "integers"),
+        ([3], [0.5], r"outside \[0, 3\)"),
+        ([2, 1], [0.5, 0.5], "not ascending"),
+        ([1, 1], [0.5, 0.5], "not ascending"),
+        ([1], [0.0], "finite and > 0"),
+        ([1], [float("nan")], "finite and > 0"),
+    ],
+)
+def test_a_malformed_beam_answer_is_refused(pos: object, val: object, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        beam_candidates(_Liar(pos, val), [()], [1.0], 1)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("weights", "k", "message"),
+    [
+        ([1.0, 1.0], 1, "one number per path"),
+        ([float("nan")], 1, "finite and >= 0"),
+        ([-0.5], 1, "finite and >= 0"),
+        ([1.0], 0, "k must be >= 1"),
+    ],
+)
+def test_bad_beam_arguments_are_refused(weights: list[float], k: int, message: str) -> None:
+    for draft in (HashedDraft(3), _Liar([0], [1.0])):
+        with pytest.raises(ValueError, match=message):
+            beam_candidates(draft, [()], weights, k)  # type: ignore[arg-type]
+
+
+def test_an_empty_beam_asks_nothing() -> None:
+    liar = _Liar([5], [1.0])  # would be refused if it were asked
+    pos, val = beam_candidates(liar, [], [], 3)  # type: ignore[arg-type]
+    assert pos.size == 0 and val.size == 0
