@@ -101,6 +101,14 @@ def check_prob_rows(name: str, rows: ArrayLike) -> FloatArray:
         raise ValueError(f"{name} must be a 2-D array of probability rows, got shape {arr.shape}")
     if arr.shape[1] == 0:
         raise ValueError(f"{name} has vocabulary size 0; need at least one token")
+    # two reductions decide: a row's sum is NaN or infinite if the row holds NaN or ±inf, and its
+    # minimum is negative (or NaN) if it holds a negative entry; the checks below only name the fault
+    with np.errstate(invalid="ignore", over="ignore"):  # inf - inf is NaN here on purpose
+        sums = arr.sum(axis=1)
+        ok = np.isfinite(sums) & (np.abs(sums - 1.0) <= ROW_SUM_TOL) & (arr.min(axis=1) >= 0.0)
+    if ok.all():
+        good: FloatArray = arr / sums[:, None]
+        return good
     finite = np.isfinite(arr)
     if not finite.all():
         row = int(np.argwhere(~finite)[0, 0])
@@ -108,15 +116,8 @@ def check_prob_rows(name: str, rows: ArrayLike) -> FloatArray:
     if (arr < 0).any():
         row, col = (int(i) for i in np.argwhere(arr < 0)[0])
         raise ValueError(f"{name} row {row} has a negative entry {float(arr[row, col])!r} at token {col}")
-    sums = arr.sum(axis=1)
-    bad = np.abs(sums - 1.0) > ROW_SUM_TOL
-    if bad.any():
-        row = int(np.argmax(bad))
-        raise ValueError(
-            f"{name} row {row} sums to {float(sums[row])!r}, not 1 (tolerance {ROW_SUM_TOL})"
-        )
-    out: FloatArray = arr / sums[:, None]
-    return out
+    row = int(np.argmax(np.abs(sums - 1.0) > ROW_SUM_TOL))
+    raise ValueError(f"{name} row {row} sums to {float(sums[row])!r}, not 1 (tolerance {ROW_SUM_TOL})")
 
 
 def check_tokens(name: str, tokens: ArrayLike | Sequence[int], vocab: int) -> IntArray:

@@ -239,3 +239,24 @@ def test_toy_model_validates_on_construction(args, match):
 def test_toy_model_random_takes_a_seed():
     a, b = ToyModel.random(3, 1, 5), ToyModel.random(3, 1, np.random.default_rng(5))
     np.testing.assert_array_equal(a.q((1,)), b.q((1,)))
+
+
+@pytest.mark.parametrize(
+    ("row", "match"),
+    [
+        ([1.2, -0.2, 0.0], r"row 1 has a negative entry -0.2 at token 1"),  # sums to 1: only the minimum sees it
+        ([np.inf, -np.inf, 1.0], r"row 1 contains NaN or infinite"),  # the sum is NaN
+        ([-np.inf, 0.5, 0.5], r"row 1 contains NaN or infinite"),
+        ([np.nan, 0.5, 0.5], r"row 1 contains NaN or infinite"),
+        ([0.5, 0.5, 1e-5], r"row 1 sums to 1.00001"),
+    ],
+)
+def test_check_prob_rows_names_faults_its_two_reductions_flag(row, match):
+    """check_prob_rows decides with a row sum and a row minimum; every fault must still be caught and named."""
+    from tmc.validate import check_prob_rows
+
+    good = [0.2, 0.3, 0.5]
+    with pytest.raises(ValueError, match=match):
+        check_prob_rows("rows", np.array([good, row, good]))
+    out = check_prob_rows("rows", np.array([good, [0.0, 1.0, 0.0], [1 / 3] * 3]))
+    np.testing.assert_allclose(out.sum(axis=1), 1.0, rtol=0, atol=1e-15)
