@@ -11,6 +11,12 @@ Notation (DESIGN.md §3): ``q`` is the draft, ``p`` the target.  Rows returned
 must be probability rows (the processed law the builder samples from: after
 temperature / top-k / top-p in the LLM case); :func:`draft_rows` validates
 them at the boundary so a broken model gives a ``ValueError``, not a wrong tree.
+
+One optional second question serves beam builders (WETAP), which keep the
+``W`` best (node, token) continuations of a layer by path weight × ``q``:
+:func:`select_beam` answers it from rows, and a :class:`BeamDraft` (the LLM
+draft) answers it where its logits live, so ``W × V`` rows need not reach
+the host.  Both answers are the same set (tested).
 """
 
 from __future__ import annotations
