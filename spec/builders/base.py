@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
-from numpy.typing import NDArray
+from numpy.typing import ArrayLike, NDArray
 
 from spec.draft import DraftModel, beam_candidates, draft_rows, select_beam
 from spec.randomness import Sampler, as_sampler
@@ -130,17 +130,18 @@ class Growing:
             rows = draft_rows(self.draft, [self.path(n) for n in missing])
             self._rows.update(zip(missing, rows))
 
-    def beam(self, nodes: Sequence[int], weights: FloatArray, k: int) -> tuple[IntArray, FloatArray]:
+    def beam(self, nodes: Sequence[int], weights: ArrayLike, k: int) -> tuple[IntArray, FloatArray]:
         """:func:`spec.draft.select_beam` over the rows of ``nodes``, in one draft call.
 
         A :class:`spec.draft.BeamDraft` selects on its side and no row is
         fetched; other drafts' rows are fetched (and kept) as by :meth:`fetch`.
         """
-        got = beam_candidates(self.draft, [self.path(n) for n in nodes], weights, k)
+        got = beam_candidates(self.draft, [self.path(n) for n in nodes], weights, k)  # checks weights and k
         if got is not None:
             return got
         self.fetch(nodes)
-        return select_beam(np.stack([self._rows[n] for n in nodes]).reshape(len(nodes), self.vocab), weights, k)
+        rows = np.zeros((0, self.vocab)) if not nodes else np.stack([self._rows[n] for n in nodes])
+        return select_beam(rows, np.asarray(weights, dtype=np.float64), k)
 
     def set_row(self, node: int, row: FloatArray) -> None:
         """Record a row obtained elsewhere (a builder's scratch tree) for ``node``."""

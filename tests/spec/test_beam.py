@@ -88,7 +88,9 @@ def test_wetap_gives_the_same_trees_through_a_beam_draft_and_fetches_no_row() ->
 def test_growing_beam_falls_back_to_rows_and_keeps_them() -> None:
     draft = HashedDraft(5, seed=1)
     grow = Growing(draft, 5)
-    pos, val = grow.beam([ROOT], np.array([1.0]), 2)
+    empty = grow.beam([], [], 2)
+    assert empty[0].size == 0 and empty[1].size == 0 and draft.calls == 0
+    pos, val = grow.beam([ROOT], [1.0], 2)
     assert grow.has_row(ROOT) and draft.calls == 1
     assert pos.tolist() == sorted(np.argsort(-grow.row(ROOT))[:2].tolist())
     np.testing.assert_array_equal(val, grow.row(ROOT)[pos])
