@@ -138,9 +138,10 @@ def _run_one(method: Method, target: Any, draft: Any, prompt: list[int], tempera
     import torch
 
     from spec.llm.adapter import sync
+    from spec.llm.static_cache import model_device
     from spec.llm.generate import ar_generate, generate
 
-    device = next(target.parameters()).device
+    device = model_device(target)
     if method.builder is not None or method.name == "ar-loop":
         if method.builder is None:
             out = ar_generate(target, prompt, temperature=temperature, max_new_tokens=new_tokens, seed=seed,
@@ -208,9 +209,10 @@ def run_decode_bench(
     if not methods:
         raise ValueError("methods must name at least one method")
     from spec.llm.generate import resolve_cache
+    from spec.llm.static_cache import model_device
 
     cache = resolve_cache(target, cache)
-    device = next(target.parameters()).device
+    device = model_device(target)
     rows: list[dict[str, Any]] = []
     with torch.inference_mode():
         for temp in temperatures:

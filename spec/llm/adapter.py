@@ -381,8 +381,7 @@ class LLMDraft:
         wanted = self._fed(paths)
         todo = list(dict.fromkeys(p for p in wanted if p not in self._rows))
         if todo:
-            probs = self.sampling.probs(torch.stack([self._logits[p] for p in todo]))
-            for path, row in zip(todo, probs.cpu().numpy()):
+            for path, row in zip(todo, self._probs(todo).cpu().numpy()):
                 self._rows[path] = row
         out = np.zeros((len(wanted), self._vocab), dtype=np.float64)
         for i, path in enumerate(wanted):
@@ -401,11 +400,15 @@ class LLMDraft:
         wanted = self._fed(paths)
         if not wanted:
             return np.zeros(0, dtype=np.int64), np.zeros(0)
-        probs = self.sampling.probs(torch.stack([self._logits[p] for p in wanted]))
+        probs = self._probs(wanted)
         w = np.asarray(weights, dtype=np.float64)
         if probs.device.type == "cpu":  # numpy's partition beats torch.topk on the CPU (about 2.5x at 128 x 4096)
             return select_beam(probs.numpy(), w, k)
         return select_beam_torch(probs, w, k)
+
+    def _probs(self, paths: Sequence[Path]) -> torch.Tensor:
+        """The processed rows ``(len(paths), V)`` of fed paths, float64 on the model's device."""
+        return self.sampling.probs(torch.stack([self._logits[p] for p in paths]))
 
     def _fed(self, paths: Sequence[Path]) -> list[Path]:
         """``paths`` validated, with every node not fed yet fed in one forward."""

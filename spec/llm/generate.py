@@ -163,7 +163,7 @@ def _prefill(model: Any, cache: Any, tokens: Sequence[int]) -> None:
     """Feed ``tokens`` causally into an empty cache (a ``DynamicCache`` through the model's own causal mask)."""
     if tokens and isinstance(cache, DynamicCache):
         with torch.no_grad():
-            model(input_ids=torch.tensor([list(tokens)], device=next(model.parameters()).device),
+            model(input_ids=torch.tensor([list(tokens)], device=model_device(model)),
                   past_key_values=cache, use_cache=True)
     elif tokens:
         n = len(tokens)
@@ -234,7 +234,7 @@ def generate(
     sampling = Sampling(temperature, top_k, top_p)
     rng = np.random.default_rng(seed)
     sampler = RngSampler(rng)
-    device = next(target.parameters()).device
+    device = model_device(target)
 
     # Prefill: the target caches the prompt but its last token (fed as each step's root).
     capacity = len(prompt) + max_new_tokens + 4 * budget + 64  # a first guess: a static cache grows on demand
@@ -303,7 +303,7 @@ def ar_generate(
     rng = np.random.default_rng(check_int("seed", seed, minimum=0))
     max_new_tokens = check_int("max_new_tokens", max_new_tokens, minimum=0)
     cache = resolve_cache(target, cache)
-    device = next(target.parameters()).device
+    device = model_device(target)
     kv = _new_cache(target, cache, "target", len(prompt) + max_new_tokens + 64, graphs)
     dynamic = isinstance(kv, DynamicCache)
     _prefill(target, kv, prompt[:-1])
