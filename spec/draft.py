@@ -35,7 +35,8 @@ FloatArray = NDArray[np.float64]
 
 IntArray = NDArray[np.int64]
 
-__all__ = ["BeamDraft", "DraftModel", "HashedDraft", "ToyDraft", "beam_candidates", "draft_rows", "select_beam"]
+__all__ = ["BeamDraft", "DraftModel", "HashedDraft", "ToyDraft", "beam_candidates", "check_beam_args", "draft_rows",
+           "select_beam"]
 
 
 @runtime_checkable
@@ -88,6 +89,16 @@ class BeamDraft(Protocol):
         ...
 
 
+def check_beam_args(n: int, weights: ArrayLike, k: object) -> tuple[FloatArray, int]:
+    """``weights`` as ``n`` finite numbers ``>= 0`` and ``k >= 1``, or ``ValueError`` naming the argument."""
+    w = np.asarray(weights, dtype=np.float64)
+    if w.shape != (n,):
+        raise ValueError(f"weights must hold one number per path ({n}), got shape {w.shape}")
+    if not (np.isfinite(w).all() and (w >= 0.0).all()):
+        raise ValueError(f"weights must be finite and >= 0, got {w.tolist()}")
+    return w, check_int("k", k, minimum=1)
+
+
 def select_beam(rows: FloatArray, weights: FloatArray, k: int) -> tuple[IntArray, FloatArray]:
     """The best continuations of a beam, from its rows (the reference of :class:`BeamDraft`).
 
@@ -96,7 +107,14 @@ def select_beam(rows: FloatArray, weights: FloatArray, k: int) -> tuple[IntArray
     (ascending: row-major) and values ``f`` of every candidate with ``f > 0`` and
     ``f`` at least the ``k``-th largest value — the ``k`` best plus any ties
     with the ``k``-th, so a caller can break ties its own way.
+
+    ``rows`` are probability rows as :func:`draft_rows` returns them (their
+    values are not checked again here); the shapes, ``weights`` and ``k`` are.
     """
+    rows = np.asarray(rows, dtype=np.float64)
+    if rows.ndim != 2:
+        raise ValueError(f"rows must be a 2-D (n, V) array, got shape {rows.shape}")
+    weights, k = check_beam_args(rows.shape[0], weights, k)
     flat = (weights[:, None] * rows).ravel()
     chosen = flat > 0.0
     if flat.size > k:  # a value-only partition: the k-th largest value, whatever the tie order
@@ -113,12 +131,7 @@ def beam_candidates(
     ``weights`` are the beam's path weights (finite, ``>= 0``), one per path;
     ``k >= 1``.  ``None`` tells the caller to fetch the rows itself.
     """
-    w = np.asarray(weights, dtype=np.float64)
-    if w.shape != (len(paths),):
-        raise ValueError(f"weights must hold one number per path ({len(paths)}), got shape {w.shape}")
-    if not (np.isfinite(w).all() and (w >= 0.0).all()):
-        raise ValueError(f"weights must be finite and >= 0, got {w.tolist()}")
-    k = check_int("k", k, minimum=1)
+    w, k = check_beam_args(len(paths), weights, k)
     if not isinstance(draft, BeamDraft):
         return None
     if not paths:

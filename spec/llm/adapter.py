@@ -63,7 +63,7 @@ import torch
 from numpy.typing import NDArray
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
-from spec.draft import select_beam
+from spec.draft import check_beam_args, select_beam
 from spec.llm.sampling import Sampling
 from spec.llm.static_cache import StaticTreeCache
 from spec.llm.static_cache import model_device as _device
@@ -284,7 +284,10 @@ def select_beam_torch(probs: torch.Tensor, weights: FloatArray, k: int) -> tuple
     largest value from ``torch.topk`` (its values do not depend on how it
     orders ties), positions in ascending order from ``nonzero``.
     """
-    w = torch.as_tensor(weights, dtype=torch.float64, device=probs.device)
+    if probs.ndim != 2:
+        raise ValueError(f"probs must be a 2-D (n, V) tensor, got shape {tuple(probs.shape)}")
+    weights, k = check_beam_args(probs.shape[0], weights, k)
+    w = torch.as_tensor(weights, device=probs.device)
     flat = (w[:, None] * probs.to(torch.float64)).reshape(-1)
     chosen = flat > 0.0
     if flat.numel() > k:

@@ -147,3 +147,18 @@ def test_an_empty_beam_asks_nothing() -> None:
     liar = _Liar([5], [1.0])  # would be refused if it were asked
     pos, val = beam_candidates(liar, [], [], 3)  # type: ignore[arg-type]
     assert pos.size == 0 and val.size == 0
+
+
+@pytest.mark.parametrize(
+    ("rows", "weights", "k", "message"),
+    [
+        (np.full((2, 3), 1 / 3), [1.0], 1, "one number per path"),
+        (np.full(3, 1 / 3), [1.0], 1, "2-D"),
+        (np.full((1, 3), 1 / 3), [np.inf], 1, "finite and >= 0"),
+        (np.full((1, 3), 1 / 3), [1.0], 0, "k must be >= 1"),
+        (np.full((1, 3), 1 / 3), [1.0], 1.5, "k"),
+    ],
+)
+def test_select_beam_refuses_bad_arguments(rows: np.ndarray, weights: list[float], k: object, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        select_beam(rows, np.asarray(weights), k)  # type: ignore[arg-type]

@@ -419,6 +419,20 @@ def test_select_beam_torch_equals_select_beam_with_ties_and_zeros():
         np.testing.assert_array_equal(val, want_val)
 
 
+@pytest.mark.parametrize(
+    ("probs", "weights", "k", "message"),
+    [
+        (torch.full((2, 3), 1 / 3, dtype=torch.float64), [1.0], 1, "one number per path"),
+        (torch.full((3,), 1 / 3, dtype=torch.float64), [1.0], 1, "2-D"),
+        (torch.full((1, 3), 1 / 3, dtype=torch.float64), [-1.0], 1, "finite and >= 0"),
+        (torch.full((1, 3), 1 / 3, dtype=torch.float64), [1.0], 0, "k must be >= 1"),
+    ],
+)
+def test_select_beam_torch_refuses_bad_arguments(probs, weights, k, message):
+    with pytest.raises(ValueError, match=message):
+        select_beam_torch(probs, np.asarray(weights), k)
+
+
 class _RowsOnly:
     """The same LLM draft seen only through ``rows`` (not a BeamDraft)."""
 
