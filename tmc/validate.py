@@ -68,6 +68,10 @@ def _real_scalar(name: str, x: object) -> float:
 
 def check_int(name: str, value: object, *, minimum: int | None = None) -> int:
     """``value`` as an ``int``: integers and integral floats (``1.0``), not ``1.7``, ``True`` or text."""
+    if type(value) is int:  # the common case, without the abstract-class checks below (bool is not int here)
+        if minimum is not None and value < minimum:
+            raise ValueError(f"{name} must be >= {minimum}, got {value}")
+        return value
     if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Real):
         raise ValueError(f"{name} must be an integer, got {value!r}")
     if isinstance(value, numbers.Integral):

@@ -205,6 +205,23 @@ def additive_mask(allowed: BoolArray, dtype: torch.dtype, device: torch.device |
     return bias.masked_fill_(~allowed_t, torch.finfo(dtype).min)[None, None]
 
 
+def _token_ids(tokens: Sequence[int], vocab: int) -> list[int]:
+    """``tokens`` as Python ints, each checked to be an integer (not a bool) in ``[0, vocab)``.
+
+    Python ints, the decode loop's case, are checked in one pass without the
+    per-token abstract-class test, which cost more than a graphed forward's
+    launch for a 128-node layer.
+    """
+    ids = list(tokens)
+    if all(type(t) is int for t in ids):
+        if ids and not (0 <= min(ids) and max(ids) < vocab):
+            raise ValueError(f"tokens must be integers in [0, {vocab}), got {ids[:16]}")
+        return ids
+    if any(isinstance(t, bool | np.bool_) or not isinstance(t, numbers.Integral) or not 0 <= int(t) < vocab for t in ids):
+        raise ValueError(f"tokens must be integers in [0, {vocab}), got {ids[:16]}")
+    return [int(t) for t in ids]
+
+
 def forward_masked(
     model: Any, cache: Any, tokens: Sequence[int], positions: Sequence[int] | NDArray[np.int64], allowed: BoolArray
 ) -> torch.Tensor:
@@ -220,14 +237,13 @@ def forward_masked(
         raise ValueError(f"allowed has shape {allowed.shape}; expected ({n}, {have + n}) for {n} tokens after {have}")
     if len(positions) != n:
         raise ValueError(f"positions has {len(positions)} entries for {n} tokens")
-    if any(not isinstance(t, numbers.Integral) or not 0 <= int(t) < vocab for t in tokens):
-        raise ValueError(f"tokens must be integers in [0, {vocab}), got {list(tokens)[:16]}")
+    ids_list = _token_ids(tokens, vocab)
     if isinstance(cache, StaticTreeCache):
         if cache.model is not model:
             raise ValueError("this StaticTreeCache belongs to another model")
-        return cache.forward([int(t) for t in tokens], positions, allowed)
+        return cache.forward(ids_list, positions, allowed)
     device = _device(model)
-    ids = torch.as_tensor([int(t) for t in tokens], dtype=torch.long, device=device)[None]  # (1, n)
+    ids = torch.as_tensor(ids_list, dtype=torch.long, device=device)[None]  # (1, n)
     pos = torch.as_tensor(np.asarray(positions, dtype=np.int64), device=device)[None]  # (1, n)
     mask = additive_mask(allowed, _dtype(model), device)  # (1, 1, n, have + n)
     with torch.no_grad():
@@ -340,6 +356,7 @@ class LLMDraft:
         if (last_logits is None) == (not self.pending):
             raise ValueError("give exactly one of pending (tokens not in the cache) and last_logits")
         self._logits: dict[Path, torch.Tensor] = {}  # raw logits after each evaluated path; () = the root
+        self._batch: tuple[list[Path], torch.Tensor | None] = ([], None)  # the last forward's nodes and their logits
         if last_logits is not None:
             if not isinstance(last_logits, torch.Tensor) or last_logits.numel() != self._vocab:
                 raise ValueError(f"last_logits must be a tensor of {self._vocab} logits")
@@ -411,6 +428,9 @@ class LLMDraft:
 
     def _probs(self, paths: Sequence[Path]) -> torch.Tensor:
         """The processed rows ``(len(paths), V)`` of fed paths, float64 on the model's device."""
+        new, batch = self._batch
+        if batch is not None and list(paths) == new:  # the layer just fed: its logits are one slice already
+            return self.sampling.probs(batch)
         return self.sampling.probs(torch.stack([self._logits[p] for p in paths]))
 
     def _fed(self, paths: Sequence[Path]) -> list[Path]:
@@ -443,9 +463,13 @@ class LLMDraft:
             allowed[j, self.past_len : self.past_len + j + 1] = True
         context = self.context_len
         allowed[len(pend) :, self.past_len : context] = True
-        for k, node in enumerate(new):  # each node sees its ancestors and itself
-            self._seen[node] = self._seen.get(node[:-1], ()) + (self._slot[node],)
-            allowed[len(pend) + k, list(self._seen[node])] = True
+        rows: list[int] = []
+        cols: list[int] = []
+        for k, node in enumerate(new):  # each node sees its ancestors and itself: one scatter for the layer
+            seen = self._seen[node] = self._seen.get(node[:-1], ()) + (self._slot[node],)
+            rows += [len(pend) + k] * len(seen)
+            cols += seen
+        allowed[rows, cols] = True
         positions = [self.past_len + j for j in range(len(pend))] + [context + len(node) - 1 for node in new]
         tokens = list(pend) + [node[-1] for node in new]
         t0 = time.perf_counter()
@@ -456,8 +480,9 @@ class LLMDraft:
         if pend:
             self._logits[()] = logits[len(pend) - 1]
             self._pending_fed = True
-        for k, node in enumerate(new):
-            self._logits[node] = logits[len(pend) + k]
+        batch = logits[len(pend) :]
+        self._batch = (new, batch)  # the usual next request: exactly these nodes, in this order
+        self._logits.update(zip(new, batch.unbind(0)))
 
     def end_step(self, tokens: Sequence[int]) -> LLMDraft:
         """End the step after the verifier emitted ``tokens`` (accepted drafts + the final token).

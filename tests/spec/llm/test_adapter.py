@@ -22,6 +22,7 @@ from spec.llm.adapter import (  # noqa: E402
     LLMDraft,
     additive_mask,
     cache_length,
+    forward_masked,
     select_beam_torch,
     select_cache,
     tree_logits,
@@ -140,6 +141,21 @@ def test_tree_logits_rejects_bad_inputs():
     with pytest.raises(ValueError, match="tokens"):
         tree_logits(model, cache, too_big, len(ctx))
     assert cache_length(cache) == len(ctx)  # nothing was fed
+
+
+def test_forward_masked_takes_integer_ids_in_the_vocabulary_only():
+    model, ctx = tiny_model(), context()
+    cache, _ = prefill(model, ctx)
+    n = len(ctx)
+    allowed = np.ones((1, n + 1), dtype=bool)
+    for bad in ([True], [np.bool_(True)], [1.5], [VOCAB], [-1], ["a"], [None]):
+        with pytest.raises(ValueError, match="tokens must be integers"):
+            forward_masked(model, cache, bad, [n], allowed)
+    assert cache_length(cache) == n  # nothing was fed
+    for ids in ([3], [np.int64(3)], np.array([3], dtype=np.int32)):  # Python and numpy integers are ids
+        logits = forward_masked(model, cache, ids, [n], allowed)
+        assert logits.shape == (1, VOCAB)
+        trim_cache(cache, n)
 
 
 def test_additive_mask_is_zero_where_allowed_and_dtype_min_elsewhere():
@@ -400,6 +416,24 @@ def test_llm_draft_beam_equals_select_beam_of_its_rows_with_one_forward_per_call
             np.testing.assert_array_equal(pos, want_pos)
             np.testing.assert_allclose(val, want_val, rtol=1e-14, atol=0)
     assert beam.forwards == rows.forwards == 2
+
+
+def test_llm_draft_rows_asked_in_another_order_equal_those_of_the_layer_as_fed():
+    """The layer just fed is served as one slice of its logits; any other request stacks rows: same values."""
+    model, ctx = tiny_model(seed=2), context(8, seed=2)
+    cache, last = prefill(model, ctx)
+    draft = LLMDraft(model, cache, len(ctx), last_logits=last, sampling=Sampling(1.0))
+    layer = [(3,), (9,), (4,)]
+    weights = np.array([0.5, 0.3, 0.2])
+    pos, val = beam_candidates(draft, layer, weights, 40)  # feeds the layer
+    perm = [2, 0, 1]
+    pos2, val2 = beam_candidates(draft, [layer[i] for i in perm], weights[perm], 40)  # no forward: stacked rows
+    assert draft.forwards == 1
+    back = np.array(perm)[pos2 // VOCAB] * VOCAB + pos2 % VOCAB  # positions in the fed order
+    order = np.argsort(back)
+    np.testing.assert_array_equal(back[order], pos)
+    np.testing.assert_array_equal(val2[order], val)
+    np.testing.assert_array_equal(draft.rows([layer[1], layer[0]]), draft.rows(layer)[[1, 0]])
 
 
 def test_select_beam_torch_equals_select_beam_with_ties_and_zeros():
