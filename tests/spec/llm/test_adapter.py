@@ -433,7 +433,9 @@ def test_llm_draft_rows_asked_in_another_order_equal_those_of_the_layer_as_fed()
     order = np.argsort(back)
     np.testing.assert_array_equal(back[order], pos)
     np.testing.assert_array_equal(val2[order], val)
-    np.testing.assert_array_equal(draft.rows([layer[1], layer[0]]), draft.rows(layer)[[1, 0]])
+    fresh = LLMDraft(model, prefill(model, ctx)[0], len(ctx), last_logits=last, sampling=Sampling(1.0))
+    np.testing.assert_array_equal(draft.rows([layer[1], layer[0]]), fresh.rows(layer)[[1, 0]])  # stacked vs sliced
+    assert fresh.forwards == 1
 
 
 def test_select_beam_torch_equals_select_beam_with_ties_and_zeros():
