@@ -47,7 +47,9 @@ for one decode step, feeding each ``rows`` call's new nodes in one forward.
 It is also a :class:`spec.draft.BeamDraft`: a beam builder (WETAP) asks it
 for a layer's best continuations, selected where the logits are
 (:func:`select_beam_torch` on CUDA), so ``width × V`` rows never cross to
-the host.
+the host.  A chain builder need not cross at all: :meth:`LLMDraft.draft_chain`
+draws a whole chain on the device (the inverse-CDF rule of the host builders,
+with the same uniforms), and the decode loop synchronises once per step.
 Notation: ``p`` target, ``q`` draft (DESIGN.md §3).
 """
 
@@ -56,7 +58,7 @@ from __future__ import annotations
 import numbers
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -64,7 +66,7 @@ from numpy.typing import NDArray
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from spec.draft import check_beam_args, select_beam
-from spec.llm.sampling import Sampling
+from spec.llm.sampling import Sampling, categorical_draw, logits_fault
 from spec.llm.static_cache import StaticTreeCache
 from spec.llm.static_cache import model_device as _device
 from spec.llm.static_cache import model_dtype as _dtype
@@ -77,10 +79,12 @@ BoolArray = NDArray[np.bool_]
 IntArray = NDArray[np.int64]
 
 __all__ = [
+    "DeviceChain",
     "LLMDraft",
     "additive_mask",
     "cache_length",
     "forward_masked",
+    "forward_unchecked",
     "select_beam_torch",
     "select_cache",
     "sync",
@@ -237,13 +241,28 @@ def forward_masked(
         raise ValueError(f"allowed has shape {allowed.shape}; expected ({n}, {have + n}) for {n} tokens after {have}")
     if len(positions) != n:
         raise ValueError(f"positions has {len(positions)} entries for {n} tokens")
-    ids_list = _token_ids(tokens, vocab)
+    return forward_unchecked(model, cache, _token_ids(tokens, vocab), positions, allowed)
+
+
+def forward_unchecked(
+    model: Any, cache: Any, tokens: list[int] | torch.Tensor, positions: Sequence[int] | NDArray[np.int64],
+    allowed: BoolArray,
+) -> torch.Tensor:
+    """:func:`forward_masked` without its checks, for callers that built the inputs themselves.
+
+    ``tokens`` may be an int64 tensor on the model's device (ids in range:
+    the caller's duty, e.g. by clamping), fed with no host sync.
+    """
+    n, have = len(tokens), cache_length(cache)
     if isinstance(cache, StaticTreeCache):
         if cache.model is not model:
             raise ValueError("this StaticTreeCache belongs to another model")
-        return cache.forward(ids_list, positions, allowed)
+        return cache.forward(tokens, positions, allowed)
     device = _device(model)
-    ids = torch.as_tensor(ids_list, dtype=torch.long, device=device)[None]  # (1, n)
+    if isinstance(tokens, torch.Tensor):
+        ids = tokens.reshape(1, n)
+    else:
+        ids = torch.as_tensor(tokens, dtype=torch.long, device=device)[None]  # (1, n)
     pos = torch.as_tensor(np.asarray(positions, dtype=np.int64), device=device)[None]  # (1, n)
     mask = additive_mask(allowed, _dtype(model), device)  # (1, 1, n, have + n)
     with torch.no_grad():
@@ -316,6 +335,14 @@ def select_beam_torch(probs: torch.Tensor, weights: FloatArray, k: int) -> tuple
 # --- the draft side ---------------------------------------------------------------------
 
 
+class DeviceChain(NamedTuple):
+    """A chain drafted on the model's device (:meth:`LLMDraft.draft_chain`); nothing synchronised yet."""
+
+    tokens: torch.Tensor  # (k,) int64 draft tokens
+    q: torch.Tensor  # (k, V) float64: row i is the processed law token i was drawn from
+    fault: torch.Tensor  # 0-d bool: some draft logits row is one process_logits refuses
+
+
 class LLMDraft:
     """:class:`spec.draft.DraftModel` over a causal LM draft for one decode step.
 
@@ -365,6 +392,7 @@ class LLMDraft:
         self._slot: dict[Path, int] = {}  # cache position of each fed node
         self._seen: dict[Path, tuple[int, ...]] = {}  # cache positions of each fed node's path (ancestors, itself)
         self._pending_fed = not self.pending  # True once the cache holds the whole context
+        self._chain: list[tuple[int, torch.Tensor]] | None = None  # draft_chain's fed nodes: (slot, logits)
         self._ended = False
         self.forwards = 0
         self.forward_s = 0.0  # seconds in draft forwards (device synchronised)
@@ -437,6 +465,8 @@ class LLMDraft:
         """``paths`` validated, with every node not fed yet fed in one forward."""
         if self._ended:
             raise RuntimeError("this draft step has ended (end_step); use the draft it returned")
+        if self._chain is not None:
+            raise RuntimeError("call settle_chain after draft_chain before asking for rows")
         wanted = [self._path(i, p) for i, p in enumerate(paths)]
         new: dict[Path, None] = {}  # nodes to feed, parents before children (an ordered set)
         for path in wanted:
@@ -450,8 +480,83 @@ class LLMDraft:
             self._feed(list(new))
         return wanted
 
-    def _feed(self, new: list[Path]) -> None:
-        """One forward: the pending tokens (first time only), then the nodes ``new``."""
+    def draft_chain(self, k: int, uniforms: torch.Tensor | None) -> DeviceChain:
+        """A chain of ``k`` draft tokens drawn on the model's device, with no host sync.
+
+        Token ``i`` is drawn from the processed row ``q_i`` after the context
+        and tokens ``< i`` by inverse CDF with ``uniforms[i]``
+        (:func:`~spec.llm.sampling.categorical_draw`: the rule of
+        :class:`spec.randomness.RngSampler`, so the same uniforms give the
+        chain :class:`spec.builders.ChainBuilder` builds through :meth:`rows`),
+        or is the row's argmax (lowest id on ties) when ``uniforms`` is
+        ``None`` (a ``topk`` chain).  Forwards: the pending tokens if any,
+        then one per token but the last.  Bad draft logits do not raise here:
+        they set ``fault``; check it (with the step's one transfer), and call
+        :meth:`settle_chain` with the drawn tokens before :meth:`end_step`.
+        """
+        k = check_int("k", k, minimum=1)
+        if self._ended:
+            raise RuntimeError("this draft step has ended (end_step); use the draft it returned")
+        if self._slot or self._chain is not None:
+            raise RuntimeError("draft_chain needs a draft step with no node fed yet")
+        if uniforms is not None and (not isinstance(uniforms, torch.Tensor) or tuple(uniforms.shape) != (k,)):
+            raise ValueError(f"uniforms must be None or a tensor of shape ({k},)")
+        if not self._pending_fed:
+            self._feed([], wait=False)
+        logits = self._logits[()]
+        u = None if uniforms is None else uniforms.to(device=logits.device, dtype=torch.float64)
+        fed: list[tuple[int, torch.Tensor]] = []
+        tokens: list[torch.Tensor] = []
+        rows: list[torch.Tensor] = []
+        raw = [logits]  # the logits of every row drawn from
+        context = self.context_len
+        for i in range(k):
+            q = self.sampling.probs_unchecked(logits)
+            tok = q.argmax() if u is None else categorical_draw(q, u[i])
+            tok = tok.clamp(0, self._vocab - 1)  # a NaN row draws -1; the fault flag reports it
+            rows.append(q)
+            tokens.append(tok)
+            if i == k - 1:
+                break
+            have = cache_length(self.cache)
+            t1 = time.perf_counter()
+            logits = forward_unchecked(self.model, self.cache, tok.reshape(1), [context + i],
+                              np.ones((1, have + 1), dtype=bool))[0]
+            self.forward_s += time.perf_counter() - t1
+            self.forwards += 1
+            fed.append((have, logits))
+            raw.append(logits)
+        self._chain = fed
+        t1 = time.perf_counter()
+        sync(logits.device)  # the queued forwards' device time is draft-forward time
+        self.forward_s += time.perf_counter() - t1
+        return DeviceChain(torch.stack(tokens), torch.stack(rows), logits_fault(torch.stack(raw)))
+
+    def settle_chain(self, tokens: Sequence[int]) -> None:
+        """Record the nodes :meth:`draft_chain` fed, now that its ``tokens`` are known on the host."""
+        if self._chain is None:
+            raise RuntimeError("settle_chain follows draft_chain")
+        toks = tuple(self._token(f"tokens[{i}]", t) for i, t in enumerate(tokens))
+        if len(toks) != len(self._chain) + 1:
+            raise ValueError(f"draft_chain drew {len(self._chain) + 1} tokens, got {len(toks)}")
+        seen: tuple[int, ...] = ()
+        for depth, (slot, logits) in enumerate(self._chain, start=1):
+            seen += (slot,)
+            self._slot[toks[:depth]], self._seen[toks[:depth]] = slot, seen
+            self._logits[toks[:depth]] = logits
+        self._chain = None
+
+    def chain_fault(self) -> None:
+        """Raise the ``ValueError`` :func:`~spec.llm.sampling.process_logits` gives for the first bad
+        row :meth:`draft_chain` met (call it when the chain's ``fault`` flag was set)."""
+        for logits in [self._logits[()]] + [lg for _, lg in self._chain or []]:
+            self.sampling.probs(logits)
+
+    def _feed(self, new: list[Path], wait: bool = True) -> None:
+        """One forward: the pending tokens (first time only), then the nodes ``new``.
+
+        ``wait``: synchronise the device after the forward, so ``forward_s``
+        holds its device time (the caller times the queue otherwise)."""
         have = cache_length(self.cache)
         pend = () if self._pending_fed else self.pending
         n = len(pend) + len(new)
@@ -475,7 +580,8 @@ class LLMDraft:
         tokens = list(pend) + [node[-1] for node in new]
         t0 = time.perf_counter()
         logits = forward_masked(self.model, self.cache, tokens, positions, allowed)
-        sync(logits.device)
+        if wait:
+            sync(logits.device)
         self.forward_s += time.perf_counter() - t0
         self.forwards += 1
         if pend:
@@ -496,6 +602,8 @@ class LLMDraft:
         """
         if self._ended:
             raise RuntimeError("end_step was already called on this draft step")
+        if self._chain is not None:
+            raise RuntimeError("call settle_chain after draft_chain before end_step")
         toks = tuple(self._token(f"tokens[{i}]", t) for i, t in enumerate(tokens))
         if not self._pending_fed:  # nothing fed: the cache still holds exactly the past
             self._ended = True

@@ -39,14 +39,23 @@ from typing import Any
 
 import numpy as np
 import torch
+from numpy.typing import NDArray
 from transformers import DynamicCache
 
 from spec.acceptance import verifiers_for
-from spec.builders import TreeBuilder, make_builder
-from spec.llm.adapter import LLMDraft, forward_masked, select_cache, sync, tree_logits
-from spec.llm.sampling import Sampling
+from spec.builders import ChainBuilder, TreeBuilder, make_builder
+from spec.llm.adapter import LLMDraft, forward_masked, forward_unchecked, select_cache, sync, tree_logits
+from spec.llm.sampling import Sampling, logits_fault
 from spec.llm.static_cache import model_device, shared_static_cache
-from spec.llm.verify import CHAIN_METHODS, TREE_METHODS, Verified, noise_size, verify_chain, verify_tree
+from spec.llm.verify import (
+    CHAIN_METHODS,
+    TREE_METHODS,
+    Verified,
+    noise_size,
+    verify_chain,
+    verify_chain_on_device,
+    verify_tree,
+)
 from spec.randomness import RngSampler
 from spec.tree import bfs_order, dfs_order, keep_indices
 from tmc.multidraft import DraftTree, Draw
@@ -182,6 +191,47 @@ def _verify(method: str, tree: DraftTree, p: torch.Tensor, rng: np.random.Genera
     return verify_tree(method, torch.tensor(tree.tokens, dtype=torch.long), torch.tensor(tree.parents, dtype=torch.long),
                        tree.draws, _draft_probs(tree, vocab), p, u)
 
+def _device_chain(b: TreeBuilder, verifier: str) -> bool:
+    """Whether a step can be drafted and verified on the device (:func:`_chain_step`): a
+    :class:`ChainBuilder` itself (a subclass may draw otherwise) with a chain verifier."""
+    return type(b) is ChainBuilder and verifier in CHAIN_METHODS
+
+
+def _chain_step(
+    d_step: LLMDraft, target: Any, t_cache: Any, t_past: int, root: int, k: int, iid: bool, verifier: str,
+    sampling: Sampling, rng: np.random.Generator,
+) -> tuple[Verified, int, tuple[float, float]]:
+    """One chain step with the rows kept on the device: the draft tokens are drawn there
+    (:meth:`LLMDraft.draft_chain`), fed to the target as a device tensor, and verified by
+    :func:`verify_chain_on_device`, whose one transfer brings the step's result to the host.
+
+    The uniforms come from ``rng`` in the host path's order (``k`` for an ``iid`` chain's
+    tokens, then the verifier's), so the tokens are those of ``ChainBuilder`` + :func:`_verify`.
+    Returns the verification, the chain length and the times that end drafting and the target forward.
+    """
+    device = model_device(target)
+    u_draft = torch.from_numpy(rng.random(k)) if iid else None
+    chain = d_step.draft_chain(k, u_draft)
+    t1 = time.perf_counter()
+    ids = torch.cat([torch.full((1,), root, dtype=torch.long, device=device), chain.tokens.to(device)])
+    allowed = np.ones((k + 1, t_past + k + 1), dtype=bool)
+    allowed[:, t_past:] = np.tril(allowed[:, t_past:])  # causal over root + chain
+    logits = forward_unchecked(target, t_cache, ids, np.arange(t_past, t_past + k + 1), allowed)
+    p = sampling.probs_unchecked(logits)
+    sync(device)
+    t2 = time.perf_counter()
+    u = torch.from_numpy(rng.random(noise_size(verifier, k))).to(device)
+    fault = chain.fault.to(device) | logits_fault(logits)
+    res, drafted = verify_chain_on_device(verifier, chain.tokens.to(device), chain.q.to(device) if iid else None,
+                                          p, u, fault)
+    if res is None:  # name the fault: the draft's logits first, then the target's
+        d_step.chain_fault()
+        sampling.probs(logits)
+        raise RuntimeError("a logits fault was flagged but not found again")
+    d_step.settle_chain(drafted)
+    return res, k, (t1, t2)
+
+
 def generate(
     target: Any,
     draft: Any,
@@ -200,6 +250,7 @@ def generate(
     order: str = "dfs",
     cache: str = "auto",
     graphs: bool | None = None,
+    chain_on_device: bool = True,
 ) -> GenerateOutput:
     """Speculative decoding of ``max_new_tokens`` tokens after ``input_ids`` (module doc).
 
@@ -214,8 +265,15 @@ def generate(
     ``auto`` (static on CUDA, dynamic elsewhere); the tokens are the same.
     Randomness: one ``numpy`` generator seeded with ``seed`` draws the
     builder's tokens and every step's uniforms.
+    ``chain_on_device``: a ``chain`` builder with a chain verifier drafts
+    and verifies with the rows on the models' device, synchronising once
+    for the drafted chain, once after the target forward and once for the
+    result (:func:`_chain_step`), instead of once per drafted token; the
+    tokens are the same either way (tested), ``False`` takes the host path.
     """
     t_start = time.perf_counter()
+    if not isinstance(chain_on_device, bool):
+        raise ValueError(f"chain_on_device must be True or False, got {chain_on_device!r}")
     vocab = _vocab(target, "target")
     if _vocab(draft, "draft") != vocab:
         raise ValueError(f"target and draft vocabularies differ ({vocab} vs {_vocab(draft, 'draft')})")
@@ -249,30 +307,38 @@ def generate(
     out: list[int] = []
     steps: list[StepStats] = []
     state = b.initial_state()
+    on_device = chain_on_device and _device_chain(b, verifier)
     while len(out) < max_new_tokens:
         t0 = time.perf_counter()
-        tree = b.build(d_step, budget, sampler, state)
-        t1 = time.perf_counter()
-        ordr = _order(tree, order)
-        logits = tree_logits(target, t_cache, tree, t_past, root_token=root, order=ordr)
-        p = sampling.probs(logits)
-        sync(device)
-        t2 = time.perf_counter()
-        res = _verify(verifier, tree, p, rng, b.adaptive_widths)
+        if on_device:
+            assert isinstance(b, ChainBuilder)
+            res, size, (t1, t2) = _chain_step(d_step, target, t_cache, t_past, root, budget, b.draw == Draw.IID,
+                                              verifier, sampling, rng)
+            keep: Sequence[int] | NDArray[np.int64] = range(t_past + 1 + res.n_accepted)  # fed in order: a trim
+        else:
+            tree = b.build(d_step, budget, sampler, state)
+            t1 = time.perf_counter()
+            ordr = _order(tree, order)
+            logits = tree_logits(target, t_cache, tree, t_past, root_token=root, order=ordr)
+            p = sampling.probs(logits)
+            sync(device)
+            t2 = time.perf_counter()
+            res = _verify(verifier, tree, p, rng, b.adaptive_widths)
+            size, keep = tree.size, keep_indices(tree, res.nodes, t_past, ordr, with_root=True)
+            state = b.next_state(state, tree, res.n_accepted)
         tokens = [int(t) for t in res.tokens.tolist()]
         t3 = time.perf_counter()
         kept = tokens[: max_new_tokens - len(out)]
         if eos_token_id is not None and eos_token_id in kept:
             kept = kept[: kept.index(eos_token_id) + 1]
         out.extend(kept)
-        steps.append(StepStats(tree.size, res.n_accepted, len(kept), d_step.forwards, t1 - t0, t2 - t1, t3 - t2,
+        steps.append(StepStats(size, res.n_accepted, len(kept), d_step.forwards, t1 - t0, t2 - t1, t3 - t2,
                                d_step.forward_s))
         if len(kept) < len(tokens) or (eos_token_id is not None and kept and kept[-1] == eos_token_id):
             break
-        select_cache(t_cache, keep_indices(tree, res.nodes, t_past, ordr, with_root=True))
+        select_cache(t_cache, keep)
         t_past, root = t_past + 1 + len(res.nodes), tokens[-1]
         d_step = d_step.end_step(tokens)
-        state = b.next_state(state, tree, res.n_accepted)
     sync(device)
     return GenerateOutput(out, steps, prefill_s, time.perf_counter() - t_start)
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Sampling", "check_sampling", "process_logits"]
+__all__ = ["Sampling", "categorical_draw", "check_sampling", "logits_fault", "process_logits"]
 
 
 def check_sampling(
@@ -66,6 +66,11 @@ def process_logits(
     if logits.shape[-1] == 0:
         raise ValueError("logits has vocabulary size 0")
     _check_finite_rows(logits)
+    return _process(logits, temperature, top_k, top_p)
+
+
+def _process(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None) -> torch.Tensor:
+    """:func:`process_logits` after the checks (settings validated, logits finite or flagged)."""
     x = logits.to(torch.float64)
     if temperature == 0:
         # torch.argmax returns the first maximal index: ties go to the lowest token id
@@ -86,6 +91,31 @@ def process_logits(
         keep &= before < top_p  # rank 0 has before = 0 < top_p: the top token always stays
     kept = torch.zeros_like(keep).scatter_(-1, idx, keep)
     return torch.softmax(x.masked_fill(~kept, -math.inf), dim=-1)
+
+
+def logits_fault(x: torch.Tensor) -> torch.Tensor:
+    """A 0-d bool tensor on ``x``'s device, True when :func:`process_logits` would refuse ``x``.
+
+    No host sync: a caller that keeps rows on the device (a chain drafted
+    there) collects the flags and checks them once, then names the fault
+    with :func:`process_logits` on the same logits.
+    """
+    return ~torch.isfinite(x.amax(dim=-1)).all()
+
+
+def categorical_draw(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF draw on the device, :func:`tmc.noise.categorical`: a 0-d int64 tensor, no host sync.
+
+    ``weights`` ``(L,)`` non-negative with positive sum, ``u`` a 0-d uniform.
+    A zero weight is never chosen, ``u == 0`` included.  The cumulative sum
+    is ``torch.cumsum`` (sequential on the CPU, like ``numpy.cumsum``).
+    """
+    cdf = torch.cumsum(weights, dim=0)
+    i = torch.searchsorted(cdf, (u * cdf[-1]).reshape(1), right=True)[0]
+    # u * total rounded up to total: the last index with positive weight.
+    index = torch.arange(weights.shape[0], device=weights.device)
+    last = torch.where(weights > 0.0, index, -1).max()
+    return torch.where(i >= weights.shape[0], last, i)
 
 
 def _check_finite_rows(x: torch.Tensor) -> None:
@@ -122,3 +152,11 @@ class Sampling:
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         """:func:`process_logits` with these settings: float64 rows ``(..., V)``."""
         return process_logits(logits, self.temperature, self.top_k, self.top_p)
+
+    def probs_unchecked(self, logits: torch.Tensor) -> torch.Tensor:
+        """:meth:`probs` without the finiteness check and its host sync.
+
+        For callers that check :func:`logits_fault` themselves: rows with
+        NaN or ``+inf`` logits come out as garbage (NaN), not as an error.
+        """
+        return _process(logits, self.temperature, self.top_k, self.top_p)

@@ -159,13 +159,15 @@ class StaticTreeCache:
 
     # --- forwards ------------------------------------------------------------------------
 
-    def forward(self, tokens: Sequence[int], positions: Sequence[int] | NDArray[np.int64],
+    def forward(self, tokens: Sequence[int] | torch.Tensor, positions: Sequence[int] | NDArray[np.int64],
                 allowed: NDArray[np.bool_]) -> torch.Tensor:
         """Logits ``(n, V)`` of ``tokens`` fed after the ``length`` cached positions; ``length += n``.
 
         ``positions`` are their position ids and ``allowed`` the
         ``(n, length + n)`` bool mask over the context and the new tokens
         (checked by the caller, :func:`spec.llm.adapter.forward_masked`).
+        ``tokens`` may be an int64 tensor on the model's device (ids in range,
+        the caller's duty): it is copied on the device, with no host sync.
         """
         n, have = len(tokens), self.length
         if n == 0:
@@ -183,14 +185,17 @@ class StaticTreeCache:
                 self._sizes[size] = buf
         graphed = padded and self.graphs
         index = np.zeros((3, size), dtype=np.int64)
-        index[0, :n] = np.asarray(tokens, dtype=np.int64)
+        if not isinstance(tokens, torch.Tensor):
+            index[0, :n] = np.asarray(tokens, dtype=np.int64)
         index[1, :n] = np.asarray(positions, dtype=np.int64)
         index[2] = np.arange(have, have + size)
         mask = np.zeros((size, self.capacity), dtype=bool)
         mask[:n, : have + n] = allowed
         mask[n:, 0] = True  # padding rows: any one open slot keeps their softmax finite
-        buf.index.copy_(torch.from_numpy(index))
-        buf.allowed.copy_(torch.from_numpy(mask))
+        self._upload(buf.index, index)
+        if isinstance(tokens, torch.Tensor):
+            buf.index[0, :n].copy_(tokens)
+        self._upload(buf.allowed, mask)
         with torch.no_grad():
             torch.where(buf.allowed, self._open, self._closed, out=buf.mask[0, 0])
             if graphed:
@@ -203,6 +208,20 @@ class StaticTreeCache:
                 logits = self._eager(buf)[0, :n]
         self.length = have + n
         return logits
+
+    def _upload(self, dst: torch.Tensor, arr: NDArray[Any]) -> None:
+        """Copy a host array into a device buffer without waiting for the device.
+
+        On CUDA a plain ``copy_`` from pageable memory synchronises the stream;
+        from pinned memory with ``non_blocking`` it is queued behind the work
+        in flight (torch's pinned-memory cache keeps the block alive until the
+        copy ran), so a chain drafted on the device never waits for its forwards.
+        """
+        src = torch.from_numpy(arr)
+        if self.device.type == "cuda":
+            dst.copy_(src.pin_memory(), non_blocking=True)
+        else:
+            dst.copy_(src)
 
     def _eager(self, buf: _Size) -> torch.Tensor:
         self._slots = buf.index[2]

@@ -101,6 +101,7 @@ from typing import NamedTuple
 import torch
 from numpy.typing import ArrayLike
 
+from spec.llm.sampling import categorical_draw as _categorical
 from tmc.multidraft import ROOT, Draw
 from tmc.validate import ROW_SUM_TOL
 
@@ -114,6 +115,7 @@ __all__ = [
     "verify_asps",
     "verify_block",
     "verify_chain",
+    "verify_chain_on_device",
     "verify_kseq",
     "verify_multidraft",
     "verify_ordered_traversal",
@@ -290,20 +292,6 @@ def _normalised_rows(rows: Tensor) -> Tensor:
 
 
 # ------------------------------------------------- shared numerical rules
-
-
-def _categorical(weights: Tensor, u: Tensor) -> Tensor:
-    """Inverse-CDF draw, :func:`tmc.noise.categorical`: a 0-d int64 tensor, no host sync.
-
-    ``weights`` ``(L,)`` non-negative with positive sum, ``u`` a 0-d uniform.
-    A zero weight is never chosen, ``u == 0`` included.
-    """
-    cdf = torch.cumsum(weights, dim=0)
-    i = torch.searchsorted(cdf, (u * cdf[-1]).reshape(1), right=True)[0]
-    # u * total rounded up to total: the last index with positive weight.
-    index = torch.arange(weights.shape[0], device=weights.device)
-    last = torch.where(weights > 0.0, index, -1).max()
-    return torch.where(i >= weights.shape[0], last, i)
 
 
 def _residual_rows(r: Tensor, law: Tensor, rejected: Tensor) -> Tensor:
@@ -487,14 +475,47 @@ def verify_chain(
     ``method`` is ``"sps"``, ``"asps"`` or ``"block"``.  One host transfer:
     the validation flag, the accepted count and the emitted token together.
     """
-    step = _CHAIN_STEPS[_check_method(method, CHAIN_METHODS)]
-    chain = _prepare_chain(method, draft_tokens, draft_probs, target_probs, uniforms)
-    k, b = step(chain)
-    bad, n_acc, _ = torch.stack([chain.bad.to(torch.int64), k, b]).tolist()
+    chain, head = _chain_head(method, draft_tokens, draft_probs, target_probs, uniforms)
+    k, b = head[1], head[2]
+    bad, n_acc, _ = head.tolist()
     if bad:
         _raise_chain_errors(chain)
     tokens = torch.cat([chain.tok[:n_acc], b.reshape(1)])
     return Verified(tokens, n_acc, tuple(range(n_acc)))
+
+
+def _chain_head(
+    method: str, draft_tokens: TensorLike, draft_probs: TensorLike | None, target_probs: TensorLike, uniforms: TensorLike
+) -> tuple[_Chain, Tensor]:
+    """The prepared chain and ``(bad, k, b)`` as one int64 ``(3,)`` device tensor (not synchronised yet)."""
+    step = _CHAIN_STEPS[_check_method(method, CHAIN_METHODS)]
+    chain = _prepare_chain(method, draft_tokens, draft_probs, target_probs, uniforms)
+    k, b = step(chain)
+    return chain, torch.stack([chain.bad.to(torch.int64), k, b])
+
+
+def verify_chain_on_device(
+    method: str, draft_tokens: Tensor, draft_probs: Tensor | None, target_probs: Tensor, uniforms: Tensor,
+    fault: Tensor,
+) -> tuple[Verified | None, list[int]]:
+    """:func:`verify_chain` for a chain drafted on the device, with ONE host transfer for the step.
+
+    ``fault`` is a 0-d bool device flag the caller raised on the way (logits
+    that :func:`~spec.llm.sampling.process_logits` would refuse).  The
+    transfer carries it, the verifier's validation flag, the accepted count,
+    the emitted token and every draft token.  Returns the :class:`Verified`
+    result (its tokens a host tensor) and the draft tokens as host ints, or
+    ``(None, [])`` when ``fault`` is set: the caller then names the fault.
+    The verifier's own faults raise as in :func:`verify_chain`.
+    """
+    chain, head = _chain_head(method, draft_tokens, draft_probs, target_probs, uniforms)
+    got = torch.cat([fault.to(torch.int64).reshape(1), head, chain.tok]).tolist()
+    if got[0]:
+        return None, []
+    bad, n_acc, b, drafted = got[1], got[2], got[3], got[4:]
+    if bad:
+        _raise_chain_errors(chain)
+    return Verified(torch.tensor(drafted[:n_acc] + [b], dtype=torch.int64), n_acc, tuple(range(n_acc))), drafted
 
 
 def verify_sps(

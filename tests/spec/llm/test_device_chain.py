@@ -1,0 +1,144 @@
+"""Chains drafted and verified on the model's device (``generate(..., chain_on_device=True)``, the default).
+
+The device path must give exactly what the host path gives (``ChainBuilder``
+through ``LLMDraft.rows`` + ``verify_chain``) with the same seed: the same
+uniforms in the same order, the same inverse-CDF rule.  On the CPU the
+cumulative sums are sequential in both numpy and torch, so the tokens are
+equal on every seed; the draft rows agree to the host's renormalisation
+(relative 1e-15).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from transformers import DynamicCache  # noqa: E402
+
+from spec.builders import ChainBuilder  # noqa: E402
+from spec.llm.adapter import LLMDraft  # noqa: E402
+from spec.llm.generate import generate  # noqa: E402
+from spec.llm.models import tiny_pair  # noqa: E402
+from spec.llm.sampling import Sampling  # noqa: E402
+from spec.randomness import RngSampler  # noqa: E402
+
+pytestmark = pytest.mark.llm
+
+
+@pytest.fixture(scope="module")
+def pair() -> tuple[object, object]:
+    target, draft = tiny_pair(29, seed=3)
+    with torch.no_grad():  # sharper rows: long accepted runs and some rejections
+        target.lm_head.weight.mul_(12.0)
+        draft.lm_head.weight.mul_(12.0)
+    return target, draft
+
+
+@pytest.mark.parametrize(("verifier", "draw", "cache"),
+                         list(itertools.product(("sps", "asps", "block"), ("iid", "topk"), ("dynamic", "static"))))
+def test_device_chain_equals_the_host_chain(pair: tuple[object, object], verifier: str, draw: str, cache: str) -> None:
+    target, draft = pair
+    runs = 0
+    for temperature, seed, k in itertools.product((0.0, 1.0, 0.6), range(2), (1, 4)):
+        kw = dict(temperature=temperature, max_new_tokens=14, budget=k, seed=seed, cache=cache,
+                  builder_params={"draw": draw}, top_k=None if temperature != 0.6 else 9)
+        dev = generate(target, draft, [5, 3, 5], "chain", verifier, chain_on_device=True, **kw)
+        host = generate(target, draft, [5, 3, 5], "chain", verifier, chain_on_device=False, **kw)
+        assert dev.tokens == host.tokens, (temperature, seed, k)
+        assert [(s.accepted, s.emitted, s.tree_size, s.draft_forwards) for s in dev.steps] == \
+            [(s.accepted, s.emitted, s.tree_size, s.draft_forwards) for s in host.steps]
+        runs += 1
+    assert runs == 12
+
+
+def test_device_chain_stops_at_eos_and_length(pair: tuple[object, object]) -> None:
+    target, draft = pair
+    host = generate(target, draft, [1, 2], "chain", "sps", temperature=1.0, max_new_tokens=30, budget=4, seed=4,
+                    chain_on_device=False)
+    eos = host.tokens[7]
+    for n in (1, 5, 30):
+        kw = dict(temperature=1.0, max_new_tokens=n, budget=4, seed=4, eos_token_id=eos)
+        dev = generate(target, draft, [1, 2], "chain", "sps", **kw)
+        assert dev.tokens == generate(target, draft, [1, 2], "chain", "sps", chain_on_device=False, **kw).tokens
+        assert len(dev.tokens) <= n and dev.tokens.count(eos) <= 1 and (eos not in dev.tokens or dev.tokens[-1] == eos)
+
+
+def _drafts(model: object, ctx: list[int], sampling: Sampling) -> list[LLMDraft]:
+    return [LLMDraft(model, DynamicCache(), 0, pending=ctx, sampling=sampling) for _ in range(2)]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.0])
+def test_draft_chain_draws_the_chain_builders_tokens_and_rows(pair: tuple[object, object], temperature: float) -> None:
+    _, model = pair
+    sampling = Sampling(temperature)
+    for seed in range(4):
+        on_host, on_device = _drafts(model, [4, 8, 15, 16], sampling)
+        tree = ChainBuilder().build(on_host, 5, RngSampler(np.random.default_rng(seed)))
+        chain = on_device.draft_chain(5, torch.from_numpy(np.random.default_rng(seed).random(5)))
+        assert chain.tokens.tolist() == list(tree.tokens)
+        q = np.array([tree.q_rows[i - 1] for i in range(5)])  # token i is drawn from its parent's row (ROOT = -1)
+        np.testing.assert_allclose(chain.q.numpy(), q, rtol=1e-14, atol=1e-300)
+        assert not bool(chain.fault)
+        assert on_device.forwards == on_host.forwards == 5  # the pending tokens, then tokens 1..4
+        on_device.settle_chain(chain.tokens.tolist())
+        # the next step starts from the same cache: accepted 2 drafts, then a token of our choice
+        emitted = list(tree.tokens[:2]) + [(tree.tokens[2] + 1) % 29]
+        nxt_host, nxt_dev = on_host.end_step(emitted), on_device.end_step(emitted)
+        assert nxt_dev.past_len == nxt_host.past_len and nxt_dev.pending == nxt_host.pending
+        np.testing.assert_allclose(nxt_dev.rows([(), (3,)]), nxt_host.rows([(), (3,)]), rtol=1e-6, atol=1e-9)
+
+
+def test_draft_chain_argmax_without_uniforms(pair: tuple[object, object]) -> None:
+    _, model = pair
+    on_host, on_device = _drafts(model, [9, 9, 2], Sampling(1.0))
+    tree = ChainBuilder(draw="topk").build(on_host, 4, 0)
+    chain = on_device.draft_chain(4, None)
+    assert chain.tokens.tolist() == list(tree.tokens)
+
+
+def test_draft_chain_misuse_is_refused(pair: tuple[object, object]) -> None:
+    _, model = pair
+    draft, _ = _drafts(model, [1, 2, 3], Sampling(1.0))
+    with pytest.raises(ValueError, match="k must"):
+        draft.draft_chain(0, None)
+    with pytest.raises(ValueError, match=r"shape \(3,\)"):
+        draft.draft_chain(3, torch.zeros(2, dtype=torch.float64))
+    with pytest.raises(RuntimeError, match="follows draft_chain"):
+        draft.settle_chain([1, 2, 3])
+    chain = draft.draft_chain(3, torch.full((3,), 0.5, dtype=torch.float64))
+    with pytest.raises(RuntimeError, match="no node fed yet"):
+        draft.draft_chain(3, None)
+    with pytest.raises(RuntimeError, match="settle_chain"):
+        draft.rows([()])
+    with pytest.raises(RuntimeError, match="settle_chain"):
+        draft.end_step([1])
+    with pytest.raises(ValueError, match="drew 3 tokens, got 2"):
+        draft.settle_chain([1, 2])
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        draft.settle_chain([1, 2, 99])
+    draft.settle_chain(chain.tokens.tolist())
+    nxt = draft.end_step(chain.tokens.tolist()[:1])
+    assert nxt.rows([()]).shape == (1, 29)
+
+
+def test_chain_on_device_must_be_a_bool(pair: tuple[object, object]) -> None:
+    target, draft = pair
+    with pytest.raises(ValueError, match="chain_on_device"):
+        generate(target, draft, [1], "chain", "sps", chain_on_device=1)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("which", ["draft", "target"])
+def test_bad_logits_raise_the_host_paths_error(which: str) -> None:
+    """NaN logits raise the same ValueError on both paths (the device path checks its flag once per step)."""
+    target, draft = tiny_pair(17, seed=1)
+    with torch.no_grad():
+        (draft if which == "draft" else target).lm_head.weight[5, 0] = float("nan")
+    for on_device in (True, False):
+        with pytest.raises(ValueError, match="logits contain NaN"):
+            generate(target, draft, [1, 2], "chain", "sps", temperature=1.0, max_new_tokens=6, budget=3, seed=0,
+                     chain_on_device=on_device)
