@@ -14,7 +14,10 @@ Side by side in one run, on the same prompts, every method decodes exactly
 * ``hf-assisted``: ``generate(..., assistant_model=draft)`` (transformers'
   assisted generation, its default schedule);
 * ``BUILDER:VERIFIER[@BUDGET]``: :func:`spec.llm.generate.generate` with that
-  tree builder and lossless verifier (budget: draft nodes per step).
+  tree builder and lossless verifier (budget: draft nodes per step);
+  ``chain:VERIFIER:host[@BUDGET]`` runs a chain through the host builder
+  (``chain_on_device=False``) instead of the device path, for a side-by-side
+  of the two (same tokens).
 
 Figures per method and temperature: tokens per target step, tokens/s
 (prefill included, all prompts together), speedup against ``ar``,
@@ -65,24 +68,30 @@ class Method:
     builder: str | None = None
     verifier: str | None = None
     budget: int | None = None
+    on_host: bool = False  # a chain through the host builder (generate's chain_on_device=False)
 
     @property
     def label(self) -> str:
         if self.builder is None:
             return self.name
-        return f"{self.builder}+{self.verifier}@{self.budget}"
+        return f"{self.builder}+{self.verifier}@{self.budget}" + ("/host" if self.on_host else "")
 
 
 def parse_method(text: str, budget: int, chain_budget: int) -> Method:
-    """``ar`` / ``ar-static`` / ``ar-loop`` / ``hf-assisted`` or ``BUILDER:VERIFIER[@BUDGET]`` (``ValueError`` else)."""
+    """``ar`` / ``ar-static`` / ``ar-loop`` / ``hf-assisted``, ``BUILDER:VERIFIER[@BUDGET]`` or
+    ``chain:VERIFIER:host[@BUDGET]`` (``ValueError`` else)."""
     from spec.builders import BUILDERS
     from spec.llm.generate import VERIFIERS
+    from spec.llm.verify import CHAIN_METHODS
 
     text = text.strip()
     if text in BASELINES:
         return Method(text)
     spec, _, b = text.partition("@")
     builder, sep, verifier = spec.partition(":")
+    verifier, host_sep, where = verifier.partition(":")
+    if host_sep and (where != "host" or builder != "chain" or verifier not in CHAIN_METHODS):
+        raise ValueError(f"method {text!r}: only chain:VERIFIER:host (a chain verifier) takes a third field, 'host'")
     if not sep or builder not in BUILDERS or verifier not in VERIFIERS:
         raise ValueError(
             f"method {text!r}: use one of {', '.join(BASELINES)} or BUILDER:VERIFIER[@BUDGET] with a builder of "
@@ -97,7 +106,7 @@ def parse_method(text: str, budget: int, chain_budget: int) -> Method:
             raise ValueError(f"method {text!r}: the budget after @ must be a positive integer")
     else:
         n = chain_budget if builder == "chain" else budget
-    return Method(text, builder, verifier, n)
+    return Method(text, builder, verifier, n, bool(host_sep))
 
 
 def heldout_prompts(tokenizer: Any, n: int, length: int, val_every: int = 50) -> list[list[int]]:
@@ -149,7 +158,8 @@ def _run_one(method: Method, target: Any, draft: Any, prompt: list[int], tempera
         else:
             assert method.verifier is not None and method.budget is not None  # parse_method sets all three
             out = generate(target, draft, prompt, method.builder, method.verifier, budget=method.budget,
-                           temperature=temperature, max_new_tokens=new_tokens, seed=seed, cache=cache)
+                           temperature=temperature, max_new_tokens=new_tokens, seed=seed, cache=cache,
+                           chain_on_device=not method.on_host)
         s = out.summary()
         return {"tokens": out.tokens, "seconds": out.total_s, "steps": len(out.steps), "tree": s["mean_tree_size"],
                 "build_s": s["build_s"], "draft_s": s["draft_s"], "target_s": s["target_s"], "verify_s": s["verify_s"]}

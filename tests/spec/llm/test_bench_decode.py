@@ -34,9 +34,20 @@ def test_parse_method() -> None:
     assert parse_method("dyspec:traversal", 16, 4).budget == 16
     assert parse_method(" fixed:multidraft@32 ", 16, 4) == Method("fixed:multidraft@32", "fixed", "multidraft", 32)
     assert parse_method("wetap:traversal@3", 16, 4).label == "wetap+traversal@3"
-    for bad in ("nope", "dyspec", "dyspec:nope", "nope:traversal", "chain:sps@0", "chain:sps@x", "chain:sps@-2"):
+    host = parse_method("chain:asps:host@5", 16, 4)
+    assert host == Method("chain:asps:host@5", "chain", "asps", 5, True) and host.label == "chain+asps@5/host"
+    for bad in ("nope", "dyspec", "dyspec:nope", "nope:traversal", "chain:sps@0", "chain:sps@x", "chain:sps@-2",
+                "chain:traversal:host", "fixed:sps:host", "chain:sps:gpu", "chain:sps:host:x"):
         with pytest.raises(ValueError, match="method"):
             parse_method(bad, 16, 4)
+
+
+def test_host_chain_rows_run_beside_device_chain_rows(pair: tuple[object, object]) -> None:
+    target, draft = pair
+    methods = [parse_method(m, budget=6, chain_budget=3) for m in ("ar", "chain:block", "chain:block:host")]
+    report = run_decode_bench(target, draft, [[4, 4, 1]], methods, temperatures=(0.0,), new_tokens=8, warmup=False)
+    assert [r["method"] for r in report["rows"]] == ["ar", "chain+block@3", "chain+block@3/host"]
+    assert all(r["agree_ar"] == 1.0 for r in report["rows"])
 
 
 def test_every_method_runs_and_greedy_rows_equal_ar(pair: tuple[object, object]) -> None:
