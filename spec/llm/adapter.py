@@ -49,7 +49,8 @@ for a layer's best continuations, selected where the logits are
 (:func:`select_beam_torch` on CUDA), so ``width × V`` rows never cross to
 the host.  A chain builder need not cross at all: :meth:`LLMDraft.draft_chain`
 draws a whole chain on the device (the inverse-CDF rule of the host builders,
-with the same uniforms), and the decode loop synchronises once per step.
+with the same uniforms), and the decode loop waits for the device a fixed
+number of times per step (three) instead of once per drafted token.
 Notation: ``p`` target, ``q`` draft (DESIGN.md §3).
 """
 
@@ -481,7 +482,7 @@ class LLMDraft:
         return wanted
 
     def draft_chain(self, k: int, uniforms: torch.Tensor | None) -> DeviceChain:
-        """A chain of ``k`` draft tokens drawn on the model's device, with no host sync.
+        """A chain of ``k`` draft tokens drawn on the model's device, with no host sync between tokens.
 
         Token ``i`` is drawn from the processed row ``q_i`` after the context
         and tokens ``< i`` by inverse CDF with ``uniforms[i]``
@@ -493,6 +494,8 @@ class LLMDraft:
         then one per token but the last.  Bad draft logits do not raise here:
         they set ``fault``; check it (with the step's one transfer), and call
         :meth:`settle_chain` with the drawn tokens before :meth:`end_step`.
+        One synchronisation at the end puts the queued forwards' device time
+        into ``forward_s``; nothing is copied to the host.
         """
         k = check_int("k", k, minimum=1)
         if self._ended:
