@@ -502,8 +502,11 @@ class LLMDraft:
             raise RuntimeError("this draft step has ended (end_step); use the draft it returned")
         if self._slot or self._chain is not None:
             raise RuntimeError("draft_chain needs a draft step with no node fed yet")
-        if uniforms is not None and (not isinstance(uniforms, torch.Tensor) or tuple(uniforms.shape) != (k,)):
-            raise ValueError(f"uniforms must be None or a tensor of shape ({k},)")
+        if uniforms is not None:
+            if not isinstance(uniforms, torch.Tensor) or not uniforms.is_floating_point() or tuple(uniforms.shape) != (k,):
+                raise ValueError(f"uniforms must be None or a floating-point tensor of shape ({k},)")
+            if not bool(((uniforms >= 0.0) & (uniforms < 1.0)).all()):  # host tensors in the decode loop: no device wait
+                raise ValueError(f"uniforms must lie in [0, 1), got {uniforms.tolist()}")
         if not self._pending_fed:
             self._feed([], wait=False)
         logits = self._logits[()]

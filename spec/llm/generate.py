@@ -213,7 +213,8 @@ def _chain_step(
     u_draft = torch.from_numpy(rng.random(k)) if iid else None
     chain = d_step.draft_chain(k, u_draft)
     t1 = time.perf_counter()
-    ids = torch.cat([torch.full((1,), root, dtype=torch.long, device=device), chain.tokens.to(device)])
+    drawn = chain.tokens.to(device)  # a no-op when draft and target share the device
+    ids = torch.cat([torch.full((1,), root, dtype=torch.long, device=device), drawn])
     allowed = np.ones((k + 1, t_past + k + 1), dtype=bool)
     allowed[:, t_past:] = np.tril(allowed[:, t_past:])  # causal over root + chain
     logits = forward_unchecked(target, t_cache, ids, np.arange(t_past, t_past + k + 1), allowed)
@@ -222,7 +223,7 @@ def _chain_step(
     t2 = time.perf_counter()
     u = torch.from_numpy(rng.random(noise_size(verifier, k))).to(device)
     fault = chain.fault.to(device) | logits_fault(logits)
-    res, drafted = verify_chain_on_device(verifier, chain.tokens.to(device), chain.q.to(device) if iid else None,
+    res, drafted = verify_chain_on_device(verifier, drawn, chain.q.to(device) if iid else None,
                                           p, u, fault)
     if res is None:  # name the fault: the draft's logits first, then the target's
         d_step.chain_fault()

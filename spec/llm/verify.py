@@ -476,11 +476,10 @@ def verify_chain(
     the validation flag, the accepted count and the emitted token together.
     """
     chain, head = _chain_head(method, draft_tokens, draft_probs, target_probs, uniforms)
-    k, b = head[1], head[2]
     bad, n_acc, _ = head.tolist()
     if bad:
         _raise_chain_errors(chain)
-    tokens = torch.cat([chain.tok[:n_acc], b.reshape(1)])
+    tokens = torch.cat([chain.tok[:n_acc], head[2:]])
     return Verified(tokens, n_acc, tuple(range(n_acc)))
 
 

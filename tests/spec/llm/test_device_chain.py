@@ -108,6 +108,11 @@ def test_draft_chain_misuse_is_refused(pair: tuple[object, object]) -> None:
         draft.draft_chain(0, None)
     with pytest.raises(ValueError, match=r"shape \(3,\)"):
         draft.draft_chain(3, torch.zeros(2, dtype=torch.float64))
+    with pytest.raises(ValueError, match="floating-point"):
+        draft.draft_chain(3, torch.zeros(3, dtype=torch.int64))
+    for bad in (1.0, -0.25, float("nan")):
+        with pytest.raises(ValueError, match=r"\[0, 1\)"):
+            draft.draft_chain(3, torch.tensor([0.5, bad, 0.5], dtype=torch.float64))
     with pytest.raises(RuntimeError, match="follows draft_chain"):
         draft.settle_chain([1, 2, 3])
     chain = draft.draft_chain(3, torch.full((3,), 0.5, dtype=torch.float64))
