@@ -15,6 +15,8 @@ Side by side in one run, on the same prompts, every method decodes exactly
   assisted generation, its default schedule);
 * ``BUILDER:VERIFIER[@BUDGET]``: :func:`spec.llm.generate.generate` with that
   tree builder and lossless verifier (budget: draft nodes per step);
+  ``BUILDER/KEY=VALUE/...:VERIFIER`` sets builder parameters
+  (``wetap/w_min=4/w_max=16:traversal@16``), as ``tmc decode --param`` does;
   ``chain:VERIFIER:host[@BUDGET]`` runs a chain through the host builder
   (``chain_on_device=False``) instead of the device path, for a side-by-side
   of the two (same tokens).
@@ -38,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import time
@@ -48,6 +51,13 @@ from typing import Any
 
 __all__ = ["DEFAULT_METHODS", "Method", "add_options", "bench", "heldout_prompts", "parse_method", "render",
            "run_decode_bench"]
+
+#: Printed by the command line when a multi-threaded CPU run has sleeping OpenMP workers.
+PASSIVE_WARNING = (
+    "note: OMP_WAIT_POLICY=PASSIVE puts torch's OpenMP workers to sleep between operations; on the 2-core CPU "
+    "a 5-token forward of the CPU pair's target took 2-3x as long as without it (a 1-token forward did not), "
+    "which penalises every multi-token method; unset it (or use --threads 1) for timings"
+)
 
 #: Baselines that are not our loop.
 BASELINES = ("ar", "ar-static", "ar-loop", "hf-assisted")
@@ -69,18 +79,39 @@ class Method:
     verifier: str | None = None
     budget: int | None = None
     on_host: bool = False  # a chain through the host builder (generate's chain_on_device=False)
+    params: tuple[tuple[str, Any], ...] = ()  # builder parameters (generate's builder_params), in the given order
 
     @property
     def label(self) -> str:
         if self.builder is None:
             return self.name
-        return f"{self.builder}+{self.verifier}@{self.budget}" + ("/host" if self.on_host else "")
+        shown = "".join(f"/{k}={v}" for k, v in self.params)
+        return f"{self.builder}{shown}+{self.verifier}@{self.budget}" + ("/host" if self.on_host else "")
+
+
+def _builder_params(text: str, fields: list[str]) -> tuple[tuple[str, Any], ...]:
+    """``KEY=VALUE`` fields after a builder name (values as ``tmc decode --param`` reads them)."""
+    from spec.cli import param_value
+
+    out: dict[str, Any] = {}
+    for field in fields:
+        key, sep, value = field.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not key or not value.strip():
+            raise ValueError(f"method {text!r}: builder parameters are /KEY=VALUE, got {field!r}")
+        if key in out:
+            raise ValueError(f"method {text!r}: builder parameter {key!r} given twice")
+        out[key] = param_value(value.strip())
+    return tuple(out.items())
 
 
 def parse_method(text: str, budget: int, chain_budget: int) -> Method:
-    """``ar`` / ``ar-static`` / ``ar-loop`` / ``hf-assisted``, ``BUILDER:VERIFIER[@BUDGET]`` or
-    ``chain:VERIFIER:host[@BUDGET]`` (``ValueError`` else)."""
-    from spec.builders import BUILDERS
+    """``ar`` / ``ar-static`` / ``ar-loop`` / ``hf-assisted``, ``BUILDER[/KEY=VALUE...]:VERIFIER[@BUDGET]``
+    or ``chain[/KEY=VALUE...]:VERIFIER:host[@BUDGET]`` (``ValueError`` else, bad builder parameters included).
+
+    ``/KEY=VALUE`` fields set builder parameters, e.g. ``wetap/w_min=4/w_max=16:traversal@16``.
+    """
+    from spec.builders import BUILDERS, make_builder
     from spec.llm.generate import VERIFIERS
     from spec.llm.verify import CHAIN_METHODS
 
@@ -89,6 +120,7 @@ def parse_method(text: str, budget: int, chain_budget: int) -> Method:
         return Method(text)
     spec, _, b = text.partition("@")
     builder, sep, verifier = spec.partition(":")
+    builder, *fields = builder.split("/")
     verifier, host_sep, where = verifier.partition(":")
     if host_sep and (where != "host" or builder != "chain" or verifier not in CHAIN_METHODS):
         raise ValueError(f"method {text!r}: only chain:VERIFIER:host (a chain verifier) takes a third field, 'host'")
@@ -106,7 +138,12 @@ def parse_method(text: str, budget: int, chain_budget: int) -> Method:
             raise ValueError(f"method {text!r}: the budget after @ must be a positive integer")
     else:
         n = chain_budget if builder == "chain" else budget
-    return Method(text, builder, verifier, n, bool(host_sep))
+    params = _builder_params(text, fields)
+    try:
+        make_builder(builder, **dict(params))  # refuse unknown or bad parameters before any model loads
+    except ValueError as err:
+        raise ValueError(f"method {text!r}: {err}") from None
+    return Method(text, builder, verifier, n, bool(host_sep), params)
 
 
 def heldout_prompts(tokenizer: Any, n: int, length: int, val_every: int = 50) -> list[list[int]]:
@@ -159,7 +196,7 @@ def _run_one(method: Method, target: Any, draft: Any, prompt: list[int], tempera
             assert method.verifier is not None and method.budget is not None  # parse_method sets all three
             out = generate(target, draft, prompt, method.builder, method.verifier, budget=method.budget,
                            temperature=temperature, max_new_tokens=new_tokens, seed=seed, cache=cache,
-                           chain_on_device=not method.on_host)
+                           builder_params=dict(method.params), chain_on_device=not method.on_host)
         s = out.summary()
         return {"tokens": out.tokens, "seconds": out.total_s, "steps": len(out.steps), "tree": s["mean_tree_size"],
                 "build_s": s["build_s"], "draft_s": s["draft_s"], "target_s": s["target_s"], "verify_s": s["verify_s"]}
@@ -261,7 +298,8 @@ def run_decode_bench(
         for base, key in (("ar", "speedup_ar"), ("ar-static", "speedup_ar_static"), ("hf-assisted", "speedup_assisted")):
             b = by.get((r["temperature"], base))
             r[key] = r["tokens_per_s"] / b["tokens_per_s"] if b and b["tokens_per_s"] > 0 else None
-    env = {"torch": torch.__version__, "threads": torch.get_num_threads(), "transformers": transformers.__version__, "python": platform.python_version(),
+    env = {"torch": torch.__version__, "threads": torch.get_num_threads(),
+           "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "transformers": transformers.__version__, "python": platform.python_version(),
            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
            "dtype": str(next(target.parameters()).dtype).replace("torch.", ""), "cache": cache,
            "target_params": sum(p.numel() for p in target.parameters()),
@@ -293,7 +331,9 @@ def render(report: dict[str, Any]) -> str:
             ["method", "tok/step", "tok/s", "×ar", "×ar-static", "×assisted", "bld+ver %", "builder %",
              "verifier %", "draft fwd %", "=ar"], table,
             title=f"T = {temp:g}: {report['prompts']} prompts × {report['new_tokens']} new tokens, {env['device']}, "
-                  f"{env['dtype']}, our cache {env.get('cache', 'dynamic')}, torch {env['torch']} ({env['threads']} CPU threads), transformers {env['transformers']} "
+                  f"{env['dtype']}, our cache {env.get('cache', 'dynamic')}, torch {env['torch']} ({env['threads']} CPU threads"
+                  f"{', OMP_WAIT_POLICY=' + env['omp_wait_policy'] if env.get('omp_wait_policy') else ''}), "
+                  f"transformers {env['transformers']} "
                   f"(% columns: of the target forward time)"))
     return "\n\n".join(out)
 
@@ -335,7 +375,8 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--target", metavar="DIR", help="decode: target model folder (instead of --pair)")
     g.add_argument("--draft", metavar="DIR", help="decode: draft model folder (instead of --pair)")
     g.add_argument("--methods", default=",".join(DEFAULT_METHODS),
-                   help="decode: comma-separated ar, ar-static, ar-loop, hf-assisted, BUILDER:VERIFIER[@BUDGET]")
+                   help="decode: comma-separated ar, ar-static, ar-loop, hf-assisted, "
+                        "BUILDER[/KEY=VALUE...]:VERIFIER[@BUDGET], chain:VERIFIER:host[@BUDGET]")
     g.add_argument("--budget", type=int, default=16, help="decode: tree budget of methods without @ (default 16)")
     g.add_argument("--chain-budget", type=int, default=4, help="decode: chain length of chain methods without @ (default 4)")
     g.add_argument("--prompts", type=int, default=8, help="decode: held-out prompts (default 8)")
@@ -407,6 +448,8 @@ def bench(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         fail(str(err))
     print(f"decoding {args.prompts} prompts x {args.new_tokens} tokens with {len(methods)} methods at T in {temps} "
           f"on {device} ({str(dtype).replace('torch.', '')}) ...", file=sys.stderr)
+    if device.type == "cpu" and torch.get_num_threads() > 1 and os.environ.get("OMP_WAIT_POLICY", "").upper() == "PASSIVE":
+        print(PASSIVE_WARNING, file=sys.stderr)
     report = run_decode_bench(target, draft, prompts, methods, temps, args.new_tokens, seed=args.seed,
                               cache=args.cache, progress=lambda m: print(m, file=sys.stderr, flush=True))
     report["pair"] = {"target": target_dir, "draft": draft_dir}

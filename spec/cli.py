@@ -29,15 +29,19 @@ from tmc.cli import add_json, add_seed, fail, positive_int
 BUILDER_NAMES = ("chain", "fixed", "dyspec", "dyspec-threshold", "dynatree", "wetap")
 
 
+def param_value(text: str) -> Any:
+    """A builder parameter's value: JSON (``4``, ``1.2``, ``null``, ``true``) or else the bare word (``swor``)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
 def _param(text: str) -> tuple[str, Any]:
     key, sep, value = text.partition("=")
     if not sep or not key:
         raise argparse.ArgumentTypeError(f"--param takes KEY=VALUE, got {text!r}")
-    try:
-        parsed: Any = json.loads(value)
-    except json.JSONDecodeError:
-        parsed = value  # a bare word such as swor
-    return key.replace("-", "_"), parsed
+    return key.replace("-", "_"), param_value(value)
 
 
 def extend_acceptance(

@@ -42,6 +42,42 @@ def test_parse_method() -> None:
             parse_method(bad, 16, 4)
 
 
+def test_parse_method_builder_parameters() -> None:
+    m = parse_method("wetap/w_min=4/w-max=16/gamma=1.5:traversal@16", 8, 4)
+    assert (m.builder, m.verifier, m.budget) == ("wetap", "traversal", 16)
+    assert m.params == (("w_min", 4), ("w_max", 16), ("gamma", 1.5))
+    assert m.label == "wetap/w_min=4/w_max=16/gamma=1.5+traversal@16"
+    fixed = parse_method("fixed/draw=topk/depth=null:traversal", 8, 4)
+    assert fixed.params == (("draw", "topk"), ("depth", None)) and fixed.budget == 8
+    host = parse_method("chain/draw=topk:sps:host@3", 8, 4)
+    assert host.on_host and host.params == (("draw", "topk"),) and host.label == "chain/draw=topk+sps@3/host"
+    assert parse_method("dyspec:traversal", 8, 4).params == ()
+    cases = {  # text -> what the message names
+        "wetap/w_min=0:traversal": "w_min",  # the builder's own check
+        "wetap/w_min=9/w_max=4:traversal": "w_min <= w_max",
+        "wetap/width=4:traversal": "width",  # not a WETAP parameter
+        "fixed/draw=nope:traversal": "draw",
+        "wetap/w_min:traversal": "/KEY=VALUE",
+        "wetap/=4:traversal": "/KEY=VALUE",
+        "wetap/w_min=:traversal": "/KEY=VALUE",
+        "wetap/w_min=2/w_min=3:traversal": "twice",
+    }
+    for text, named in cases.items():
+        with pytest.raises(ValueError, match="method") as err:
+            parse_method(text, 16, 4)
+        assert named in str(err.value), (text, str(err.value))
+
+
+def test_builder_parameters_reach_the_builder(pair: tuple[object, object]) -> None:
+    target, draft = pair
+    methods = [parse_method(m, budget=6, chain_budget=3) for m in ("fixed:traversal", "fixed/depth=1:traversal")]
+    report = run_decode_bench(target, draft, [[4, 4, 1]], methods, temperatures=(1.0,), new_tokens=8, warmup=False)
+    full, shallow = report["rows"]
+    assert shallow["method"] == "fixed/depth=1+traversal@6"
+    assert full["mean_tree"] == 6.0  # width 2, no depth limit: the budget decides
+    assert shallow["mean_tree"] <= 2.0  # one layer of at most 2 children
+
+
 def test_host_chain_rows_run_beside_device_chain_rows(pair: tuple[object, object]) -> None:
     target, draft = pair
     methods = [parse_method(m, budget=6, chain_budget=3) for m in ("ar", "chain:block", "chain:block:host")]
