@@ -119,6 +119,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     dec.add_argument("--cache", choices=["auto", "dynamic", "static"], default="auto",
                      help="KV cache: static (explicit slots; CUDA graphs on cuda), dynamic, or auto "
                           "(static on cuda, dynamic elsewhere; default)")
+    dec.add_argument("--host-chain", action="store_true",
+                     help="chain builder with sps/asps/block: draft through the host builder, one row transfer per "
+                          "token, instead of on the model's device (same tokens; for comparison)")
     dec.add_argument("--no-ar", action="store_true", help="skip the autoregressive baseline run")
     add_seed(dec, "builder draws and verifier uniforms")
     add_json(dec)
@@ -146,7 +149,8 @@ def _cmd_decode(args: argparse.Namespace) -> int:
     print(f"decoding {args.max_new_tokens} tokens with {args.builder} + {args.verifier} on {args.device} ...", file=sys.stderr)
     with torch.inference_mode():
         out = generate(target, draft, ids, args.builder, args.verifier, budget=args.budget,
-                       builder_params=dict(args.param), cache=args.cache, **settings)
+                       builder_params=dict(args.param), cache=args.cache, chain_on_device=not args.host_chain,
+                       **settings)
         ar = None if args.no_ar else ar_generate(target, ids, cache=args.cache, **settings)
     summary = out.summary()
     report: dict[str, Any] = {"builder": args.builder, "verifier": args.verifier, "budget": args.budget,

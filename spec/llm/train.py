@@ -53,8 +53,10 @@ GPU target).  The CPU target is narrow because on 2 cores the number of steps de
 loss: in 150 s trials, 256 x 4 (5.3 M) reached validation loss 6.24 against 5.23 for 128 x 4.
 
 CPU threads: on a CPU shared with other jobs, set ``OMP_WAIT_POLICY=PASSIVE`` (or
-``--threads 1``): spinning OpenMP workers then stop starving each other; measured here under
-load, 2.5 to 4x the tokens/s of the default.
+``--threads 1``) for training: spinning OpenMP workers then stop starving each other; measured
+here under load, 2.5 to 4x the tokens/s of the default.  Do not keep it for decoding
+benchmarks on an idle CPU: there the sleeping workers made a 5-token forward of the CPU target
+2-3x slower (``tmc bench decode`` warns).
 
 Measured here (2 CPU cores shared with other jobs, torch 2.13 CPU, transformers 5.23,
 ``OMP_WAIT_POLICY=PASSIVE``), ``python -m spec.llm.train --out DIR`` with the defaults:

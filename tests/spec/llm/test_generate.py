@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -168,3 +171,46 @@ def test_decode_command_reports_a_missing_model_in_one_line(tmp_path: object, ca
     err = capsys.readouterr().err
     assert code == 2
     assert "cannot load" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.skipif(not any(ep.name == "spec" for ep in __import__("importlib.metadata").metadata.entry_points(group="tmc.commands")),
+                    reason="package not installed: tmc decode is registered through an entry point")
+def test_decode_command_on_a_saved_pair(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """``tmc decode`` end to end: greedy chains equal plain greedy decoding on both chain paths
+    (``--host-chain``), and ``--param`` reaches the builder."""
+    import json
+
+    import spec.llm.generate as gen
+    from spec.llm.models import save_pair, tiny_pair
+    from spec.llm.train import train_tokenizer
+    from tmc.cli import main
+
+    paths: list[bool] = []
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        paths.append(kwargs["chain_on_device"])
+        return generate(*args, **kwargs)
+
+    monkeypatch.setattr(gen, "generate", spy)  # the command imports it when it runs
+
+    tok = train_tokenizer(["def f(x):\n    return x + 1\n" * 50, "import os\nprint(os.sep)\n" * 50], 300, 256)
+    target, draft = tiny_pair(len(tok), seed=2)
+    pair = save_pair(target, draft, tok, tmp_path / "pair")
+    base = ["decode", "--target", str(pair / "target"), "--draft", str(pair / "draft"), "--prompt", "def f(x):",
+            "--max-new-tokens", "12", "--json", "--seed", "3"]
+
+    def run(*extra: str) -> dict[str, Any]:
+        assert main([*base, *extra]) == 0
+        return dict(json.loads(capsys.readouterr().out))
+
+    ids = tok("def f(x):")["input_ids"]
+    greedy = ar_generate(target, ids, temperature=0.0, max_new_tokens=12, eos_token_id=tok.eos_token_id).tokens
+    device = run("--builder", "chain", "--verifier", "asps", "--budget", "3", "--temperature", "0", "--no-ar")
+    host = run("--builder", "chain", "--verifier", "asps", "--budget", "3", "--temperature", "0", "--no-ar",
+               "--host-chain")
+    assert paths == [True, False]
+    assert device["tokens"] == host["tokens"] == greedy
+    assert device["steps"] == host["steps"]
+    wide = run("--builder", "fixed", "--param", "width=3", "--param", "depth=1", "--budget", "8", "--temperature", "1")
+    assert wide["mean_tree_size"] <= 3.0 and wide["new_tokens"] >= 1 and "speedup_vs_ar" in wide
