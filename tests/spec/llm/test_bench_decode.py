@@ -181,6 +181,7 @@ def test_command_on_a_saved_pair(pair: tuple[object, object], tmp_path: Path, ca
         (["--pair", "P", "--target", "T"], "not both"),
         (["--pair", "{tmp}/missing", "--methods", "ar"], "cannot load a tokenizer"),
         (["--pair", "P", "--methods", "ar,bogus"], "method 'bogus'"),
+        (["--pair", "P", "--methods", "ar,wetap/w_max=0:traversal"], "w_max"),
         (["--pair", "P", "--temperatures", "0,-1"], "--temperatures"),
         (["--pair", "P", "--new-tokens", "0"], "--new-tokens must be a positive integer"),
         (["--pair", "P", "--threads", "0"], "--threads must be a positive integer"),
@@ -191,3 +192,34 @@ def test_command_errors_are_one_line(argv: list[str], message: str, tmp_path: Pa
     assert main(argv) == 2  # the same function as `tmc bench decode` (test_command_on_a_saved_pair runs both)
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
+
+
+def test_thread_wait_policy_is_recorded_and_passive_is_flagged(pair: tuple[object, object], tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str],
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The report names OMP_WAIT_POLICY, and a multi-threaded CPU run under PASSIVE prints the note (once)."""
+    from spec.bench_decode import PASSIVE_WARNING
+    from spec.llm.train import train_tokenizer
+
+    target, draft = pair
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    plain = run_decode_bench(target, draft, [[1, 2, 3]], _methods(("ar",)), temperatures=(0.0,), new_tokens=2,
+                             warmup=False)
+    assert plain["environment"]["omp_wait_policy"] is None and "OMP_WAIT_POLICY" not in render(plain)
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    passive = run_decode_bench(target, draft, [[1, 2, 3]], _methods(("ar",)), temperatures=(0.0,), new_tokens=2,
+                               warmup=False)
+    assert passive["environment"]["omp_wait_policy"] == "PASSIVE" and "OMP_WAIT_POLICY=PASSIVE" in render(passive)
+
+    tok = train_tokenizer(["def f(x):\n    return x + 1\n" * 50, "import os\nprint(os.sep)\n" * 50], 300, 256)
+    small_t, small_d = tiny_pair(len(tok), seed=1)
+    save_pair(small_t, small_d, tok, tmp_path / "pair")
+    threads = torch.get_num_threads()
+    try:
+        for n, warned in ((1, False), (2, True)):
+            argv = ["--pair", str(tmp_path / "pair"), "--prompts", "1", "--prompt-tokens", "8", "--new-tokens", "2",
+                    "--methods", "ar", "--device", "cpu", "--threads", str(n)]
+            assert main(argv) == 0
+            assert capsys.readouterr().err.count(PASSIVE_WARNING) == int(warned), n
+    finally:
+        torch.set_num_threads(threads)
