@@ -91,17 +91,21 @@ class Method:
 
 def _builder_params(text: str, fields: list[str]) -> tuple[tuple[str, Any], ...]:
     """``KEY=VALUE`` fields after a builder name (values as ``tmc decode --param`` reads them)."""
-    from spec.cli import param_value
+    from spec.cli import parse_param
 
     out: dict[str, Any] = {}
     for field in fields:
-        key, sep, value = field.partition("=")
-        key = key.strip().replace("-", "_")
-        if not sep or not key or not value.strip():
-            raise ValueError(f"method {text!r}: builder parameters are /KEY=VALUE, got {field!r}")
-        if key in out:
-            raise ValueError(f"method {text!r}: builder parameter {key!r} given twice")
-        out[key] = param_value(value.strip())
+        bad = ValueError(f"method {text!r}: builder parameters are /KEY=VALUE, got {field!r}")
+        key, sep, value = (part.strip() for part in field.partition("="))
+        if not value:  # parse_param would read an empty value as the text ""
+            raise bad
+        try:
+            name, parsed = parse_param(f"{key}{sep}{value}")
+        except ValueError:
+            raise bad from None
+        if name in out:
+            raise ValueError(f"method {text!r}: builder parameter {name!r} given twice")
+        out[name] = parsed
     return tuple(out.items())
 
 

@@ -29,19 +29,24 @@ from tmc.cli import add_json, add_seed, fail, positive_int
 BUILDER_NAMES = ("chain", "fixed", "dyspec", "dyspec-threshold", "dynatree", "wetap")
 
 
-def param_value(text: str) -> Any:
-    """A builder parameter's value: JSON (``4``, ``1.2``, ``null``, ``true``) or else the bare word (``swor``)."""
+def parse_param(text: str) -> tuple[str, Any]:
+    """A builder parameter ``KEY=VALUE``: the key with ``-`` read as ``_``, the value as JSON (``4``,
+    ``1.2``, ``null``, ``true``) or else the bare word (``swor``); ``ValueError`` without a key or ``=``."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise ValueError(f"a builder parameter is KEY=VALUE, got {text!r}")
     try:
-        return json.loads(text)
+        parsed: Any = json.loads(value)
     except json.JSONDecodeError:
-        return text
+        parsed = value
+    return key.replace("-", "_"), parsed
 
 
 def _param(text: str) -> tuple[str, Any]:
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"--param takes KEY=VALUE, got {text!r}")
-    return key.replace("-", "_"), param_value(value)
+    try:
+        return parse_param(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--param takes KEY=VALUE, got {text!r}") from None
 
 
 def extend_acceptance(

@@ -13,7 +13,8 @@ transformers = pytest.importorskip("transformers")
 from importlib.metadata import entry_points  # noqa: E402
 
 from spec.bench_decode import BASELINES, DEFAULT_METHODS, Method, main, parse_method, plot, render, run_decode_bench  # noqa: E402
-from spec.llm.models import save_pair, tiny_pair  # noqa: E402
+from spec.llm.models import tiny_pair  # noqa: E402
+from tests.spec.llm.conftest import SavedPair  # noqa: E402
 from tmc.cli import main as tmc_main  # noqa: E402
 
 pytestmark = pytest.mark.llm
@@ -151,17 +152,12 @@ REGISTERED = any(ep.name == "decode" for ep in entry_points(group="tmc.benchmark
     pytest.param("tmc", marks=pytest.mark.skipif(not REGISTERED, reason="package not installed: no tmc.benchmarks entry")),
     "module",
 ])
-def test_command_on_a_saved_pair(pair: tuple[object, object], tmp_path: Path, capsys: pytest.CaptureFixture[str],
+def test_command_on_a_saved_pair(saved_pair: SavedPair, tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                  entry: str) -> None:
     """End to end through ``tmc bench decode`` (and ``python -m spec.bench_decode``): held-out prompts, table,
     JSON and PNG."""
     pytest.importorskip("matplotlib")
-    from spec.llm.train import train_tokenizer
-
-    tok = train_tokenizer(["def f(x):\n    return x + 1\n" * 50, "import os\nprint(os.sep)\n" * 50], 300, 256)
-    target, draft = tiny_pair(len(tok), seed=1)
-    save_pair(target, draft, tok, tmp_path / "pair")
-    argv = ["--pair", str(tmp_path / "pair"), "--prompts", "2", "--prompt-tokens", "8", "--new-tokens", "4",
+    argv = ["--pair", str(saved_pair.path), "--prompts", "2", "--prompt-tokens", "8", "--new-tokens", "4",
             "--methods", "ar,chain:sps@2,dyspec:traversal@4", "--device", "cpu", "--threads", "1", "--save", str(tmp_path / "out")]
     code = tmc_main(["bench", "decode", *argv]) if entry == "tmc" else main(argv)
     out = capsys.readouterr()
@@ -194,12 +190,11 @@ def test_command_errors_are_one_line(argv: list[str], message: str, tmp_path: Pa
     assert len(err) == 1 and message in err[0], err
 
 
-def test_thread_wait_policy_is_recorded_and_passive_is_flagged(pair: tuple[object, object], tmp_path: Path,
+def test_thread_wait_policy_is_recorded_and_passive_is_flagged(pair: tuple[object, object], saved_pair: SavedPair,
                                                                capsys: pytest.CaptureFixture[str],
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """The report names OMP_WAIT_POLICY, and a multi-threaded CPU run under PASSIVE prints the note (once)."""
     from spec.bench_decode import PASSIVE_WARNING
-    from spec.llm.train import train_tokenizer
 
     target, draft = pair
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
@@ -211,13 +206,10 @@ def test_thread_wait_policy_is_recorded_and_passive_is_flagged(pair: tuple[objec
                                warmup=False)
     assert passive["environment"]["omp_wait_policy"] == "PASSIVE" and "OMP_WAIT_POLICY=PASSIVE" in render(passive)
 
-    tok = train_tokenizer(["def f(x):\n    return x + 1\n" * 50, "import os\nprint(os.sep)\n" * 50], 300, 256)
-    small_t, small_d = tiny_pair(len(tok), seed=1)
-    save_pair(small_t, small_d, tok, tmp_path / "pair")
     threads = torch.get_num_threads()
     try:
         for n, warned in ((1, False), (2, True)):
-            argv = ["--pair", str(tmp_path / "pair"), "--prompts", "1", "--prompt-tokens", "8", "--new-tokens", "2",
+            argv = ["--pair", str(saved_pair.path), "--prompts", "1", "--prompt-tokens", "8", "--new-tokens", "2",
                     "--methods", "ar", "--device", "cpu", "--threads", str(n)]
             assert main(argv) == 0
             assert capsys.readouterr().err.count(PASSIVE_WARNING) == int(warned), n

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -13,6 +12,7 @@ transformers = pytest.importorskip("transformers")
 
 from spec.builders import BUILDERS  # noqa: E402
 from spec.llm.generate import VERIFIERS, ar_generate, generate  # noqa: E402
+from tests.spec.llm.conftest import SavedPair  # noqa: E402
 from verification.calibrated import bonferroni, chi_square_check, detectable_tv  # noqa: E402
 
 pytestmark = pytest.mark.llm
@@ -175,15 +175,13 @@ def test_decode_command_reports_a_missing_model_in_one_line(tmp_path: object, ca
 
 @pytest.mark.skipif(not any(ep.name == "spec" for ep in __import__("importlib.metadata").metadata.entry_points(group="tmc.commands")),
                     reason="package not installed: tmc decode is registered through an entry point")
-def test_decode_command_on_a_saved_pair(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+def test_decode_command_on_a_saved_pair(saved_pair: SavedPair, capsys: pytest.CaptureFixture[str],
                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """``tmc decode`` end to end: greedy chains equal plain greedy decoding on both chain paths
     (``--host-chain``), and ``--param`` reaches the builder."""
     import json
 
     import spec.llm.generate as gen
-    from spec.llm.models import save_pair, tiny_pair
-    from spec.llm.train import train_tokenizer
     from tmc.cli import main
 
     paths: list[bool] = []
@@ -194,9 +192,7 @@ def test_decode_command_on_a_saved_pair(tmp_path: Path, capsys: pytest.CaptureFi
 
     monkeypatch.setattr(gen, "generate", spy)  # the command imports it when it runs
 
-    tok = train_tokenizer(["def f(x):\n    return x + 1\n" * 50, "import os\nprint(os.sep)\n" * 50], 300, 256)
-    target, draft = tiny_pair(len(tok), seed=2)
-    pair = save_pair(target, draft, tok, tmp_path / "pair")
+    pair, tok, target = saved_pair.path, saved_pair.tokenizer, saved_pair.target
     base = ["decode", "--target", str(pair / "target"), "--draft", str(pair / "draft"), "--prompt", "def f(x):",
             "--max-new-tokens", "12", "--json", "--seed", "3"]
 
