@@ -19,7 +19,10 @@ Side by side in one run, on the same prompts, every method decodes exactly
   (``wetap/w_min=4/w_max=16:traversal@16``), as ``tmc decode --param`` does;
   ``chain:VERIFIER:host[@BUDGET]`` runs a chain through the host builder
   (``chain_on_device=False``) instead of the device path, for a side-by-side
-  of the two (same tokens).
+  of the two (same tokens); a ``:torch`` or ``:numpy`` flag after the
+  verifier sets ``verify_backend`` (default ``auto``: numpy rows on the CPU,
+  torch on a GPU), e.g. ``dyspec:traversal:torch`` beside
+  ``dyspec:traversal:numpy`` (same tokens).
 
 Figures per method and temperature: tokens per target step, tokens/s
 (prefill included, all prompts together), speedup against ``ar``,
@@ -80,13 +83,15 @@ class Method:
     budget: int | None = None
     on_host: bool = False  # a chain through the host builder (generate's chain_on_device=False)
     params: tuple[tuple[str, Any], ...] = ()  # builder parameters (generate's builder_params), in the given order
+    backend: str = "auto"  # generate's verify_backend
 
     @property
     def label(self) -> str:
         if self.builder is None:
             return self.name
         shown = "".join(f"/{k}={v}" for k, v in self.params)
-        return f"{self.builder}{shown}+{self.verifier}@{self.budget}" + ("/host" if self.on_host else "")
+        return (f"{self.builder}{shown}+{self.verifier}@{self.budget}" + ("/host" if self.on_host else "")
+                + ("" if self.backend == "auto" else f"/{self.backend}"))
 
 
 def _builder_params(text: str, fields: list[str]) -> tuple[tuple[str, Any], ...]:
@@ -110,10 +115,13 @@ def _builder_params(text: str, fields: list[str]) -> tuple[tuple[str, Any], ...]
 
 
 def parse_method(text: str, budget: int, chain_budget: int) -> Method:
-    """``ar`` / ``ar-static`` / ``ar-loop`` / ``hf-assisted``, ``BUILDER[/KEY=VALUE...]:VERIFIER[@BUDGET]``
-    or ``chain[/KEY=VALUE...]:VERIFIER:host[@BUDGET]`` (``ValueError`` else, bad builder parameters included).
+    """``ar`` / ``ar-static`` / ``ar-loop`` / ``hf-assisted``, or ``BUILDER[/KEY=VALUE...]:VERIFIER[:FLAG...][@BUDGET]``
+    (``ValueError`` else, bad builder parameters included).
 
     ``/KEY=VALUE`` fields set builder parameters, e.g. ``wetap/w_min=4/w_max=16:traversal@16``.
+    Flags: ``host`` (a chain builder with a chain verifier only: the host chain
+    path, ``chain_on_device=False``) and ``torch`` or ``numpy`` (the
+    ``verify_backend``; default ``auto``), e.g. ``chain:sps:host:torch``.
     """
     from spec.builders import BUILDERS, make_builder
     from spec.llm.generate import VERIFIERS
@@ -125,9 +133,15 @@ def parse_method(text: str, budget: int, chain_budget: int) -> Method:
     spec, _, b = text.partition("@")
     builder, sep, verifier = spec.partition(":")
     builder, *fields = builder.split("/")
-    verifier, host_sep, where = verifier.partition(":")
-    if host_sep and (where != "host" or builder != "chain" or verifier not in CHAIN_METHODS):
-        raise ValueError(f"method {text!r}: only chain:VERIFIER:host (a chain verifier) takes a third field, 'host'")
+    verifier, *flags = verifier.split(":")
+    unknown = [f for f in flags if f not in ("host", "torch", "numpy")]
+    if unknown or len(set(flags)) != len(flags) or {"torch", "numpy"} <= set(flags):
+        raise ValueError(f"method {text!r}: the fields after the verifier are flags, each at most once: 'host' and "
+                         f"one of 'torch' / 'numpy'; got {':'.join(flags)!r}")
+    on_host = "host" in flags
+    if on_host and (builder != "chain" or verifier not in CHAIN_METHODS):
+        raise ValueError(f"method {text!r}: only chain:VERIFIER:host (a chain verifier) takes the flag 'host'")
+    backend = next((f for f in flags if f != "host"), "auto")
     if not sep or builder not in BUILDERS or verifier not in VERIFIERS:
         raise ValueError(
             f"method {text!r}: use one of {', '.join(BASELINES)} or BUILDER:VERIFIER[@BUDGET] with a builder of "
@@ -147,7 +161,7 @@ def parse_method(text: str, budget: int, chain_budget: int) -> Method:
         make_builder(builder, **dict(params))  # refuse unknown or bad parameters before any model loads
     except ValueError as err:
         raise ValueError(f"method {text!r}: {err}") from None
-    return Method(text, builder, verifier, n, bool(host_sep), params)
+    return Method(text, builder, verifier, n, on_host, params, backend)
 
 
 def heldout_prompts(tokenizer: Any, n: int, length: int, val_every: int = 50) -> list[list[int]]:
@@ -200,7 +214,8 @@ def _run_one(method: Method, target: Any, draft: Any, prompt: list[int], tempera
             assert method.verifier is not None and method.budget is not None  # parse_method sets all three
             out = generate(target, draft, prompt, method.builder, method.verifier, budget=method.budget,
                            temperature=temperature, max_new_tokens=new_tokens, seed=seed, cache=cache,
-                           builder_params=dict(method.params), chain_on_device=not method.on_host)
+                           builder_params=dict(method.params), chain_on_device=not method.on_host,
+                           verify_backend=method.backend)
         s = out.summary()
         return {"tokens": out.tokens, "seconds": out.total_s, "steps": len(out.steps), "tree": s["mean_tree_size"],
                 "build_s": s["build_s"], "draft_s": s["draft_s"], "target_s": s["target_s"], "verify_s": s["verify_s"]}
@@ -380,7 +395,8 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--draft", metavar="DIR", help="decode: draft model folder (instead of --pair)")
     g.add_argument("--methods", default=",".join(DEFAULT_METHODS),
                    help="decode: comma-separated ar, ar-static, ar-loop, hf-assisted, "
-                        "BUILDER[/KEY=VALUE...]:VERIFIER[@BUDGET], chain:VERIFIER:host[@BUDGET]")
+                        "BUILDER[/KEY=VALUE...]:VERIFIER[:FLAG...][@BUDGET] with flags host (chain verifiers), "
+                        "torch or numpy (the verifier backend)")
     g.add_argument("--budget", type=int, default=16, help="decode: tree budget of methods without @ (default 16)")
     g.add_argument("--chain-budget", type=int, default=4, help="decode: chain length of chain methods without @ (default 4)")
     g.add_argument("--prompts", type=int, default=8, help="decode: held-out prompts (default 8)")

@@ -127,6 +127,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     dec.add_argument("--host-chain", action="store_true",
                      help="chain builder with sps/asps/block: draft through the host builder, one row transfer per "
                           "token, instead of on the model's device (same tokens; for comparison)")
+    dec.add_argument("--verify-backend", choices=["auto", "torch", "numpy"], default="auto",
+                     help="verifier implementation: the torch ports or their numpy references (same tokens); auto "
+                          "(default) takes numpy when the model is on the CPU, torch elsewhere")
     dec.add_argument("--no-ar", action="store_true", help="skip the autoregressive baseline run")
     add_seed(dec, "builder draws and verifier uniforms")
     add_json(dec)
@@ -155,7 +158,7 @@ def _cmd_decode(args: argparse.Namespace) -> int:
     with torch.inference_mode():
         out = generate(target, draft, ids, args.builder, args.verifier, budget=args.budget,
                        builder_params=dict(args.param), cache=args.cache, chain_on_device=not args.host_chain,
-                       **settings)
+                       verify_backend=args.verify_backend, **settings)
         ar = None if args.no_ar else ar_generate(target, ids, cache=args.cache, **settings)
     summary = out.summary()
     report: dict[str, Any] = {"builder": args.builder, "verifier": args.verifier, "budget": args.budget,

@@ -37,8 +37,14 @@ def test_parse_method() -> None:
     assert parse_method("wetap:traversal@3", 16, 4).label == "wetap+traversal@3"
     host = parse_method("chain:asps:host@5", 16, 4)
     assert host == Method("chain:asps:host@5", "chain", "asps", 5, True) and host.label == "chain+asps@5/host"
+    numpy_host = parse_method("chain:sps:numpy:host", 16, 4)
+    assert (numpy_host.on_host, numpy_host.backend, numpy_host.label) == (True, "numpy", "chain+sps@4/host/numpy")
+    torch_tree = parse_method("dyspec:traversal:torch@8", 16, 4)
+    assert (torch_tree.on_host, torch_tree.backend, torch_tree.label) == (False, "torch", "dyspec+traversal@8/torch")
+    assert parse_method("dyspec:traversal", 16, 4).backend == "auto"
     for bad in ("nope", "dyspec", "dyspec:nope", "nope:traversal", "chain:sps@0", "chain:sps@x", "chain:sps@-2",
-                "chain:traversal:host", "fixed:sps:host", "chain:sps:gpu", "chain:sps:host:x"):
+                "chain:traversal:host", "fixed:sps:host", "chain:sps:gpu", "chain:sps:host:x",
+                "chain:sps:torch:numpy", "dyspec:traversal:numpy:numpy", "chain:sps:host:host", "dyspec:traversal:"):
         with pytest.raises(ValueError, match="method"):
             parse_method(bad, 16, 4)
 

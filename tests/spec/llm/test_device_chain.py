@@ -47,11 +47,13 @@ def test_device_chain_equals_the_host_chain(pair: tuple[object, object], verifie
     for temperature, seed, k in itertools.product((0.0, 1.0, 0.6), range(2), (1, 4)):
         kw = dict(temperature=temperature, max_new_tokens=14, budget=k, seed=seed, cache=cache,
                   builder_params={"draw": draw}, top_k=None if temperature != 0.6 else 9)
-        dev = generate(target, draft, [5, 3, 5], "chain", verifier, chain_on_device=True, **kw)
         host = generate(target, draft, [5, 3, 5], "chain", verifier, chain_on_device=False, **kw)
-        assert dev.tokens == host.tokens, (temperature, seed, k)
-        assert [(s.accepted, s.emitted, s.tree_size, s.draft_forwards) for s in dev.steps] == \
-            [(s.accepted, s.emitted, s.tree_size, s.draft_forwards) for s in host.steps]
+        for backend in ("torch", "numpy"):  # the torch verifier on the device, or its numpy reference
+            dev = generate(target, draft, [5, 3, 5], "chain", verifier, chain_on_device=True, verify_backend=backend,
+                           **kw)
+            assert dev.tokens == host.tokens, (temperature, seed, k, backend)
+            assert [(s.accepted, s.emitted, s.tree_size, s.draft_forwards) for s in dev.steps] == \
+                [(s.accepted, s.emitted, s.tree_size, s.draft_forwards) for s in host.steps]
         runs += 1
     assert runs == 12
 
@@ -143,7 +145,7 @@ def test_bad_logits_raise_the_host_paths_error(which: str) -> None:
     target, draft = tiny_pair(17, seed=1)
     with torch.no_grad():
         (draft if which == "draft" else target).lm_head.weight[5, 0] = float("nan")
-    for on_device in (True, False):
+    for on_device, backend in itertools.product((True, False), ("torch", "numpy")):
         with pytest.raises(ValueError, match="logits contain NaN"):
             generate(target, draft, [1, 2], "chain", "sps", temperature=1.0, max_new_tokens=6, budget=3, seed=0,
-                     chain_on_device=on_device)
+                     chain_on_device=on_device, verify_backend=backend)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import numpy as np
@@ -52,18 +53,41 @@ def test_temperature_zero_every_builder_and_verifier_is_greedy(pair: tuple[objec
     ref = _greedy(target, prompt, 16)
     assert ar_generate(target, prompt, temperature=0, max_new_tokens=16).tokens == ref
     ran = 0
-    for name in BUILDERS:
-        for verifier in VERIFIERS:
-            if verifier in CHAIN and name != "chain":
-                continue
+    for name, verifier, backend in itertools.product(BUILDERS, VERIFIERS, ("torch", "numpy")):
+        if verifier in CHAIN and name != "chain":
+            continue
+        try:
+            out = generate(target, draft, prompt, name, verifier, temperature=0, max_new_tokens=16, budget=6, seed=1,
+                           verify_backend=backend)
+        except ValueError as err:  # not lossless on this builder's trees: refused, never run
+            assert "verif" in str(err)
+            continue
+        assert out.tokens == ref, (name, verifier, backend)
+        ran += 1
+    assert ran >= 40
+
+
+def test_verify_backends_give_the_same_tokens(pair: tuple[object, object]) -> None:
+    """The torch verifiers and their numpy references (``verify_backend``) in the whole loop, at temperature
+    above 0: the same uniforms give the same tokens and the same accepted counts, step by step."""
+    target, draft = pair
+    ran = 0
+    for name, verifier in itertools.product(BUILDERS, VERIFIERS):
+        if (verifier in CHAIN) != (name == "chain"):
+            continue
+        for seed, (temperature, top_k) in itertools.product(range(3), ((1.0, None), (0.7, 5))):
+            kw = dict(temperature=temperature, top_k=top_k, max_new_tokens=12, budget=6, seed=seed)
             try:
-                out = generate(target, draft, prompt, name, verifier, temperature=0, max_new_tokens=16, budget=6, seed=1)
-            except ValueError as err:  # not lossless on this builder's trees: refused, never run
+                runs = [generate(target, draft, [3, 1, 4], name, verifier, verify_backend=b, **kw)
+                        for b in ("torch", "numpy", "auto")]
+            except ValueError as err:  # not lossless on this builder's trees
                 assert "verif" in str(err)
-                continue
-            assert out.tokens == ref, (name, verifier)
+                break
+            steps = [[(s.accepted, s.emitted, s.tree_size) for s in r.steps] for r in runs]
+            assert runs[0].tokens == runs[1].tokens == runs[2].tokens, (name, verifier, seed, temperature)
+            assert steps[0] == steps[1] == steps[2]
             ran += 1
-    assert ran >= 20
+    assert ran >= 6 * 12
 
 
 def test_self_draft_accepts_everything(pair: tuple[object, object]) -> None:
@@ -106,6 +130,7 @@ def test_eos_and_length_cuts(pair: tuple[object, object]) -> None:
         ({"top_k": 0}, "top_k"),
         ({"budget": 0}, "budget"),
         ({"order": "zigzag"}, "order"),
+        ({"verify_backend": "jax"}, "verify_backend"),
     ],
 )
 def test_bad_input(pair: tuple[object, object], kwargs: dict[str, object], message: str) -> None:
@@ -178,16 +203,16 @@ def test_decode_command_reports_a_missing_model_in_one_line(tmp_path: object, ca
 def test_decode_command_on_a_saved_pair(saved_pair: SavedPair, capsys: pytest.CaptureFixture[str],
                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """``tmc decode`` end to end: greedy chains equal plain greedy decoding on both chain paths
-    (``--host-chain``), and ``--param`` reaches the builder."""
+    (``--host-chain``, ``--verify-backend``), and ``--param`` reaches the builder."""
     import json
 
     import spec.llm.generate as gen
     from tmc.cli import main
 
-    paths: list[bool] = []
+    paths: list[tuple[bool, str]] = []
 
     def spy(*args: Any, **kwargs: Any) -> Any:
-        paths.append(kwargs["chain_on_device"])
+        paths.append((kwargs["chain_on_device"], kwargs["verify_backend"]))
         return generate(*args, **kwargs)
 
     monkeypatch.setattr(gen, "generate", spy)  # the command imports it when it runs
@@ -204,8 +229,8 @@ def test_decode_command_on_a_saved_pair(saved_pair: SavedPair, capsys: pytest.Ca
     greedy = ar_generate(target, ids, temperature=0.0, max_new_tokens=12, eos_token_id=tok.eos_token_id).tokens
     device = run("--builder", "chain", "--verifier", "asps", "--budget", "3", "--temperature", "0", "--no-ar")
     host = run("--builder", "chain", "--verifier", "asps", "--budget", "3", "--temperature", "0", "--no-ar",
-               "--host-chain")
-    assert paths == [True, False]
+               "--host-chain", "--verify-backend", "torch")
+    assert paths == [(True, "auto"), (False, "torch")]
     assert device["tokens"] == host["tokens"] == greedy
     assert device["steps"] == host["steps"]
     wide = run("--builder", "fixed", "--param", "width=3", "--param", "depth=1", "--budget", "8", "--temperature", "1")

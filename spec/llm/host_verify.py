@@ -1,0 +1,118 @@
+"""The numpy reference verifiers behind the torch interface, for rows that sit on the host.
+
+:mod:`spec.llm.verify` ports every :mod:`tmc` sampler to torch, operation for
+operation, and is tested equal to it on identical noise.  On the CPU the two
+give the same tokens, and the numpy code is 3-4x faster: a verification step
+is a few dozen small operations, and a torch call costs several microseconds
+of dispatch where a numpy call costs one or two (measured in the decode loop,
+2-core CPU, ``V = 4096``: a 16-node Traversal step 2.4 ms in torch, 0.8 ms in
+numpy; a 4-token SpS chain 1.5 ms against 0.5 ms).  So the decode loop
+(:func:`spec.llm.generate.generate`, ``verify_backend``) calls these
+functions when the target's rows are on the CPU, and the torch verifiers
+when they are on a GPU, where they keep a chain step on the device.
+
+Both functions return a :class:`~spec.llm.verify.Verified` with the tokens
+as a CPU tensor.  The numpy samplers return the emitted tokens, not the
+accepted node: :func:`verify_tree_numpy` takes the first node whose path is
+the accepted path.  Two i.i.d. siblings may carry the same token; the node
+found may then be the twin of the one the walk accepted, with the same path
+of tokens and hence the same keys and values in the KV cache, which is all
+the decode loop reads from it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+import torch
+from numpy.typing import NDArray
+
+from spec.llm.verify import CHAIN_METHODS, TREE_METHODS, Verified
+from tmc.chain import asps_sample_from_uniforms, block_sample_from_uniforms, sps_sample_from_uniforms
+from tmc.kseq import kseq_sample_from_uniforms
+from tmc.multidraft import DraftTree, multidraft_sample_from_uniforms
+from tmc.ordered_traversal import ordered_traversal_sample_from_uniforms
+from tmc.traversal import traversal_sample_from_uniforms
+
+__all__ = ["NUMPY_CHAIN_SAMPLERS", "NUMPY_TREE_SAMPLERS", "verify_chain_numpy", "verify_tree_numpy"]
+
+FloatArray = NDArray[np.float64]
+
+#: The :mod:`tmc` sampler each chain method of :mod:`spec.llm.verify` ports: ``(tokens, q_rows, p_rows, u)``.
+NUMPY_CHAIN_SAMPLERS: Mapping[str, Callable[..., list[int]]] = MappingProxyType(
+    {"sps": sps_sample_from_uniforms, "asps": asps_sample_from_uniforms, "block": block_sample_from_uniforms}
+)
+#: The :mod:`tmc` sampler each tree method of :mod:`spec.llm.verify` ports: ``(tree, p_rows, u)``.
+NUMPY_TREE_SAMPLERS: Mapping[str, Callable[..., list[int]]] = MappingProxyType(
+    {
+        "multidraft": multidraft_sample_from_uniforms,
+        "traversal": traversal_sample_from_uniforms,
+        "ordered_traversal": ordered_traversal_sample_from_uniforms,
+        "kseq": kseq_sample_from_uniforms,
+    }
+)
+assert tuple(NUMPY_CHAIN_SAMPLERS) == CHAIN_METHODS and tuple(NUMPY_TREE_SAMPLERS) == TREE_METHODS
+
+
+def _method(method: object, known: Mapping[str, Any]) -> str:
+    if not isinstance(method, str) or method not in known:
+        raise ValueError(f"method must be one of {', '.join(map(repr, known))}, got {method!r}")
+    return method
+
+
+def verify_chain_numpy(
+    method: str, draft_tokens: Sequence[int], draft_probs: FloatArray | None, target_probs: FloatArray, uniforms: FloatArray
+) -> Verified:
+    """:func:`spec.llm.verify.verify_chain` by its numpy reference (same arrays; ``None`` = point masses).
+
+    The reference validates the arrays and raises its own ``ValueError``.
+    ASpS takes one uniform or ``n + 1`` and then reads the first, as the torch port does.
+    """
+    sampler = NUMPY_CHAIN_SAMPLERS[_method(method, NUMPY_CHAIN_SAMPLERS)]
+    tokens = list(draft_tokens)
+    if method == "asps" and np.shape(uniforms) == (len(tokens) + 1,):
+        uniforms = np.asarray(uniforms)[:1]
+    if draft_probs is None:  # a deterministic draft: each token drawn with probability 1
+        p = np.asarray(target_probs)
+        if p.ndim != 2:
+            raise ValueError(f"target_probs must be a 2-D (n + 1, V) array, got shape {p.shape}")
+        draft_probs = np.zeros((len(tokens), p.shape[1]))
+        for i, tok in enumerate(tokens):
+            if not 0 <= tok < p.shape[1]:
+                raise ValueError(f"draft_tokens[{i}] = {tok} is outside the vocabulary [0, {p.shape[1]})")
+            draft_probs[i, tok] = 1.0
+    out = sampler(tokens, draft_probs, target_probs, uniforms)
+    n_acc = len(out) - 1
+    return Verified(torch.tensor(out, dtype=torch.int64), n_acc, tuple(range(n_acc)))
+
+
+def verify_tree_numpy(method: str, tree: DraftTree, target_probs: FloatArray, uniforms: FloatArray) -> Verified:
+    """:func:`spec.llm.verify.verify_tree` by its numpy reference, on the builder's :class:`DraftTree`.
+
+    ``target_probs`` ``(N + 1, V)`` and ``uniforms`` as there; the tree
+    carries the tokens, parents, draw kinds and draft rows (validated when it
+    was built).  The accepted node is the first whose path is the emitted
+    path (module doc).
+    """
+    sampler = NUMPY_TREE_SAMPLERS[_method(method, NUMPY_TREE_SAMPLERS)]
+    if not isinstance(tree, DraftTree):
+        raise ValueError(f"tree must be a tmc.DraftTree, got {type(tree).__name__}")
+    out = sampler(tree, target_probs, uniforms)
+    path = tuple(out[:-1])
+    nodes: tuple[int, ...] = ()
+    if path:
+        node = tree.paths().index(path) - 1  # paths()[j] is node j - 1's path
+        nodes = tuple(_ancestry(tree, node))
+    return Verified(torch.tensor(out, dtype=torch.int64), len(nodes), nodes)
+
+
+def _ancestry(tree: DraftTree, node: int) -> list[int]:
+    """Nodes from the root's child down to ``node``."""
+    out: list[int] = []
+    while node >= 0:
+        out.append(node)
+        node = tree.parents[node]
+    return out[::-1]
