@@ -73,7 +73,7 @@ VERIFIERS: tuple[str, ...] = CHAIN_METHODS + TREE_METHODS
 ORDERS = ("dfs", "bfs", "index")
 #: KV cache kinds ``generate`` accepts (``auto``: static on CUDA, dynamic elsewhere).
 CACHES = ("auto", "dynamic", "static")
-#: Verifier implementations ``generate`` accepts (``auto``: ``numpy`` when the target is on the CPU, else ``torch``).
+#: Verifier implementations ``generate`` accepts (``auto``: ``torch`` for a chain drafted on a GPU, else ``numpy``).
 VERIFY_BACKENDS = ("auto", "torch", "numpy")
 
 @dataclass(frozen=True)
@@ -206,12 +206,19 @@ def _verify(method: str, tree: DraftTree, p: torch.Tensor, rng: np.random.Genera
     return verify_tree(method, torch.tensor(tree.tokens, dtype=torch.long), torch.tensor(tree.parents, dtype=torch.long),
                        tree.draws, _draft_probs(tree, vocab), p, torch.from_numpy(u_np))
 
-def resolve_verify_backend(model: Any, backend: str) -> str:
-    """``backend`` checked against :data:`VERIFY_BACKENDS`, with ``auto`` read as ``numpy`` on the CPU and ``torch`` elsewhere."""
+def resolve_verify_backend(model: Any, backend: str, device_chain: bool) -> str:
+    """``backend`` checked against :data:`VERIFY_BACKENDS`, with ``auto`` resolved.
+
+    ``auto`` is ``torch`` for a chain drafted on a GPU (``device_chain``: the
+    torch verifier keeps the step on the device, one transfer for the result)
+    and ``numpy`` otherwise: on the CPU, and for trees everywhere, whose
+    verifiers walk on the host either way (the torch ports after one copy of
+    the rows), where numpy's small operations cost a third of torch's.
+    """
     if backend not in VERIFY_BACKENDS:
         raise ValueError(f"verify_backend must be one of {VERIFY_BACKENDS}, got {backend!r}")
     if backend == "auto":
-        return "numpy" if model_device(model).type == "cpu" else "torch"
+        return "torch" if device_chain and model_device(model).type != "cpu" else "numpy"
     return backend
 
 def _device_chain(b: TreeBuilder, verifier: str) -> bool:
@@ -306,8 +313,9 @@ def generate(
     ``verify_backend``: ``torch`` runs the verifiers of
     :mod:`spec.llm.verify`, ``numpy`` their :mod:`tmc` references
     (:mod:`spec.llm.host_verify`: rows copied to the host, 3-4x faster on
-    the CPU), ``auto`` the numpy ones when the target is on the CPU and the
-    torch ones elsewhere; the tokens are the same (tested).
+    the CPU), ``auto`` the torch ones for a chain drafted on a GPU and the
+    numpy ones otherwise (:func:`resolve_verify_backend`); the tokens are
+    the same (tested).
     """
     t_start = time.perf_counter()
     if not isinstance(chain_on_device, bool):
@@ -322,7 +330,8 @@ def generate(
     if order not in ORDERS:
         raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
     cache = resolve_cache(target, cache)
-    backend = resolve_verify_backend(target, verify_backend)
+    on_device = chain_on_device and _device_chain(b, verifier)
+    backend = resolve_verify_backend(target, verify_backend, on_device)
     budget = check_int("budget", budget, minimum=1)
     max_new_tokens = check_int("max_new_tokens", max_new_tokens, minimum=0)
     seed = check_int("seed", seed, minimum=0)
@@ -346,7 +355,6 @@ def generate(
     out: list[int] = []
     steps: list[StepStats] = []
     state = b.initial_state()
-    on_device = chain_on_device and _device_chain(b, verifier)
     while len(out) < max_new_tokens:
         t0 = time.perf_counter()
         if on_device:

@@ -8,8 +8,11 @@ of dispatch where a numpy call costs one or two (measured in the decode loop,
 2-core CPU, ``V = 4096``: a 16-node Traversal step 2.4 ms in torch, 0.8 ms in
 numpy; a 4-token SpS chain 1.5 ms against 0.5 ms).  So the decode loop
 (:func:`spec.llm.generate.generate`, ``verify_backend``) calls these
-functions when the target's rows are on the CPU, and the torch verifiers
-when they are on a GPU, where they keep a chain step on the device.
+functions by default, except for a chain drafted on a GPU, which the torch
+chain verifiers keep on the device.  A tree verifier walks on the host
+either way (the torch ports copy the rows there first), so trees take the
+numpy walk on a GPU too; that choice rests on the CPU measurement above and
+was not timed on a GPU.
 
 Both functions return a :class:`~spec.llm.verify.Verified` with the tokens
 as a CPU tensor.  The numpy samplers return the emitted tokens, not the

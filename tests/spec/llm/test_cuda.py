@@ -61,6 +61,21 @@ def test_sampling_on_cuda_follows_the_cpu_run(pairs: tuple[tuple[object, object]
     assert same >= 9
 
 
+@pytest.mark.parametrize(("builder", "verifier"), [("chain", "sps"), ("chain", "block"), ("dyspec", "traversal"),
+                                                 ("fixed", "multidraft")])
+def test_verify_backends_agree_on_cuda(pairs: tuple[tuple[object, object], tuple[object, object]],
+                                       builder: str, verifier: str) -> None:
+    """On the device the torch verifiers and their numpy references (rows copied to the host) see the same
+    rows and uniforms: the same tokens and accepted counts, on the device chain path and on trees."""
+    _, (t_gpu, d_gpu) = pairs
+    for seed in range(3):
+        kw = dict(budget=6, temperature=1.0, max_new_tokens=12, seed=seed)
+        runs = [generate(t_gpu, d_gpu, [3, 1, 4], builder, verifier, verify_backend=b, **kw)
+                for b in ("torch", "numpy", "auto")]
+        assert runs[0].tokens == runs[1].tokens == runs[2].tokens, seed
+        assert [s.accepted for s in runs[0].steps] == [s.accepted for s in runs[1].steps]
+
+
 def test_bench_runs_on_cuda(pairs: tuple[tuple[object, object], tuple[object, object]]) -> None:
     _, (t_gpu, d_gpu) = pairs
     methods = [parse_method(m, 8, 3) for m in ("ar", "hf-assisted", "chain:sps", "dyspec:traversal")]
