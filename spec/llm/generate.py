@@ -312,7 +312,7 @@ def generate(
     tokens are the same either way (tested), ``False`` takes the host path.
     ``verify_backend``: ``torch`` runs the verifiers of
     :mod:`spec.llm.verify`, ``numpy`` their :mod:`tmc` references
-    (:mod:`spec.llm.host_verify`: rows copied to the host, 3-4x faster on
+    (:mod:`spec.llm.host_verify`: rows copied to the host, about 3x faster on
     the CPU), ``auto`` the torch ones for a chain drafted on a GPU and the
     numpy ones otherwise (:func:`resolve_verify_backend`); the tokens are
     the same (tested).

@@ -2,7 +2,7 @@
 
 :mod:`spec.llm.verify` ports every :mod:`tmc` sampler to torch, operation for
 operation, and is tested equal to it on identical noise.  On the CPU the two
-give the same tokens, and the numpy code is 3-4x faster: a verification step
+give the same tokens, and the numpy code is about 3x faster: a verification step
 is a few dozen small operations, and a torch call costs several microseconds
 of dispatch where a numpy call costs one or two (measured in the decode loop,
 2-core CPU, ``V = 4096``: a 16-node Traversal step 2.4 ms in torch, 0.8 ms in
