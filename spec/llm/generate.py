@@ -221,6 +221,7 @@ def resolve_verify_backend(model: Any, backend: str, device_chain: bool) -> str:
         return "torch" if device_chain and model_device(model).type != "cpu" else "numpy"
     return backend
 
+
 def _device_chain(b: TreeBuilder, verifier: str) -> bool:
     """Whether a step can be drafted and verified on the device (:func:`_chain_step`): a
     :class:`ChainBuilder` itself (a subclass may draw otherwise) with a chain verifier."""
