@@ -129,7 +129,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                           "token, instead of on the model's device (same tokens; for comparison)")
     dec.add_argument("--verify-backend", choices=["auto", "torch", "numpy"], default="auto",
                      help="verifier implementation: the torch ports or their numpy references (same tokens); auto "
-                          "(default) takes numpy when the model is on the CPU, torch elsewhere")
+                          "(default): torch for a chain drafted on a GPU, numpy otherwise")
     dec.add_argument("--no-ar", action="store_true", help="skip the autoregressive baseline run")
     add_seed(dec, "builder draws and verifier uniforms")
     add_json(dec)
