@@ -20,8 +20,8 @@ Side by side in one run, on the same prompts, every method decodes exactly
   ``chain:VERIFIER:host[@BUDGET]`` runs a chain through the host builder
   (``chain_on_device=False``) instead of the device path, for a side-by-side
   of the two (same tokens); a ``:torch`` or ``:numpy`` flag after the
-  verifier sets ``verify_backend`` (default ``auto``: numpy rows on the CPU,
-  torch on a GPU), e.g. ``dyspec:traversal:torch`` beside
+  verifier sets ``verify_backend`` (default ``auto``: torch for a chain
+  drafted on a GPU, numpy otherwise), e.g. ``dyspec:traversal:torch`` beside
   ``dyspec:traversal:numpy`` (same tokens).
 
 Figures per method and temperature: tokens per target step, tokens/s
@@ -37,6 +37,10 @@ HF generate is called with ``min_new_tokens = max_new_tokens`` (EOS masked)
 and, at temperature > 0, ``top_k=0, top_p=1.0`` so its law is the plain
 softmax our methods use.  Timings are wall-clock seconds with the device
 synchronised; one untimed warm-up run per method comes first.  Batch size 1.
+The methods take turns prompt by prompt (interleaved, the order rotated from
+one prompt to the next) rather than one after another, so that a slow spell
+of a shared machine does not fall on a few methods only; ``--rounds R``
+repeats the set and reports each speedup's range over the rounds.
 """
 
 from __future__ import annotations
@@ -248,6 +252,26 @@ def _pct(part: float | None, whole: float | None) -> float | None:
     return None if part is None or not whole else 100.0 * part / whole
 
 
+def _row(method: Method, temp: float, runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One table row from a method's runs at one temperature (every prompt, every round)."""
+    n_tok = sum(len(r["tokens"]) for r in runs)
+    secs = sum(r["seconds"] for r in runs)
+    steps = sum(r["steps"] for r in runs)
+    row: dict[str, Any] = {
+        "method": method.label, "temperature": temp, "runs": len(runs), "new_tokens": n_tok,
+        "seconds": secs, "tokens_per_s": n_tok / secs if secs > 0 else 0.0,
+        "tokens_per_step": n_tok / steps if steps else 0.0,
+    }
+    if method.builder is not None:
+        tot = {k: sum(r[k] for r in runs) for k in ("build_s", "draft_s", "target_s", "verify_s")}
+        row.update(mean_tree=sum(r["tree"] for r in runs) / len(runs), **tot,
+                   builder_pct=_pct(tot["build_s"] - tot["draft_s"], tot["target_s"]),
+                   verify_pct=_pct(tot["verify_s"], tot["target_s"]),
+                   draft_pct=_pct(tot["draft_s"], tot["target_s"]),
+                   overhead_pct=_pct(tot["build_s"] - tot["draft_s"] + tot["verify_s"], tot["target_s"]))
+    return row
+
+
 def run_decode_bench(
     target: Any,
     draft: Any,
@@ -259,11 +283,19 @@ def run_decode_bench(
     warmup: bool = True,
     cache: str = "auto",
     progress: Callable[[str], None] | None = None,
+    rounds: int = 1,
 ) -> dict[str, Any]:
     """Every method × temperature on every prompt (module doc); a JSON-able report.
 
     ``cache`` is the KV cache of our loop (``generate``'s ``cache``: auto,
-    dynamic or static); the HF baselines use their own.
+    dynamic or static); the HF baselines use their own.  The methods are
+    interleaved: each prompt is decoded by every method in turn (the order
+    rotated by one from prompt to prompt), so a slow spell of a shared
+    machine falls on all methods alike instead of on the ones that ran
+    during it.  ``rounds`` repeats the whole set (same prompts and seeds,
+    so the same tokens); with ``rounds > 1`` each row also gets its tok/s
+    per round and the range over rounds of its speedups
+    (``speedup_ar_range``, ...), each round's ratio taken within that round.
     """
     import torch
     import transformers
@@ -274,40 +306,40 @@ def run_decode_bench(
         raise ValueError(f"new_tokens must be >= 1, got {new_tokens}")
     if not methods:
         raise ValueError("methods must name at least one method")
+    if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 1:
+        raise ValueError(f"rounds must be a positive integer, got {rounds!r}")
     from spec.llm.generate import resolve_cache
     from spec.llm.static_cache import model_device
 
     cache = resolve_cache(target, cache)
     device = model_device(target)
     rows: list[dict[str, Any]] = []
+    n = len(methods)
     with torch.inference_mode():
         for temp in temperatures:
-            ref: dict[int, list[int]] = {}
-            for method in methods:
-                if warmup:  # static-cache compilation and allocator growth happen here, untimed
+            if warmup:  # static-cache compilation and allocator growth happen here, untimed
+                for method in methods:
                     _run_one(method, target, draft, list(prompts[0]), temp,
                              new_tokens if method.name == "ar-static" else min(new_tokens, 16), seed, cache)
-                runs = [_run_one(method, target, draft, list(p), temp, new_tokens, seed + i, cache)
-                        for i, p in enumerate(prompts)]
-                n_tok = sum(len(r["tokens"]) for r in runs)
-                secs = sum(r["seconds"] for r in runs)
-                steps = sum(r["steps"] for r in runs)
-                row: dict[str, Any] = {
-                    "method": method.label, "temperature": temp, "prompts": len(runs), "new_tokens": n_tok,
-                    "seconds": secs, "tokens_per_s": n_tok / secs if secs > 0 else 0.0,
-                    "tokens_per_step": n_tok / steps if steps else 0.0,
-                }
-                if method.builder is not None:
-                    tot = {k: sum(r[k] for r in runs) for k in ("build_s", "draft_s", "target_s", "verify_s")}
-                    row.update(mean_tree=sum(r["tree"] for r in runs) / len(runs), **tot,
-                               builder_pct=_pct(tot["build_s"] - tot["draft_s"], tot["target_s"]),
-                               verify_pct=_pct(tot["verify_s"], tot["target_s"]),
-                               draft_pct=_pct(tot["draft_s"], tot["target_s"]),
-                               overhead_pct=_pct(tot["build_s"] - tot["draft_s"] + tot["verify_s"], tot["target_s"]))
-                if method.name == "ar":
-                    ref = {i: r["tokens"] for i, r in enumerate(runs)}
-                if temp == 0 and ref:
-                    row["agree_ar"] = sum(r["tokens"] == ref[i] for i, r in enumerate(runs)) / len(runs)
+            runs: list[list[list[dict[str, Any]]]] = [[[] for _ in range(rounds)] for _ in methods]
+            for rnd in range(rounds):
+                t0 = time.perf_counter()
+                for i, p in enumerate(prompts):
+                    shift = (rnd * len(prompts) + i) % n
+                    for k in [*range(shift, n), *range(shift)]:
+                        runs[k][rnd].append(_run_one(methods[k], target, draft, list(p), temp, new_tokens, seed + i,
+                                                     cache))
+                if progress:
+                    progress(f"  T={temp:g} round {rnd + 1}/{rounds}: {len(prompts)} prompts x {n} methods in "
+                             f"{time.perf_counter() - t0:.1f} s")
+            ref = next(([r["tokens"] for r in runs[k][0]] for k, m in enumerate(methods) if m.name == "ar"), None)
+            for method, per_round in zip(methods, runs):
+                row = {"prompts": len(prompts), **_row(method, temp, [r for rr in per_round for r in rr])}
+                if rounds > 1:
+                    row["tokens_per_s_rounds"] = [_row(method, temp, rr)["tokens_per_s"] for rr in per_round]
+                if temp == 0 and ref is not None:
+                    row["agree_ar"] = sum(r["tokens"] == ref[i] for rr in per_round for i, r in enumerate(rr)) / (
+                        rounds * len(prompts))
                 rows.append(row)
                 if progress:
                     progress(f"  T={temp:g} {method.label}: {row['tokens_per_s']:.1f} tok/s, "
@@ -317,6 +349,10 @@ def run_decode_bench(
         for base, key in (("ar", "speedup_ar"), ("ar-static", "speedup_ar_static"), ("hf-assisted", "speedup_assisted")):
             b = by.get((r["temperature"], base))
             r[key] = r["tokens_per_s"] / b["tokens_per_s"] if b and b["tokens_per_s"] > 0 else None
+            if rounds > 1:
+                r[key + "_range"] = None if b is None or r[key] is None else [
+                    min(x / y for x, y in zip(r["tokens_per_s_rounds"], b["tokens_per_s_rounds"])),
+                    max(x / y for x, y in zip(r["tokens_per_s_rounds"], b["tokens_per_s_rounds"]))]
     env = {"torch": torch.__version__, "threads": torch.get_num_threads(),
            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "transformers": transformers.__version__, "python": platform.python_version(),
            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
@@ -324,32 +360,42 @@ def run_decode_bench(
            "target_params": sum(p.numel() for p in target.parameters()),
            "draft_params": sum(p.numel() for p in draft.parameters())}
     return {"environment": env, "prompts": len(prompts), "prompt_tokens": [len(p) for p in prompts],
-            "new_tokens": new_tokens, "temperatures": list(temperatures), "seed": seed, "rows": rows}
+            "new_tokens": new_tokens, "temperatures": list(temperatures), "seed": seed, "rounds": rounds,
+            "order": "interleaved", "rows": rows}
 
 
 def _fmt(v: Any, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
 
+def _range(v: Any) -> str:
+    return "-" if v is None else f"{v[0]:.2f}-{v[1]:.2f}"
+
+
 def render(report: dict[str, Any]) -> str:
+    """The report as one table per temperature; with several rounds, the speedups' ranges over rounds too."""
     from tmc.commands.table import format_table
 
     env = report["environment"]
+    rounds = report.get("rounds", 1)
     out = []
     for temp in report["temperatures"]:
         table = []
         for r in report["rows"]:
             if r["temperature"] != temp:
                 continue
+            spread = [_range(r.get("speedup_ar_range")), _range(r.get("speedup_assisted_range"))] if rounds > 1 else []
             table.append([r["method"], _fmt(r["tokens_per_step"], ".2f"), _fmt(r["tokens_per_s"], ".1f"),
                           _fmt(r["speedup_ar"], ".2f"), _fmt(r["speedup_ar_static"], ".2f"),
-                          _fmt(r["speedup_assisted"], ".2f"), _fmt(r.get("overhead_pct"), ".1f"),
+                          _fmt(r["speedup_assisted"], ".2f"), *spread, _fmt(r.get("overhead_pct"), ".1f"),
                           _fmt(r.get("builder_pct"), ".1f"), _fmt(r.get("verify_pct"), ".1f"),
                           _fmt(r.get("draft_pct"), ".1f"), _fmt(r.get("agree_ar"), ".2f") if temp == 0 else "-"])
+        ranges = ["×ar per round", "×assisted per round"] if rounds > 1 else []
         out.append(format_table(
-            ["method", "tok/step", "tok/s", "×ar", "×ar-static", "×assisted", "bld+ver %", "builder %",
+            ["method", "tok/step", "tok/s", "×ar", "×ar-static", "×assisted", *ranges, "bld+ver %", "builder %",
              "verifier %", "draft fwd %", "=ar"], table,
-            title=f"T = {temp:g}: {report['prompts']} prompts × {report['new_tokens']} new tokens, {env['device']}, "
+            title=f"T = {temp:g}: {report['prompts']} prompts × {report['new_tokens']} new tokens"
+                  f"{f', {rounds} rounds' if rounds > 1 else ''}, methods interleaved, {env['device']}, "
                   f"{env['dtype']}, our cache {env.get('cache', 'dynamic')}, torch {env['torch']} ({env['threads']} CPU threads"
                   f"{', OMP_WAIT_POLICY=' + env['omp_wait_policy'] if env.get('omp_wait_policy') else ''}), "
                   f"transformers {env['transformers']} "
@@ -411,6 +457,9 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--cache", choices=["auto", "dynamic", "static"], default="auto",
                    help="decode: KV cache of our loop: static (with CUDA graphs on cuda), dynamic, or auto "
                         "(static on cuda, dynamic on cpu; default)")
+    g.add_argument("--rounds", type=int, default=1,
+                   help="decode: decode the whole set this many times (same prompts and seeds), giving each "
+                        "speedup's range over rounds (default 1)")
     g.add_argument("--save", metavar="DIR", help="decode: write decode.json and decode.png into DIR")
 
 
@@ -443,7 +492,7 @@ def bench(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         fail("needs --pair DIR or --target DIR and --draft DIR")
     for name, v in (("--budget", args.budget), ("--chain-budget", args.chain_budget), ("--prompts", args.prompts),
                     ("--prompt-tokens", args.prompt_tokens), ("--new-tokens", args.new_tokens),
-                    ("--threads", 1 if args.threads is None else args.threads)):
+                    ("--threads", 1 if args.threads is None else args.threads), ("--rounds", args.rounds)):
         if v < 1:
             fail(f"{name} must be a positive integer, got {v}")
     try:
@@ -466,12 +515,14 @@ def bench(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         prompts = heldout_prompts(tok, args.prompts, args.prompt_tokens)
     except ValueError as err:
         fail(str(err))
-    print(f"decoding {args.prompts} prompts x {args.new_tokens} tokens with {len(methods)} methods at T in {temps} "
+    print(f"decoding {args.prompts} prompts x {args.new_tokens} tokens with {len(methods)} methods (interleaved, "
+          f"{args.rounds} round{'s' if args.rounds > 1 else ''}) at T in {temps} "
           f"on {device} ({str(dtype).replace('torch.', '')}) ...", file=sys.stderr)
     if device.type == "cpu" and torch.get_num_threads() > 1 and os.environ.get("OMP_WAIT_POLICY", "").upper() == "PASSIVE":
         print(PASSIVE_WARNING, file=sys.stderr)
     report = run_decode_bench(target, draft, prompts, methods, temps, args.new_tokens, seed=args.seed,
-                              cache=args.cache, progress=lambda m: print(m, file=sys.stderr, flush=True))
+                              cache=args.cache, progress=lambda m: print(m, file=sys.stderr, flush=True),
+                              rounds=args.rounds)
     report["pair"] = {"target": target_dir, "draft": draft_dir}
     text = render(report)
     if args.save:

@@ -125,6 +125,51 @@ def test_every_method_runs_and_greedy_rows_equal_ar(pair: tuple[object, object])
     json.dumps(report)  # JSON-able
 
 
+def test_methods_take_turns_prompt_by_prompt(pair: tuple[object, object], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Interleaving: each prompt is decoded by every method before the next prompt, the order rotated by one."""
+    import spec.bench_decode as bd
+
+    calls: list[tuple[str, int]] = []
+    real = bd._run_one
+
+    def spy(method: Method, target: object, draft: object, prompt: list[int], *args: object) -> dict[str, object]:
+        calls.append((method.label, prompt[0]))
+        return real(method, target, draft, prompt, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(bd, "_run_one", spy)
+    names = ("ar", "chain:sps", "dyspec:traversal")
+    labels = [m.label for m in _methods(names)]
+    run_decode_bench(*pair, [[1, 2], [3, 2], [5, 2]], _methods(names), temperatures=(1.0,), new_tokens=2,
+                     warmup=False, rounds=2)
+    order = [labels[k] for k in (0, 1, 2, 1, 2, 0, 2, 0, 1, 0, 1, 2, 1, 2, 0, 2, 0, 1)]
+    assert [c[0] for c in calls] == order
+    assert [c[1] for c in calls] == [p for _ in range(2) for p in (1, 3, 5) for _ in range(3)]
+
+
+def test_rounds_give_each_speedup_a_range(pair: tuple[object, object]) -> None:
+    """Two rounds: the same tokens twice, per-round tok/s, and each speedup's range over the rounds, which holds
+    the whole-run speedup (equal tokens per round make it a mediant of the rounds' ratios)."""
+    prompts = [[1, 2, 3], [4, 5, 6]]
+    report = run_decode_bench(*pair, prompts, _methods(("ar", "hf-assisted", "chain:sps")), temperatures=(0.0,),
+                              new_tokens=6, warmup=False, rounds=2)
+    assert report["rounds"] == 2 and report["order"] == "interleaved"
+    for r in report["rows"]:
+        assert r["runs"] == 4 and r["prompts"] == 2 and r["new_tokens"] == 4 * 6
+        assert len(r["tokens_per_s_rounds"]) == 2 and all(v > 0 for v in r["tokens_per_s_rounds"])
+        assert r["agree_ar"] == 1.0
+        for key in ("speedup_ar", "speedup_assisted"):
+            lo, hi = r[key + "_range"]
+            assert lo - 1e-12 <= r[key] <= hi + 1e-12, (r["method"], key)
+        assert r["speedup_ar_static_range"] is None  # no ar-static row
+    ar = report["rows"][0]
+    assert ar["speedup_ar_range"] == [1.0, 1.0]
+    text = render(report)
+    assert "2 rounds" in text and "×assisted per round" in text
+    one = run_decode_bench(*pair, prompts, _methods(("ar",)), temperatures=(0.0,), new_tokens=2, warmup=False)
+    assert one["rounds"] == 1 and "tokens_per_s_rounds" not in one["rows"][0] and "per round" not in render(one)
+    json.dumps(report)
+
+
 def test_plot_writes_a_png(pair: tuple[object, object], tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     target, draft = pair
@@ -141,6 +186,9 @@ def test_plot_writes_a_png(pair: tuple[object, object], tmp_path: Path) -> None:
         ({"new_tokens": 0}, "new_tokens"),
         ({"methods": []}, "methods"),
         ({"cache": "paged"}, "cache must be one of"),
+        ({"rounds": 0}, "rounds must be a positive integer"),
+        ({"rounds": 1.5}, "rounds must be a positive integer"),
+        ({"rounds": True}, "rounds must be a positive integer"),
     ],
 )
 def test_bad_arguments(pair: tuple[object, object], kwargs: dict[str, object], message: str) -> None:
@@ -187,6 +235,7 @@ def test_command_on_a_saved_pair(saved_pair: SavedPair, tmp_path: Path, capsys: 
         (["--pair", "P", "--temperatures", "0,-1"], "--temperatures"),
         (["--pair", "P", "--new-tokens", "0"], "--new-tokens must be a positive integer"),
         (["--pair", "P", "--threads", "0"], "--threads must be a positive integer"),
+        (["--pair", "P", "--rounds", "0"], "--rounds must be a positive integer"),
     ],
 )
 def test_command_errors_are_one_line(argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
