@@ -39,8 +39,9 @@ softmax our methods use.  Timings are wall-clock seconds with the device
 synchronised; one untimed warm-up run per method comes first.  Batch size 1.
 The methods take turns prompt by prompt (interleaved, the order rotated from
 one prompt to the next) rather than one after another, so that a slow spell
-of a shared machine does not fall on a few methods only; ``--rounds R``
-repeats the set and reports each speedup's range over the rounds.
+of a shared machine does not fall on a few methods only (``--order
+sequential`` runs them one after another); ``--rounds R`` repeats the set
+and reports each speedup's range over the rounds.
 """
 
 from __future__ import annotations
@@ -272,6 +273,23 @@ def _row(method: Method, temp: float, runs: Sequence[dict[str, Any]]) -> dict[st
     return row
 
 
+#: How a round orders its runs (:func:`run_decode_bench`).
+RUN_ORDERS = ("interleaved", "sequential")
+
+
+def _schedule(n_methods: int, n_prompts: int, rnd: int, order: str) -> list[tuple[int, int]]:
+    """Round ``rnd``'s runs as (prompt, method) pairs: every method on a prompt before the next prompt, the
+    method order rotated by one per prompt (``interleaved``), or every prompt of a method before the next
+    method (``sequential``)."""
+    if order == "sequential":
+        return [(i, k) for k in range(n_methods) for i in range(n_prompts)]
+    out = []
+    for i in range(n_prompts):
+        shift = (rnd * n_prompts + i) % n_methods
+        out += [(i, k) for k in [*range(shift, n_methods), *range(shift)]]
+    return out
+
+
 def run_decode_bench(
     target: Any,
     draft: Any,
@@ -284,6 +302,7 @@ def run_decode_bench(
     cache: str = "auto",
     progress: Callable[[str], None] | None = None,
     rounds: int = 1,
+    order: str = "interleaved",
 ) -> dict[str, Any]:
     """Every method × temperature on every prompt (module doc); a JSON-able report.
 
@@ -292,7 +311,8 @@ def run_decode_bench(
     interleaved: each prompt is decoded by every method in turn (the order
     rotated by one from prompt to prompt), so a slow spell of a shared
     machine falls on all methods alike instead of on the ones that ran
-    during it.  ``rounds`` repeats the whole set (same prompts and seeds,
+    during it (``order="sequential"``: each method decodes every prompt
+    before the next method starts).  ``rounds`` repeats the whole set (same prompts and seeds,
     so the same tokens); with ``rounds > 1`` each row also gets its tok/s
     per round and the range over rounds of its speedups
     (``speedup_ar_range``, ...), each round's ratio taken within that round.
@@ -308,6 +328,8 @@ def run_decode_bench(
         raise ValueError("methods must name at least one method")
     if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 1:
         raise ValueError(f"rounds must be a positive integer, got {rounds!r}")
+    if order not in RUN_ORDERS:
+        raise ValueError(f"order must be one of {RUN_ORDERS}, got {order!r}")
     from spec.llm.generate import resolve_cache
     from spec.llm.static_cache import model_device
 
@@ -324,11 +346,9 @@ def run_decode_bench(
             runs: list[list[list[dict[str, Any]]]] = [[[] for _ in range(rounds)] for _ in methods]
             for rnd in range(rounds):
                 t0 = time.perf_counter()
-                for i, p in enumerate(prompts):
-                    shift = (rnd * len(prompts) + i) % n
-                    for k in [*range(shift, n), *range(shift)]:
-                        runs[k][rnd].append(_run_one(methods[k], target, draft, list(p), temp, new_tokens, seed + i,
-                                                     cache))
+                for i, k in _schedule(n, len(prompts), rnd, order):
+                    runs[k][rnd].append(_run_one(methods[k], target, draft, list(prompts[i]), temp, new_tokens,
+                                                 seed + i, cache))
                 if progress:
                     progress(f"  T={temp:g} round {rnd + 1}/{rounds}: {len(prompts)} prompts x {n} methods in "
                              f"{time.perf_counter() - t0:.1f} s")
@@ -361,7 +381,7 @@ def run_decode_bench(
            "draft_params": sum(p.numel() for p in draft.parameters())}
     return {"environment": env, "prompts": len(prompts), "prompt_tokens": [len(p) for p in prompts],
             "new_tokens": new_tokens, "temperatures": list(temperatures), "seed": seed, "rounds": rounds,
-            "order": "interleaved", "rows": rows}
+            "order": order, "rows": rows}
 
 
 def _fmt(v: Any, spec: str) -> str:
@@ -395,7 +415,7 @@ def render(report: dict[str, Any]) -> str:
             ["method", "tok/step", "tok/s", "×ar", "×ar-static", "×assisted", *ranges, "bld+ver %", "builder %",
              "verifier %", "draft fwd %", "=ar"], table,
             title=f"T = {temp:g}: {report['prompts']} prompts × {report['new_tokens']} new tokens"
-                  f"{f', {rounds} rounds' if rounds > 1 else ''}, methods interleaved, {env['device']}, "
+                  f"{f', {rounds} rounds' if rounds > 1 else ''}, methods {report.get('order', 'sequential')}, {env['device']}, "
                   f"{env['dtype']}, our cache {env.get('cache', 'dynamic')}, torch {env['torch']} ({env['threads']} CPU threads"
                   f"{', OMP_WAIT_POLICY=' + env['omp_wait_policy'] if env.get('omp_wait_policy') else ''}), "
                   f"transformers {env['transformers']} "
@@ -460,6 +480,9 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--rounds", type=int, default=1,
                    help="decode: decode the whole set this many times (same prompts and seeds), giving each "
                         "speedup's range over rounds (default 1)")
+    g.add_argument("--order", choices=RUN_ORDERS, default="interleaved",
+                   help="decode: interleaved (default: every method on a prompt before the next prompt, the order "
+                        "rotated) or sequential (every prompt of a method before the next method)")
     g.add_argument("--save", metavar="DIR", help="decode: write decode.json and decode.png into DIR")
 
 
@@ -515,14 +538,14 @@ def bench(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         prompts = heldout_prompts(tok, args.prompts, args.prompt_tokens)
     except ValueError as err:
         fail(str(err))
-    print(f"decoding {args.prompts} prompts x {args.new_tokens} tokens with {len(methods)} methods (interleaved, "
+    print(f"decoding {args.prompts} prompts x {args.new_tokens} tokens with {len(methods)} methods ({args.order}, "
           f"{args.rounds} round{'s' if args.rounds > 1 else ''}) at T in {temps} "
           f"on {device} ({str(dtype).replace('torch.', '')}) ...", file=sys.stderr)
     if device.type == "cpu" and torch.get_num_threads() > 1 and os.environ.get("OMP_WAIT_POLICY", "").upper() == "PASSIVE":
         print(PASSIVE_WARNING, file=sys.stderr)
     report = run_decode_bench(target, draft, prompts, methods, temps, args.new_tokens, seed=args.seed,
                               cache=args.cache, progress=lambda m: print(m, file=sys.stderr, flush=True),
-                              rounds=args.rounds)
+                              rounds=args.rounds, order=args.order)
     report["pair"] = {"target": target_dir, "draft": draft_dir}
     text = render(report)
     if args.save:

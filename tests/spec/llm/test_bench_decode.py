@@ -144,6 +144,12 @@ def test_methods_take_turns_prompt_by_prompt(pair: tuple[object, object], monkey
     order = [labels[k] for k in (0, 1, 2, 1, 2, 0, 2, 0, 1, 0, 1, 2, 1, 2, 0, 2, 0, 1)]
     assert [c[0] for c in calls] == order
     assert [c[1] for c in calls] == [p for _ in range(2) for p in (1, 3, 5) for _ in range(3)]
+    calls.clear()
+    report = run_decode_bench(*pair, [[1, 2], [3, 2]], _methods(names), temperatures=(0.0,), new_tokens=2,
+                              warmup=False, order="sequential")
+    assert calls == [(lab, p) for lab in labels for p in (1, 3)]
+    assert report["order"] == "sequential" and "methods sequential" in render(report)
+    assert all(r["agree_ar"] == 1.0 for r in report["rows"])
 
 
 def test_rounds_give_each_speedup_a_range(pair: tuple[object, object]) -> None:
@@ -189,6 +195,7 @@ def test_plot_writes_a_png(pair: tuple[object, object], tmp_path: Path) -> None:
         ({"rounds": 0}, "rounds must be a positive integer"),
         ({"rounds": 1.5}, "rounds must be a positive integer"),
         ({"rounds": True}, "rounds must be a positive integer"),
+        ({"order": "random"}, "order must be one of"),
     ],
 )
 def test_bad_arguments(pair: tuple[object, object], kwargs: dict[str, object], message: str) -> None:
