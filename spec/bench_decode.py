@@ -312,10 +312,11 @@ def run_decode_bench(
     rotated by one from prompt to prompt), so a slow spell of a shared
     machine falls on all methods alike instead of on the ones that ran
     during it (``order="sequential"``: each method decodes every prompt
-    before the next method starts).  ``rounds`` repeats the whole set (same prompts and seeds,
-    so the same tokens); with ``rounds > 1`` each row also gets its tok/s
-    per round and the range over rounds of its speedups
-    (``speedup_ar_range``, ...), each round's ratio taken within that round.
+    before the next method starts).  ``rounds`` repeats the whole set
+    (same prompts and seeds, so the same tokens); with ``rounds > 1`` each
+    row also gets its tok/s per round and the range over rounds of its
+    speedups (``speedup_ar_range``, ...), each round's ratio taken within
+    that round.
     """
     import torch
     import transformers
