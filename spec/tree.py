@@ -151,7 +151,8 @@ def accepted_nodes(tree: DraftTree, tokens: Sequence[int]) -> tuple[int, ...]:
     ``tokens`` is a verifier's output: the accepted draft tokens then one
     corrected or bonus token.  Siblings drawn i.i.d. may repeat a token; their
     paths are the same string, so the first such child is taken (its KV
-    entries are the same).
+    entries are the same), unless only a later twin's subtree carries the
+    rest of the tokens: then the first twin that does.
     """
     t = _tree(tree)
     toks = [check_int(f"tokens[{i}]", x) for i, x in enumerate(_seq("tokens", tokens))]
@@ -161,10 +162,25 @@ def accepted_nodes(tree: DraftTree, tokens: Sequence[int]) -> tuple[int, ...]:
     for tok in toks[:-1]:
         kid = next((k for k in t.children(node) if t.tokens[k] == tok), None)
         if kid is None:
-            raise ValueError(f"tokens {toks} leave the tree at token {tok} after nodes {path}")
+            found = _path_below(t, ROOT, toks[:-1])  # the first matching child at some level was the wrong twin
+            if found is None:
+                raise ValueError(f"tokens {toks} leave the tree at token {tok} after nodes {path}")
+            return tuple(found)
         path.append(kid)
         node = kid
     return tuple(path)
+
+
+def _path_below(t: DraftTree, node: int, toks: Sequence[int]) -> list[int] | None:
+    """Nodes below ``node`` carrying ``toks``, trying twins in child order; ``None`` when none does."""
+    if not toks:
+        return []
+    for kid in t.children(node):
+        if t.tokens[kid] == toks[0]:
+            rest = _path_below(t, kid, toks[1:])
+            if rest is not None:
+                return [kid, *rest]
+    return None
 
 
 def keep_indices(

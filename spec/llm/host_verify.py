@@ -16,24 +16,24 @@ was not timed on a GPU.
 
 Both functions return a :class:`~spec.llm.verify.Verified` with the tokens
 as a CPU tensor.  The numpy samplers return the emitted tokens, not the
-accepted node: :func:`verify_tree_numpy` takes the first node whose path is
-the accepted path.  Two i.i.d. siblings may carry the same token; the node
-found may then be the twin of the one the walk accepted, with the same path
-of tokens and hence the same keys and values in the KV cache, which is all
-the decode loop reads from it.
+accepted node: :func:`verify_tree_numpy` finds the node path from the
+emitted tokens (:func:`spec.tree.accepted_nodes`).  Two i.i.d. siblings may
+carry the same token; the node found may then be the twin of the one the
+walk accepted, with the same path of tokens and hence the same keys and
+values in the KV cache, which is all the decode loop reads from it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any
 
 import numpy as np
 import torch
 from numpy.typing import NDArray
 
-from spec.llm.verify import CHAIN_METHODS, TREE_METHODS, Verified
+from spec.llm.verify import CHAIN_METHODS, TREE_METHODS, Verified, _check_method
+from spec.tree import accepted_nodes
 from tmc.chain import asps_sample_from_uniforms, block_sample_from_uniforms, sps_sample_from_uniforms
 from tmc.kseq import kseq_sample_from_uniforms
 from tmc.multidraft import DraftTree, multidraft_sample_from_uniforms
@@ -60,12 +60,6 @@ NUMPY_TREE_SAMPLERS: Mapping[str, Callable[..., list[int]]] = MappingProxyType(
 assert tuple(NUMPY_CHAIN_SAMPLERS) == CHAIN_METHODS and tuple(NUMPY_TREE_SAMPLERS) == TREE_METHODS
 
 
-def _method(method: object, known: Mapping[str, Any]) -> str:
-    if not isinstance(method, str) or method not in known:
-        raise ValueError(f"method must be one of {', '.join(map(repr, known))}, got {method!r}")
-    return method
-
-
 def verify_chain_numpy(
     method: str, draft_tokens: Sequence[int], draft_probs: FloatArray | None, target_probs: FloatArray, uniforms: FloatArray
 ) -> Verified:
@@ -74,7 +68,7 @@ def verify_chain_numpy(
     The reference validates the arrays and raises its own ``ValueError``.
     ASpS takes one uniform or ``n + 1`` and then reads the first, as the torch port does.
     """
-    sampler = NUMPY_CHAIN_SAMPLERS[_method(method, NUMPY_CHAIN_SAMPLERS)]
+    sampler = NUMPY_CHAIN_SAMPLERS[_check_method(method, CHAIN_METHODS)]
     tokens = list(draft_tokens)
     if method == "asps" and np.shape(uniforms) == (len(tokens) + 1,):
         uniforms = np.asarray(uniforms)[:1]
@@ -97,25 +91,12 @@ def verify_tree_numpy(method: str, tree: DraftTree, target_probs: FloatArray, un
 
     ``target_probs`` ``(N + 1, V)`` and ``uniforms`` as there; the tree
     carries the tokens, parents, draw kinds and draft rows (validated when it
-    was built).  The accepted node is the first whose path is the emitted
-    path (module doc).
+    was built).  The accepted nodes come from the emitted tokens
+    (:func:`spec.tree.accepted_nodes`, module doc).
     """
-    sampler = NUMPY_TREE_SAMPLERS[_method(method, NUMPY_TREE_SAMPLERS)]
+    sampler = NUMPY_TREE_SAMPLERS[_check_method(method, TREE_METHODS)]
     if not isinstance(tree, DraftTree):
         raise ValueError(f"tree must be a tmc.DraftTree, got {type(tree).__name__}")
     out = sampler(tree, target_probs, uniforms)
-    path = tuple(out[:-1])
-    nodes: tuple[int, ...] = ()
-    if path:
-        node = tree.paths().index(path) - 1  # paths()[j] is node j - 1's path
-        nodes = tuple(_ancestry(tree, node))
+    nodes = accepted_nodes(tree, out)
     return Verified(torch.tensor(out, dtype=torch.int64), len(nodes), nodes)
-
-
-def _ancestry(tree: DraftTree, node: int) -> list[int]:
-    """Nodes from the root's child down to ``node``."""
-    out: list[int] = []
-    while node >= 0:
-        out.append(node)
-        node = tree.parents[node]
-    return out[::-1]

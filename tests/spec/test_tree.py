@@ -470,6 +470,18 @@ def test_accepted_nodes_and_keep_indices(tree: DraftTree, seed: int, past: int, 
             assert [flat_nodes[i] for i in keep] == prefix + path_nodes, name
 
 
+def test_accepted_nodes_takes_the_twin_that_carries_the_rest() -> None:
+    """Two i.i.d. root children both carry token 3; only the second has a child with token 5, so the
+    emitted string 3, 5 runs through the second (hand-built; the first twin is taken when it fits)."""
+    q = {-1: np.array([0.0, 0.0, 0.0, 0.5, 0.5, 0.0, 0.0, 0.0]), 0: np.full(8, 0.125), 1: np.full(8, 0.125)}
+    twins = DraftTree((-1, -1, 0, 1), (3, 3, 4, 5), ("iid",) * 4, q, 8)
+    assert accepted_nodes(twins, (3, 5, 0)) == (1, 3)
+    assert accepted_nodes(twins, (3, 4, 0)) == (0, 2)
+    assert accepted_nodes(twins, (3, 7)) == (0,)
+    with pytest.raises(ValueError, match="leave the tree"):
+        accepted_nodes(twins, (3, 6, 0))  # neither twin has a child with token 6
+
+
 def test_accepted_nodes_iid_duplicates_every_verifier_output_parses() -> None:
     """i.i.d. siblings may repeat a token; every string any tree verifier emits must still map to a
     root-down path whose tokens are the emitted ones (the function takes the first matching child)."""
