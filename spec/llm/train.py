@@ -47,10 +47,18 @@ by an exact step count (the schedule then runs on steps): such a run is determin
 same hardware and thread count.
 
 Presets (``--target-size`` / ``--draft-size``; parameters at a 4096-token vocabulary, untied
-embeddings): ``nano`` 64 wide x 2 layers (0.62 M, the CPU draft), ``micro`` 256 x 2 (3.7 M,
+embeddings): ``pico`` 64 wide x 1 layer (0.57 M, a cheaper CPU draft), ``nano`` 64 x 2 (0.62 M,
+the CPU draft), ``micro`` 256 x 2 (3.7 M,
 the GPU draft), ``small`` 128 x 6 (2.24 M, the CPU target) and ``base`` 768 x 12 (91 M, the
 GPU target).  The CPU target is narrow because on 2 cores the number of steps decides the
 loss: in 150 s trials, 256 x 4 (5.3 M) reached validation loss 6.24 against 5.23 for 128 x 4.
+
+A draft for a saved target: ``--target-from DIR`` loads the target and its tokenizer from
+``DIR`` (an earlier run's ``target/``), skips the tokenizer and the target's training, gives
+the whole budget to a ``--draft-size`` draft and writes the pair as above (the target
+copied).  Give the corpus options the target was trained with; a warning names those that
+differ from the ``report.json`` next to ``DIR``.  The draft must have fewer parameters than
+the target.
 
 CPU threads: on a CPU shared with other jobs, set ``OMP_WAIT_POLICY=PASSIVE`` (or
 ``--threads 1``) for training: spinning OpenMP workers then stop starving each other; measured
@@ -90,7 +98,7 @@ import torch
 import torch.nn.functional as F
 import transformers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import AutoModelForCausalLM, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from spec.llm.models import count_parameters, save_pair, tiny_llama
 
@@ -126,12 +134,13 @@ class ModelSize:
 
 
 SIZES: dict[str, ModelSize] = {
+    "pico": ModelSize(hidden=64, layers=1, heads=4, intermediate=172, lr=3e-3),
     "nano": ModelSize(hidden=64, layers=2, heads=4, intermediate=172, lr=3e-3),
     "micro": ModelSize(hidden=256, layers=2, heads=4, intermediate=688, lr=2e-3),
     "small": ModelSize(hidden=128, layers=6, heads=4, intermediate=344, lr=2e-3),
     "base": ModelSize(hidden=768, layers=12, heads=12, intermediate=2048, lr=6e-4),
 }
-ORDER = ("nano", "micro", "small", "base")  # increasing size; a draft comes before its target
+ORDER = ("pico", "nano", "micro", "small", "base")  # increasing size; a draft comes before its target
 DEFAULT_DRAFT = {"micro": "nano", "small": "nano", "base": "micro"}
 
 
@@ -159,6 +168,7 @@ class TrainConfig:
     log_every: float = 5.0  # seconds between progress lines
     threads: int | None = None  # torch intra-op threads; None: torch's default (all cores)
     roots: tuple[str, ...] = ()  # source folders (standard library, purelib), from the options
+    target_from: str | None = None  # a saved target (with its tokenizer): train only a draft for it
 
 
 @dataclass(frozen=True)
@@ -479,6 +489,41 @@ def _logger(start: float) -> Callable[[str], None]:
     return log
 
 
+#: Options that decide the corpus and its split: a draft for a saved target should use the target's.
+CORPUS_OPTIONS = ("roots", "max_chars", "val_every")
+
+
+def _saved_target(cfg: TrainConfig, log: Callable[[str], None]) -> tuple[Any, PreTrainedTokenizerFast]:
+    """The target and tokenizer in ``cfg.target_from`` (``--target-from``), in eval mode on ``cfg.device``.
+
+    When the folder's parent holds this script's ``report.json`` whose corpus options differ
+    from ``cfg``'s, a warning is logged: the draft would then train, and the pair be
+    evaluated, on other files than the target's.
+    """
+    assert cfg.target_from is not None
+    folder = Path(cfg.target_from)
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(folder)
+    target: Any = AutoModelForCausalLM.from_pretrained(folder)
+    target = target.to(cfg.device).eval()
+    if len(tokenizer) != target.config.vocab_size:
+        raise ValueError(f"--target-from {folder}: the tokenizer has {len(tokenizer)} entries, "
+                         f"the model {target.config.vocab_size}")
+    size = SIZES[cfg.draft_size]  # checked before the corpus work: the draft must be the smaller model
+    n_draft = count_parameters(build_model(size, len(tokenizer), int(target.config.max_position_embeddings), 0, tokenizer))
+    if n_draft >= count_parameters(target):
+        raise ValueError(f"--draft-size {cfg.draft_size} ({n_draft:,} parameters) is not smaller than the target "
+                         f"in {folder} ({count_parameters(target):,})")
+    report = folder.parent / "report.json"
+    if report.is_file():
+        saved = json.loads(report.read_text(encoding="utf-8")).get("config", {})
+        ours = asdict(cfg)
+        differ = [k for k in CORPUS_OPTIONS if k in saved and saved[k] != (list(ours[k]) if k == "roots" else ours[k])]
+        if differ:
+            log(f"warning: {report} was trained with other corpus options ({', '.join(differ)}): "
+                + ", ".join(f"{k}={saved[k]!r}" for k in differ))
+    return target, tokenizer
+
+
 def run(cfg: TrainConfig) -> dict[str, Any]:
     """The whole pipeline (module docstring); returns the report it writes to ``cfg.out/report.json``."""
     start = time.perf_counter()
@@ -492,13 +537,18 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
         return now
 
     t = time.perf_counter()
+    loaded = _saved_target(cfg, log) if cfg.target_from is not None else None
     docs = collect_corpus(cfg.roots, cfg.max_chars)
     train_docs, val_docs = split_corpus(docs, cfg.val_every)
     t = lap("corpus", t)
     log(f"corpus: {len(train_docs)} + {len(val_docs)} files, {sum(len(d.text) for d in docs):,} characters")
 
-    max_positions = max(512, cfg.seq_len)
-    tokenizer = train_tokenizer([d.text for d in train_docs], cfg.vocab, max_positions)
+    if loaded is None:
+        max_positions = max(512, cfg.seq_len)
+        tokenizer = train_tokenizer([d.text for d in train_docs], cfg.vocab, max_positions)
+    else:
+        target, tokenizer = loaded
+        max_positions = int(target.config.max_position_embeddings)
     vocab = len(tokenizer)
     t = lap("tokenizer", t)
     train_stream = encode_corpus(tokenizer, train_docs)
@@ -507,7 +557,8 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     log(f"tokens: {train_stream.numel():,} train, {val_stream.numel():,} validation, vocabulary {vocab}")
 
     tsize, dsize = SIZES[cfg.target_size], SIZES[cfg.draft_size]
-    target = build_model(tsize, vocab, max_positions, cfg.seed, tokenizer)
+    if loaded is None:
+        target = build_model(tsize, vocab, max_positions, cfg.seed, tokenizer)
     draft = build_model(dsize, vocab, max_positions, cfg.seed + 1, tokenizer)
     windows = validation_windows(val_stream, cfg.seq_len, cfg.eval_tokens)
     fwd = forward_seconds_per_token(target, cfg, vocab) + forward_seconds_per_token(draft, cfg, vocab)
@@ -515,10 +566,16 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     reserve = 2.0 * windows[:, 1:].numel() * fwd + 5.0
     t = lap("probe", t)
 
-    left = max(0.0, budget_end - time.perf_counter() - reserve)
-    plan = Plan(seconds=cfg.target_share * left, steps=cfg.target_steps)
-    log(f"target: {count_parameters(target):,} parameters, {plan}")
-    t_stats = train_model(target, train_stream, plan, tsize, cfg, 2 * cfg.seed, log, "target")
+    t_stats: dict[str, Any]
+    if loaded is None:
+        left = max(0.0, budget_end - time.perf_counter() - reserve)
+        plan = Plan(seconds=cfg.target_share * left, steps=cfg.target_steps)
+        log(f"target: {count_parameters(target):,} parameters, {plan}")
+        t_stats = {"size": cfg.target_size, **asdict(tsize), **train_model(target, train_stream, plan, tsize, cfg,
+                                                                          2 * cfg.seed, log, "target")}
+    else:
+        log(f"target: {count_parameters(target):,} parameters, loaded from {cfg.target_from} (not trained)")
+        t_stats = {"from": cfg.target_from}
     t = lap("target", t)
 
     plan = Plan(seconds=max(0.0, budget_end - time.perf_counter() - reserve), steps=cfg.draft_steps)
@@ -535,7 +592,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     report: dict[str, Any] = {
         **metrics,
         "wall_seconds": times["total"],
-        "target": {"params": count_parameters(target), "size": cfg.target_size, **asdict(tsize), **t_stats},
+        "target": {"params": count_parameters(target), **t_stats},
         "draft": {"params": count_parameters(draft), "size": cfg.draft_size, **asdict(dsize), **d_stats},
         "corpus": {
             "roots": list(cfg.roots),
@@ -575,7 +632,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--vocab", type=int, default=4096, help="BPE vocabulary size (default 4096)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    p.add_argument("--target-size", choices=ORDER[1:], default=None, help="default: small on cpu, base on cuda")
+    p.add_argument("--target-size", choices=ORDER[2:], default=None, help="default: small on cpu, base on cuda")
     p.add_argument("--draft-size", choices=ORDER[:-1], default=None, help="default: nano for small, micro for base")
     p.add_argument("--site-packages", action="store_true", help="add purelib's *.py files to the standard library's")
     p.add_argument("--max-chars", type=int, default=None, help="cap on corpus characters (whole files, in order)")
@@ -589,6 +646,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft-steps", type=int, default=None, help="exact draft step count instead of the time left")
     p.add_argument("--log-every", type=float, default=5.0, help="seconds between progress lines")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--target-from", metavar="DIR", default=None,
+                   help="train only a draft, for the target saved in DIR with its tokenizer (an earlier run's target/); "
+                        "give the corpus options that target was trained with")
     return p
 
 
@@ -604,9 +664,16 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         raise ValueError(f"--warmup must lie in (0, 1), got {args.warmup}")
     if args.minutes <= 0:
         raise ValueError(f"--minutes must be positive, got {args.minutes}")
+    if args.target_from is not None:
+        given = [flag for flag, value in (("--target-size", args.target_size), ("--target-steps", args.target_steps))
+                 if value is not None]
+        if given:
+            raise ValueError(f"--target-from trains no target: drop {' and '.join(given)}")
+        if not Path(args.target_from, "tokenizer.json").is_file():
+            raise ValueError(f"--target-from: {args.target_from} holds no tokenizer.json (a target/ folder of this script's output has one)")
     target_size = args.target_size or ("base" if cuda else "small")
     draft_size = args.draft_size or DEFAULT_DRAFT[target_size]
-    if ORDER.index(draft_size) >= ORDER.index(target_size):
+    if args.target_from is None and ORDER.index(draft_size) >= ORDER.index(target_size):
         raise ValueError(f"--draft-size ({draft_size}) must be smaller than --target-size ({target_size})")
     return TrainConfig(
         out=args.out,
@@ -629,6 +696,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         log_every=args.log_every,
         threads=args.threads,
         roots=source_roots(args.site_packages),
+        target_from=args.target_from,
     )
 
 

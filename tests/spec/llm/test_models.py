@@ -143,11 +143,20 @@ def test_collect_corpus_respects_the_cap_and_the_order(tmp_path):
     assert [d.name for d in train.collect_corpus([str(tmp_path)], max_chars=70)] == [f"{root}/a.py", f"{root}/c.py"]
 
 
-def test_training_script_smoke_run(tmp_path):
-    """The whole pipeline on a 200 k-character corpus in ~15 s; report keys and loadable models."""
-    out = tmp_path / "pair"
-    argv = ["--out", str(out), "--max-chars", "200000", "--minutes", "0.3", "--vocab", "300"]
-    assert train.main([*argv, "--val-every", "6", "--eval-tokens", "2048", "--log-every", "1"]) == 0
+SMOKE_CORPUS = ["--max-chars", "200000", "--val-every", "6", "--eval-tokens", "2048", "--log-every", "1"]
+
+
+@pytest.fixture(scope="module")
+def smoke_pair(tmp_path_factory):
+    """The whole pipeline on a 200 k-character corpus in ~15 s: the output folder."""
+    out = tmp_path_factory.mktemp("smoke") / "pair"
+    assert train.main(["--out", str(out), "--minutes", "0.3", "--vocab", "300", *SMOKE_CORPUS]) == 0
+    return out
+
+
+def test_training_script_smoke_run(smoke_pair):
+    """Report keys and loadable models."""
+    out = smoke_pair
     report = json.loads((out / "report.json").read_text(encoding="utf-8"))
     for key in ("target_val_loss", "draft_val_loss", "greedy_agreement", "sps_acceptance", "eval_positions", "wall_seconds"):
         assert key in report
@@ -165,6 +174,47 @@ def test_training_script_smoke_run(tmp_path):
     logits = _logits(target, ids)
     assert logits.shape == (1, ids.shape[1], len(tokenizer)) and torch.isfinite(logits).all()
     assert (out / "draft" / "tokenizer.json").is_file()
+
+
+def test_a_draft_for_a_saved_target(smoke_pair, tmp_path, capsys):
+    """``--target-from``: the target and tokenizer are copied unchanged, only a ``pico`` draft trains."""
+    out = tmp_path / "pair1"
+    argv = ["--out", str(out), "--minutes", "0.15", "--draft-size", "pico", "--target-from", str(smoke_pair / "target")]
+    assert train.main([*argv, *SMOKE_CORPUS]) == 0
+    assert "warning" not in capsys.readouterr().err  # same corpus options as the target's run
+    report = json.loads((out / "report.json").read_text(encoding="utf-8"))
+    old_target, _, old_tok = load_pair(smoke_pair)
+    target, draft, tokenizer = load_pair(out)
+    assert report["target"] == {"params": count_parameters(old_target), "from": str(smoke_pair / "target")}
+    assert report["draft"]["size"] == "pico" and report["draft"]["layers"] == draft.config.num_hidden_layers == 1
+    assert report["draft"]["steps"] >= 1 and report["config"]["target_from"] == str(smoke_pair / "target")
+    assert _same_weights(target, old_target)
+    assert tokenizer is not None and old_tok is not None
+    assert tokenizer.backend_tokenizer.to_str() == old_tok.backend_tokenizer.to_str()
+    assert draft.config.vocab_size == target.config.vocab_size == len(tokenizer)
+    assert draft.config.max_position_embeddings == target.config.max_position_embeddings
+    assert 0.0 < report["sps_acceptance"] <= 1.0
+
+    # other corpus options than the target's run: trained all the same, with a warning naming them
+    other = [*SMOKE_CORPUS[:2], "--val-every", "7", *SMOKE_CORPUS[4:]]
+    assert train.main(["--out", str(tmp_path / "pair2"), "--minutes", "0.1", "--draft-size", "pico",
+                       "--target-from", str(smoke_pair / "target"), *other]) == 0
+    assert "other corpus options (val_every): val_every=6" in capsys.readouterr().err
+
+
+def test_target_from_refuses_what_it_cannot_do(smoke_pair, tmp_path, capsys):
+    target = str(smoke_pair / "target")
+    for extra, said in ((["--target-size", "small"], "drop --target-size"),
+                        (["--target-steps", "3"], "drop --target-steps")):
+        with pytest.raises(SystemExit):
+            train.main(["--out", "unused", "--target-from", target, *extra])
+        assert said in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        train.main(["--out", "unused", "--target-from", str(tmp_path)])
+    assert "holds no tokenizer.json" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="--draft-size small .* is not smaller than the target"):
+        train.main(["--out", str(tmp_path / "x"), "--target-from", target, "--draft-size", "small", *SMOKE_CORPUS])
+    assert not (tmp_path / "x").exists()
 
 
 def test_fixed_step_training_is_a_function_of_the_seed():
