@@ -4,7 +4,7 @@ No weights can be downloaded here, so the project makes its own pair.  Run::
 
     python -m spec.llm.train --out DIR [--minutes 20] [--vocab 4096] [--seed 0]
                              [--device cpu|cuda] [--target-size small|base] [--site-packages]
-                             [--max-chars N] ...
+                             [--max-chars N] [--target-from DIR --draft-size pico] ...
 
 Pipeline (one function per stage; ``python -m spec.llm.train --help`` lists every option):
 
