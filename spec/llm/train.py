@@ -508,8 +508,11 @@ def _saved_target(cfg: TrainConfig, log: Callable[[str], None]) -> tuple[Any, Pr
     if len(tokenizer) != target.config.vocab_size:
         raise ValueError(f"--target-from {folder}: the tokenizer has {len(tokenizer)} entries, "
                          f"the model {target.config.vocab_size}")
+    positions = int(target.config.max_position_embeddings)
+    if cfg.seq_len > positions:
+        raise ValueError(f"--seq-len {cfg.seq_len} is longer than the target in {folder} can read ({positions} positions)")
     size = SIZES[cfg.draft_size]  # checked before the corpus work: the draft must be the smaller model
-    n_draft = count_parameters(build_model(size, len(tokenizer), int(target.config.max_position_embeddings), 0, tokenizer))
+    n_draft = count_parameters(build_model(size, len(tokenizer), positions, 0, tokenizer))
     if n_draft >= count_parameters(target):
         raise ValueError(f"--draft-size {cfg.draft_size} ({n_draft:,} parameters) is not smaller than the target "
                          f"in {folder} ({count_parameters(target):,})")
@@ -519,7 +522,7 @@ def _saved_target(cfg: TrainConfig, log: Callable[[str], None]) -> tuple[Any, Pr
         ours = asdict(cfg)
         differ = [k for k in CORPUS_OPTIONS if k in saved and saved[k] != (list(ours[k]) if k == "roots" else ours[k])]
         if differ:
-            log(f"warning: {report} was trained with other corpus options ({', '.join(differ)}): "
+            log(f"warning: the target's run ({report}) used other corpus options ({', '.join(differ)}): "
                 + ", ".join(f"{k}={saved[k]!r}" for k in differ))
     return target, tokenizer
 

@@ -212,6 +212,8 @@ def test_target_from_refuses_what_it_cannot_do(smoke_pair, tmp_path, capsys):
     with pytest.raises(SystemExit):
         train.main(["--out", "unused", "--target-from", str(tmp_path)])
     assert "holds no tokenizer.json" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="--seq-len 600 is longer than the target .* can read"):
+        train.main(["--out", str(tmp_path / "x"), "--target-from", target, "--seq-len", "600"])
     with pytest.raises(ValueError, match="--draft-size small .* is not smaller than the target"):
         train.main(["--out", str(tmp_path / "x"), "--target-from", target, "--draft-size", "small", *SMOKE_CORPUS])
     assert not (tmp_path / "x").exists()
