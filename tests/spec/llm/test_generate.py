@@ -140,6 +140,30 @@ def test_bad_input(pair: tuple[object, object], kwargs: dict[str, object], messa
         generate(target, draft, **args)  # type: ignore[arg-type]
 
 
+def test_one_token_vocabulary() -> None:
+    """V = 1: every builder with every verifier it takes, both verifier backends, T = 0 and 1.
+    The only law is the point mass at token 0, so every drafted token is accepted: a chain step
+    emits its ``budget`` drafts plus one."""
+    target, draft = _tiny(1, 0), _tiny(1, 1, layers=1)
+    ran = 0
+    for name, verifier, backend, temperature in itertools.product(BUILDERS, VERIFIERS, ("torch", "numpy"), (0.0, 1.0)):
+        if verifier in CHAIN and name != "chain":
+            continue
+        try:
+            out = generate(target, draft, [0], name, verifier, temperature=temperature, max_new_tokens=11, budget=4,
+                           verify_backend=backend)
+        except ValueError as err:  # not lossless on this builder's trees
+            assert "verif" in str(err)
+            continue
+        assert out.tokens == [0] * 11, (name, verifier)
+        if name == "chain":
+            assert [s.accepted for s in out.steps] == [4, 4, 4], (verifier, backend)
+        ran += 1
+    assert ran >= 40
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        generate(target, draft, [1])
+
+
 def test_vocabularies_must_match() -> None:
     with pytest.raises(ValueError, match="vocabularies differ"):
         generate(_tiny(13, 0), _tiny(12, 1), [1])
