@@ -158,21 +158,18 @@ def accepted_nodes(tree: DraftTree, tokens: Sequence[int]) -> tuple[int, ...]:
     toks = [check_int(f"tokens[{i}]", x) for i, x in enumerate(_seq("tokens", tokens))]
     if not toks:
         raise ValueError("tokens must hold at least the final corrected or bonus token")
-    node, path = ROOT, list[int]()
-    for tok in toks[:-1]:
-        kid = next((k for k in t.children(node) if t.tokens[k] == tok), None)
-        if kid is None:
-            found = _path_below(t, ROOT, toks[:-1])  # the first matching child at some level was the wrong twin
-            if found is None:
-                raise ValueError(f"tokens {toks} leave the tree at token {tok} after nodes {path}")
-            return tuple(found)
-        path.append(kid)
-        node = kid
-    return tuple(path)
+    found = _path_below(t, ROOT, toks[:-1])
+    if found is None:
+        path = _first_twin_prefix(t, toks[:-1])
+        raise ValueError(f"tokens {toks} leave the tree at token {toks[len(path)]} after nodes {path}")
+    return tuple(found)
 
 
 def _path_below(t: DraftTree, node: int, toks: Sequence[int]) -> list[int] | None:
-    """Nodes below ``node`` carrying ``toks``, trying twins in child order; ``None`` when none does."""
+    """Nodes below ``node`` carrying ``toks``, trying twins in child order; ``None`` when none does.
+
+    Each node is tried at most once (only with the tokens of its depth), so this is linear in the tree.
+    """
     if not toks:
         return []
     for kid in t.children(node):
@@ -181,6 +178,18 @@ def _path_below(t: DraftTree, node: int, toks: Sequence[int]) -> list[int] | Non
             if rest is not None:
                 return [kid, *rest]
     return None
+
+
+def _first_twin_prefix(t: DraftTree, toks: Sequence[int]) -> list[int]:
+    """The nodes matched by taking the first child carrying each token, until no child does (for errors)."""
+    node, path = ROOT, list[int]()
+    for tok in toks:
+        kid = next((k for k in t.children(node) if t.tokens[k] == tok), None)
+        if kid is None:
+            break
+        path.append(kid)
+        node = kid
+    return path
 
 
 def keep_indices(
