@@ -371,9 +371,9 @@ def run_decode_bench(
             b = by.get((r["temperature"], base))
             r[key] = r["tokens_per_s"] / b["tokens_per_s"] if b and b["tokens_per_s"] > 0 else None
             if rounds > 1:
-                r[key + "_range"] = None if b is None or r[key] is None else [
-                    min(x / y for x, y in zip(r["tokens_per_s_rounds"], b["tokens_per_s_rounds"])),
-                    max(x / y for x, y in zip(r["tokens_per_s_rounds"], b["tokens_per_s_rounds"]))]
+                per_round = [] if b is None or r[key] is None else [
+                    x / y for x, y in zip(r["tokens_per_s_rounds"], b["tokens_per_s_rounds"])]
+                r[key + "_range"] = [min(per_round), max(per_round)] if per_round else None
     env = {"torch": torch.__version__, "threads": torch.get_num_threads(),
            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "transformers": transformers.__version__, "python": platform.python_version(),
            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
