@@ -511,11 +511,6 @@ def _saved_target(cfg: TrainConfig, log: Callable[[str], None]) -> tuple[Any, Pr
     positions = int(target.config.max_position_embeddings)
     if cfg.seq_len > positions:
         raise ValueError(f"--seq-len {cfg.seq_len} is longer than the target in {folder} can read ({positions} positions)")
-    size = SIZES[cfg.draft_size]  # checked before the corpus work: the draft must be the smaller model
-    n_draft = count_parameters(build_model(size, len(tokenizer), positions, 0, tokenizer))
-    if n_draft >= count_parameters(target):
-        raise ValueError(f"--draft-size {cfg.draft_size} ({n_draft:,} parameters) is not smaller than the target "
-                         f"in {folder} ({count_parameters(target):,})")
     report = folder.parent / "report.json"
     if report.is_file():
         saved = json.loads(report.read_text(encoding="utf-8")).get("config", {})
@@ -553,16 +548,19 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
         target, tokenizer = loaded
         max_positions = int(target.config.max_position_embeddings)
     vocab = len(tokenizer)
+    tsize, dsize = SIZES[cfg.target_size], SIZES[cfg.draft_size]
+    draft = build_model(dsize, vocab, max_positions, cfg.seed + 1, tokenizer)
+    if loaded is not None and count_parameters(draft) >= count_parameters(target):  # before the corpus is encoded
+        raise ValueError(f"--draft-size {cfg.draft_size} ({count_parameters(draft):,} parameters) is not smaller "
+                         f"than the target in {cfg.target_from} ({count_parameters(target):,})")
     t = lap("tokenizer", t)
     train_stream = encode_corpus(tokenizer, train_docs)
     val_stream = encode_corpus(tokenizer, val_docs)
     t = lap("encode", t)
     log(f"tokens: {train_stream.numel():,} train, {val_stream.numel():,} validation, vocabulary {vocab}")
 
-    tsize, dsize = SIZES[cfg.target_size], SIZES[cfg.draft_size]
     if loaded is None:
         target = build_model(tsize, vocab, max_positions, cfg.seed, tokenizer)
-    draft = build_model(dsize, vocab, max_positions, cfg.seed + 1, tokenizer)
     windows = validation_windows(val_stream, cfg.seq_len, cfg.eval_tokens)
     fwd = forward_seconds_per_token(target, cfg, vocab) + forward_seconds_per_token(draft, cfg, vocab)
     # evaluation is reserved with a 2x margin (the CPU may be shared) plus time to save
