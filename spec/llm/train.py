@@ -502,8 +502,11 @@ def _saved_target(cfg: TrainConfig, log: Callable[[str], None]) -> tuple[Any, Pr
     """
     assert cfg.target_from is not None
     folder = Path(cfg.target_from)
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(folder)
-    target: Any = AutoModelForCausalLM.from_pretrained(folder)
+    try:
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(folder)
+        target: Any = AutoModelForCausalLM.from_pretrained(folder)
+    except (OSError, ValueError) as err:
+        raise ValueError(f"--target-from {folder}: cannot load the target: {' '.join(str(err).split())[:200]}") from None
     target = target.to(cfg.device).eval()
     if len(tokenizer) != target.config.vocab_size:
         raise ValueError(f"--target-from {folder}: the tokenizer has {len(tokenizer)} entries, "
@@ -710,7 +713,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(err))
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
-    report = run(cfg)
+    try:
+        report = run(cfg)
+    except ValueError as err:  # bad input found once files are read (e.g. --target-from's model): one line
+        parser.error(str(err))
     headline = ("target_val_loss", "draft_val_loss", "greedy_agreement", "sps_acceptance", "eval_positions", "wall_seconds")
     for key in headline:
         print(f"{key}: {report[key]:.4f}" if isinstance(report[key], float) else f"{key}: {report[key]}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 
@@ -212,10 +213,18 @@ def test_target_from_refuses_what_it_cannot_do(smoke_pair, tmp_path, capsys):
     with pytest.raises(SystemExit):
         train.main(["--out", "unused", "--target-from", str(tmp_path)])
     assert "holds no tokenizer.json" in capsys.readouterr().err
-    with pytest.raises(ValueError, match="--seq-len 600 is longer than the target .* can read"):
+    with pytest.raises(SystemExit):
         train.main(["--out", str(tmp_path / "x"), "--target-from", target, "--seq-len", "600"])
-    with pytest.raises(ValueError, match="--draft-size small .* is not smaller than the target"):
+    assert re.search(r"--seq-len 600 is longer than the target .* can read", capsys.readouterr().err)
+    with pytest.raises(SystemExit):
         train.main(["--out", str(tmp_path / "x"), "--target-from", target, "--draft-size", "small", *SMOKE_CORPUS])
+    assert re.search(r"--draft-size small .* is not smaller than the target", capsys.readouterr().err)
+    no_model = tmp_path / "tokenizer_only"
+    load_pair(smoke_pair)[2].save_pretrained(no_model)  # a tokenizer.json but no model
+    with pytest.raises(SystemExit):
+        train.main(["--out", str(tmp_path / "x"), "--target-from", str(no_model)])
+    err = capsys.readouterr().err
+    assert "cannot load the target" in err and "Traceback" not in err
     assert not (tmp_path / "x").exists()
 
 
