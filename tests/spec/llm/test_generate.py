@@ -14,6 +14,7 @@ transformers = pytest.importorskip("transformers")
 from spec.builders import BUILDERS  # noqa: E402
 from spec.llm.generate import VERIFIERS, ar_generate, generate  # noqa: E402
 from tests.spec.llm.conftest import SavedPair  # noqa: E402
+from tests.spec.llm.test_sampling import reference  # noqa: E402
 from verification.calibrated import bonferroni, chi_square_check, detectable_tv  # noqa: E402
 
 pytestmark = pytest.mark.llm
@@ -175,39 +176,94 @@ VOCAB = 4
 PROMPT = [1, 3]
 SAMPLES = 700
 CONFIGS = [("chain", "sps", {}), ("chain", "asps", {}), ("dyspec", "traversal", {}), ("fixed", "multidraft", {"width": 2})]
-ALPHA = bonferroni(1e-3, len(CONFIGS))
+# (temperature, top_k, top_p): the plain law, and one where each of the three changes the law of the two
+# tokens by a total variation of 0.31 or more on this pair (checked while writing the test), and which
+# leaves 4 of the 16 cells possible, so a filtered token that slips through fails the check outright
+SETTINGS = [(1.0, None, None), (1.5, 3, 0.8)]
+ALPHA = bonferroni(1e-3, len(CONFIGS) * len(SETTINGS))
 
 
-def _exact_two_token_law(model: object) -> np.ndarray:
-    """p(t1, t2 | prompt) of the target at temperature 1, from two plain forwards per branch."""
+def _law_pair() -> tuple[object, object]:
+    return _tiny(VOCAB, 3, scale=8.0), _tiny(VOCAB, 4, layers=1, scale=8.0)
+
+
+def _exact_two_token_law(model: object, temperature: float, top_k: int | None, top_p: float | None) -> np.ndarray:
+    """p(t1, t2 | prompt) of the target's processed law, from plain forwards and the loop reference of
+    ``test_sampling`` (not the :func:`~spec.llm.sampling.process_logits` under test)."""
+    def row(ids: list[int]) -> np.ndarray:
+        logits = model(input_ids=torch.tensor([ids])).logits[0, -1].double().numpy()  # type: ignore[operator]
+        return reference(logits, temperature, top_k, top_p)
+
     law = np.zeros((VOCAB, VOCAB))
     with torch.no_grad():
-        p1 = torch.softmax(model(input_ids=torch.tensor([PROMPT])).logits[0, -1].double(), -1)  # type: ignore[operator]
+        p1 = row(PROMPT)
         for a in range(VOCAB):
-            p2 = torch.softmax(model(input_ids=torch.tensor([PROMPT + [a]])).logits[0, -1].double(), -1)  # type: ignore[operator]
-            law[a] = (p1[a] * p2).numpy()
+            law[a] = p1[a] * row(PROMPT + [a])
     return law.ravel()
 
 
-@pytest.mark.parametrize(("builder", "verifier", "params"), CONFIGS)
-def test_first_two_tokens_follow_the_target_law(builder: str, verifier: str, params: dict[str, object]) -> None:
-    """Chi-square of the first two generated tokens against the target's exact law.
-
-    False-fail rate 1e-3 over the four configurations (Bonferroni); with 700
-    samples on 16 cells the check detects a total variation of about
-    ``detectable_tv(16, 700, alpha)`` ≈ 0.17 with probability 0.999.  Exact
-    losslessness of the same verifiers on the same trees is proved by
-    enumeration in the numpy tests; this checks the LLM plumbing end to end.
-    """
-    target, draft = _tiny(VOCAB, 3, scale=8.0), _tiny(VOCAB, 4, layers=1, scale=8.0)
-    law = _exact_two_token_law(target)
+def _two_token_counts(target: object, draft: object, builder: str, verifier: str, params: dict[str, object],
+                      setting: tuple[float, int | None, float | None]) -> np.ndarray:
+    temperature, top_k, top_p = setting
     counts = np.zeros(VOCAB * VOCAB, dtype=np.int64)
     for seed in range(SAMPLES):
-        out = generate(target, draft, PROMPT, builder, verifier, temperature=1.0, max_new_tokens=2, budget=3,
-                       seed=seed, builder_params=params)
+        out = generate(target, draft, PROMPT, builder, verifier, temperature=temperature, top_k=top_k, top_p=top_p,
+                       max_new_tokens=2, budget=3, seed=seed, builder_params=params)
         counts[out.tokens[0] * VOCAB + out.tokens[1]] += 1
+    return counts
+
+
+@pytest.mark.parametrize("setting", SETTINGS)
+@pytest.mark.parametrize(("builder", "verifier", "params"), CONFIGS)
+def test_first_two_tokens_follow_the_target_law(builder: str, verifier: str, params: dict[str, object],
+                                                setting: tuple[float, int | None, float | None]) -> None:
+    """Chi-square of the first two generated tokens against the target's exact processed law.
+
+    False-fail rate 1e-3 over the eight cases (Bonferroni); with 700 samples
+    on at most 16 cells the check detects a total variation of about
+    ``detectable_tv(16, 700, alpha)`` ≈ 0.17 with probability 0.999, and any
+    sample in a cell of probability 0 (a token that top-k or top-p removed)
+    fails it.  Exact losslessness of the same verifiers on the same trees is
+    proved by enumeration in the numpy tests; this checks the LLM plumbing
+    end to end: the draft and target rows processed alike, the draft tokens
+    drawn from the rows the verifier is given.
+    """
+    target, draft = _law_pair()
+    law = _exact_two_token_law(target, *setting)
+    counts = _two_token_counts(target, draft, builder, verifier, params, setting)
     result = chi_square_check(counts, law, ALPHA)
     assert result.passed, (result, detectable_tv(16, SAMPLES, ALPHA))
+
+
+def test_the_law_check_rejects_target_rows_processed_at_the_wrong_temperature(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check above has power against a real processing bug: the target's logits reach the verifier
+    without the temperature (scaled back up by ``T`` before the shared processing divides by it).
+
+    That pipeline is lossless for the target's law at temperature 1 with the
+    same filters, whose exact two-token law puts 0 on a cell the right law
+    gives 0.059 (an expected count of 41 in 700 samples, asserted > 30
+    below).  No sample can land there, so the chi-square statistic gets
+    about 41 from that cell alone, twice the critical value at ``ALPHA``
+    with 3 degrees of freedom (20.6): the check misses this bug with
+    negligible probability.  The last assertion, that the counts fit the
+    bug's own law, fails falsely with probability ``ALPHA``.
+    """
+    setting = SETTINGS[1]
+    target, draft = _law_pair()
+    right, wrong = _exact_two_token_law(target, *setting), _exact_two_token_law(target, 1.0, *setting[1:])
+    lost = (right > 0) & (wrong == 0)
+    assert right[lost].sum() * SAMPLES > 30  # the bug empties cells the right law fills
+
+    from spec.llm.adapter import tree_logits as plain_tree_logits
+
+    def unscaled(*args: Any, **kwargs: Any) -> Any:
+        return plain_tree_logits(*args, **kwargs) * setting[0]
+
+    monkeypatch.setattr("spec.llm.generate.tree_logits", unscaled)
+    counts = _two_token_counts(target, draft, "dyspec", "traversal", {}, setting)
+    assert counts[lost].sum() == 0 and counts.sum() == SAMPLES
+    assert not chi_square_check(counts, right, ALPHA).passed
+    assert chi_square_check(counts, wrong, ALPHA).passed  # it follows the law of the bug: the check is not just noisy
 
 
 @pytest.mark.skipif(not any(ep.name == "spec" for ep in __import__("importlib.metadata").metadata.entry_points(group="tmc.commands")),
