@@ -176,9 +176,10 @@ VOCAB = 4
 PROMPT = [1, 3]
 SAMPLES = 700
 CONFIGS = [("chain", "sps", {}), ("chain", "asps", {}), ("dyspec", "traversal", {}), ("fixed", "multidraft", {"width": 2})]
-# (temperature, top_k, top_p): the plain law, and one where each of the three changes the law of the two
-# tokens by a total variation of 0.31 or more on this pair (checked while writing the test), and which
-# leaves 4 of the 16 cells possible, so a filtered token that slips through fails the check outright
+# (temperature, top_k, top_p): the plain law, and one that each setting changes on this pair (measured while
+# writing the test: leaving out top-k or top-p moves the two tokens' law by a total variation of 0.31, leaving
+# out the temperature by 0.12) and that leaves 4 of the 16 cells possible, so a filtered token that slips
+# through fails the check outright
 SETTINGS = [(1.0, None, None), (1.5, 3, 0.8)]
 ALPHA = bonferroni(1e-3, len(CONFIGS) * len(SETTINGS))
 
