@@ -84,15 +84,18 @@ in 8..60, at a uniform one ulp below 1; never for ``V ≤ 6``, where the sums
 are numpy's).  One deliberate
 difference: ordered Traversal at a node with ``k ≥ 3`` children drawn
 ``swor`` enumerates the ``k``-tuples of the draft's support (as
-:mod:`tmc.ordered_traversal` does); here that raises ``ValueError`` when it
-would exceed :data:`MAX_SWOR_TUPLES` tuples instead of running for hours.
+:mod:`tmc.ordered_traversal` does); here a tree with a node that would
+enumerate more than :data:`MAX_SWOR_TUPLES` tuples is refused with a
+``ValueError`` before the walk (:func:`check_swor_enumeration`, which
+:func:`spec.llm.host_verify.verify_tree_numpy` calls before the numpy
+reference too) instead of running for hours.
 """
 
 from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import permutations
 from types import MappingProxyType
@@ -111,6 +114,7 @@ __all__ = [
     "TORCH_VERIFIERS",
     "TREE_METHODS",
     "Verified",
+    "check_swor_enumeration",
     "noise_size",
     "verify_asps",
     "verify_block",
@@ -136,6 +140,29 @@ CHAIN_METHODS: tuple[str, ...] = ("sps", "asps", "block")
 TREE_METHODS: tuple[str, ...] = ("multidraft", "traversal", "ordered_traversal", "kseq")
 #: Largest number of ordered ``k``-tuples ordered Traversal may enumerate at one ``swor`` node (``k ≥ 3``).
 MAX_SWOR_TUPLES = 1_000_000
+
+
+def check_swor_enumeration(method: str, nodes: Iterable[tuple[int, int, int]]) -> None:
+    """``ValueError`` before ordered Traversal starts on a tree it would take hours to verify.
+
+    ``nodes``: ``(node, k, support)`` for each node whose ``k`` children were
+    drawn ``swor``, ``support`` the number of tokens its draft row gives
+    ``q > 0``.  A node with ``k ≥ 3`` such children makes the verifier sum
+    over every ordered ``k``-tuple of the support when it visits the node;
+    more than :data:`MAX_SWOR_TUPLES` of them is refused for the whole tree,
+    visited or not, so the same tree fails on every draw and on both
+    backends (this module and :func:`spec.llm.host_verify.verify_tree_numpy`).
+    Other methods never enumerate: nothing is checked.
+    """
+    if method != "ordered_traversal":
+        return
+    for node, k, support in nodes:
+        if k >= 3 and math.perm(support, k) > MAX_SWOR_TUPLES:
+            raise ValueError(
+                f"ordered_traversal: node {node} has {k} children drawn 'swor' from a draft row with {support} "
+                f"possible tokens, which would enumerate {math.perm(support, k)} tuples (limit MAX_SWOR_TUPLES = "
+                f"{MAX_SWOR_TUPLES}); use fewer children per node or another tree verifier"
+            )
 
 
 class Verified(NamedTuple):
@@ -873,12 +900,7 @@ def _swor_sorted_law(q_row: Tensor, order: list[int], k: int, prefix: list[int])
             out[below] = q_row[below] * (inv[y] + inv[below])
         return _normalised(out)
     q = q_row.tolist()
-    support = [t for t in range(vocab) if q[t] > 0.0]
-    if math.perm(len(support), k) > MAX_SWOR_TUPLES:
-        raise ValueError(
-            f"ordered_traversal: {k} children drawn 'swor' from a draft row with {len(support)} possible tokens "
-            f"would enumerate {math.perm(len(support), k)} tuples (limit MAX_SWOR_TUPLES = {MAX_SWOR_TUPLES})"
-        )
+    support = [t for t in range(vocab) if q[t] > 0.0]  # at most MAX_SWOR_TUPLES tuples: check_swor_enumeration
     rank = {t: i for i, t in enumerate(order)}
     i = len(prefix)
     acc = [0.0] * vocab
@@ -1040,6 +1062,9 @@ def verify_tree(
     """
     walk = _TREE_WALKS[_check_method(method, TREE_METHODS)]
     tree = _prepare_tree(draft_tokens, parents, draws, draft_probs, target_probs, uniforms)
+    check_swor_enumeration(method, (
+        (node, len(kids), int((tree.q_rows[node] > 0.0).sum()))
+        for node, kids in enumerate(tree.kids, start=ROOT) if kids and tree.draws[kids[0]] == Draw.SWOR))
     node, token = walk(tree)
     nodes = tree.path(node)
     emitted = [tree.tokens[i] for i in nodes] + [token]

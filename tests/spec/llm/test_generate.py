@@ -165,6 +165,21 @@ def test_one_token_vocabulary() -> None:
         generate(target, draft, [1])
 
 
+def test_ordered_traversal_refuses_wide_swor_nodes_on_a_large_vocabulary() -> None:
+    """A fixed tree of width 3 drawn ``swor`` at T = 1 over 200 tokens: ordered Traversal would
+    enumerate 7.9 M ordered triples per node, so ``generate`` refuses on both verifier backends.
+    Before, the numpy backend (the CPU default) had no such check and enumerated them; one such
+    node took the torch walk 22 s with its check turned off.  Width 2 has a closed form and runs."""
+    target, draft = _tiny(200, 0), _tiny(200, 1, layers=1)
+    for backend in ("torch", "numpy"):
+        with pytest.raises(ValueError, match="3 children drawn 'swor'.*MAX_SWOR_TUPLES"):
+            generate(target, draft, [1, 2], "fixed", "ordered_traversal", builder_params={"width": 3},
+                     max_new_tokens=4, budget=6, verify_backend=backend)
+        out = generate(target, draft, [1, 2], "fixed", "ordered_traversal", builder_params={"width": 2},
+                       max_new_tokens=4, budget=6, verify_backend=backend)
+        assert len(out.tokens) == 4
+
+
 def test_vocabularies_must_match() -> None:
     with pytest.raises(ValueError, match="vocabularies differ"):
         generate(_tiny(13, 0), _tiny(12, 1), [1])

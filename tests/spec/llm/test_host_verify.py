@@ -11,6 +11,8 @@ checks on trees that have them.  Cases: the random chains and trees of
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -78,3 +80,28 @@ def test_bad_input_is_refused() -> None:
         verify_tree_numpy("traversal", DraftTree((-1,), (1,), (Draw.TOPK,), {}, 4), bad[:2], u[:2])
     with pytest.raises(ValueError, match="u"):
         verify_chain_numpy("sps", [1, 2], None, p, np.array([0.5, 1.0, 0.5]))
+
+
+def test_ordered_traversal_refuses_a_huge_swor_enumeration_before_walking() -> None:
+    """Three children drawn ``swor`` from a 200-token row would make ordered Traversal sum over
+    200·199·198 > MAX_SWOR_TUPLES tuples (about 20 s here; hours at V = 4096): both backends refuse
+    the tree before walking it, with the node in the message.  The other verifiers take the tree
+    (the target gives node 0's token probability 0, so they accept nothing)."""
+    from spec.llm.verify import MAX_SWOR_TUPLES
+
+    vocab = 200
+    assert math.perm(vocab, 3) > MAX_SWOR_TUPLES
+    flat = np.full(vocab, 1.0 / vocab)
+    tree = DraftTree((-1, 0, 0, 0), (5, 1, 2, 3), (Draw.SWOR,) * 4, {-1: flat, 0: flat}, vocab)
+    p = np.tile(flat, (5, 1))
+    p[0, 5] = 0.0
+    p[0] /= p[0].sum()
+    q = np.tile(flat, (5, 1))
+    u = np.full(5, 0.5)
+    for verify in (lambda: verify_tree_numpy("ordered_traversal", tree, p, u),
+                   lambda: verify_tree("ordered_traversal", torch.tensor(tree.tokens), torch.tensor(tree.parents),
+                                       tree.draws, torch.as_tensor(q), torch.as_tensor(p), torch.as_tensor(u))):
+        with pytest.raises(ValueError, match=r"node 0 has 3 children drawn 'swor' .* MAX_SWOR_TUPLES"):
+            verify()
+    for method in ("multidraft", "traversal"):
+        assert verify_tree_numpy(method, tree, p, u).n_accepted == 0
