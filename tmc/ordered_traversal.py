@@ -75,22 +75,44 @@ from tmc.multidraft import Draw, DraftTree
 from tmc.traversal import recorded_children, traversal_kernel, traversal_sample, traversal_sample_from_uniforms
 
 FloatArray = NDArray[np.float64]
+IntArray = NDArray[np.int64]
 
 
 def ratio_order(p_row: FloatArray, q_row: FloatArray) -> list[int]:
-    """Token ids by decreasing ``p / q`` (tokens with ``q = 0`` last), ties to the lower id."""
-    vocab = len(q_row)
-    keys = [(-(p_row[t] / q_row[t]) if q_row[t] > 0.0 else np.inf, t) for t in range(vocab)]
-    return sorted(range(vocab), key=lambda t: keys[t])
+    """Token ids by decreasing ``p / q`` (tokens with ``q = 0`` last), ties to the lower id.
+
+    The key of token ``t`` is ``−p(t)/q(t)`` (``+inf`` when ``q(t) = 0``),
+    sorted stably, so equal keys keep the lower id first.
+    """
+    order: list[int] = _ratio_order_array(p_row, q_row).tolist()
+    return order
 
 
-def _mass_after(q_row: FloatArray, order: list[int]) -> FloatArray:
-    """``B(y)``: draft mass of the tokens ranked after ``y``."""
+def _ratio_order_array(p_row: FloatArray, q_row: FloatArray) -> IntArray:
+    p = np.asarray(p_row, dtype=np.float64)
+    q = np.asarray(q_row, dtype=np.float64)
+    drawn = q > 0.0
+    keys = np.full(len(q), np.inf)
+    keys[drawn] = -(p[drawn] / q[drawn])
+    return np.argsort(keys, kind="stable")
+
+
+def _ranked_after(order: IntArray, token: int) -> IntArray:
+    """The tokens ranked after ``token`` in ``order``, in rank order."""
+    below: IntArray = order[int(np.flatnonzero(order == token)[0]) + 1 :]
+    return below
+
+
+def _mass_after(q_row: FloatArray, order: IntArray) -> FloatArray:
+    """``B(y)``: draft mass of the tokens ranked after ``y``, summed from the last rank up.
+
+    ``np.cumsum`` adds in sequence, so ``B`` of the token at rank ``i`` is
+    ``(...((q_{V−1} + q_{V−2}) + ...) + q_{i+1})`` with ``q_j`` the mass at
+    rank ``j``: the additions of a loop from the end, in its order.
+    """
+    tail = np.cumsum(np.asarray(q_row, dtype=np.float64)[order[::-1]])  # tail[j]: mass of the last j + 1 ranks
     after = np.zeros(len(q_row))
-    acc = 0.0
-    for t in reversed(order):
-        after[t] = acc
-        acc += float(q_row[t])
+    after[order[-2::-1]] = tail[:-1]  # rank V − 2 gets the last rank's mass, ..., rank 0 all but its own
     return after
 
 
@@ -112,8 +134,9 @@ def _normalised(row: FloatArray) -> FloatArray:
     return out
 
 
-def iid_sorted_law(q_row: FloatArray, order: list[int], k: int, prefix: list[int]) -> FloatArray:
+def iid_sorted_law(q_row: FloatArray, order: Sequence[int] | IntArray, k: int, prefix: list[int]) -> FloatArray:
     """Law of the next element of ``k`` i.i.d. draws sorted by ``order``, given the sorted ``prefix``."""
+    order = np.asarray(order, dtype=np.int64)
     after = _mass_after(q_row, order)
     if not prefix:
         out = _best_of(q_row, after, k)
@@ -127,14 +150,15 @@ def iid_sorted_law(q_row: FloatArray, order: list[int], k: int, prefix: list[int
     out[w] = _binom_tail(m, pi, c + 1) / at_least
     rest = float(after[w])
     if rest > 0.0:
-        below = order[order.index(w) + 1 :]
+        below = _ranked_after(order, w)
         exact = comb(m, c) * pi**c * (1.0 - pi) ** (m - c) / at_least
         out[below] = exact * _best_of(q_row[below] / rest, after[below] / rest, m - c)
     return _normalised(out)
 
 
-def swor_sorted_law(q_row: FloatArray, order: list[int], k: int, prefix: list[int]) -> FloatArray:
+def swor_sorted_law(q_row: FloatArray, order: Sequence[int] | IntArray, k: int, prefix: list[int]) -> FloatArray:
     """Law of the next element of ``k`` draws without replacement sorted by ``order``, given the sorted ``prefix``."""
+    order = np.asarray(order, dtype=np.int64)
     vocab = len(q_row)
     out = np.zeros(vocab)
     if k == 2:
@@ -145,10 +169,10 @@ def swor_sorted_law(q_row: FloatArray, order: list[int], k: int, prefix: list[in
             out = q_row * (after * inv + after_inv)
         else:
             y = prefix[0]
-            below = order[order.index(y) + 1 :]
+            below = _ranked_after(order, y)
             out[below] = q_row[below] * (inv[y] + inv[below])
         return _normalised(out)
-    rank = {t: i for i, t in enumerate(order)}
+    rank = {t: i for i, t in enumerate(order.tolist())}
     support = [t for t in range(vocab) if q_row[t] > 0.0]
     i = len(prefix)
     for combo in permutations(support, k):
@@ -170,9 +194,10 @@ def ratio_ordered_children(tree: DraftTree, node: int, p_row: FloatArray) -> tup
     if len(kids) < 2 or kinds == {Draw.TOPK}:
         return recorded_children(tree, node, p_row)
     q_row = tree.q_rows[node]
-    order = ratio_order(p_row, q_row)
-    rank = {t: i for i, t in enumerate(order)}
-    kids.sort(key=lambda c: rank[tree.tokens[c]])
+    order = _ratio_order_array(p_row, q_row)
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order))  # rank[t]: position of token t in the order
+    kids.sort(key=lambda c: int(rank[tree.tokens[c]]))
     toks = [tree.tokens[c] for c in kids]
     sorted_law = iid_sorted_law if kinds == {Draw.IID} else swor_sorted_law
     return kids, [sorted_law(q_row, order, len(kids), toks[:i]) for i in range(len(kids))]
