@@ -51,7 +51,8 @@ after ``y``.
   first ``y`` with ``Σ_{z after y} P({y, z})`` (suffix sums, ``O(V)``);
   second ``z`` given ``y`` proportional to ``P({y, z})`` over ``z`` after ``y``.
 * ``swor``, ``k ≥ 3`` children: by enumerating the ordered ``k``-tuples of
-  the support — exact, but ``O(|supp q|^k)``: a toy-scale rule only.
+  the support — exact, but ``O(|supp q|^k)``: a toy-scale rule only, refused
+  (``ValueError``) beyond :data:`MAX_SWOR_TUPLES` tuples.
 
 Arrays and kernel indexing follow :mod:`tmc.multidraft` exactly: ``p_rows``
 is ``(N + 1, V)``; the kernel is ``(N + 1, V)`` with row 0 "nothing accepted"
@@ -66,7 +67,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from itertools import permutations
-from math import comb
+from math import comb, perm
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -76,6 +77,10 @@ from tmc.traversal import recorded_children, traversal_kernel, traversal_sample,
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
+
+#: Largest number of ordered ``k``-tuples :func:`swor_sorted_law` enumerates for one law (``k ≥ 3``
+#: children drawn without replacement); more raises ``ValueError`` instead of running for hours.
+MAX_SWOR_TUPLES = 1_000_000
 
 
 def ratio_order(p_row: FloatArray, q_row: FloatArray) -> list[int]:
@@ -172,8 +177,13 @@ def swor_sorted_law(q_row: FloatArray, order: Sequence[int] | IntArray, k: int, 
             below = _ranked_after(order, y)
             out[below] = q_row[below] * (inv[y] + inv[below])
         return _normalised(out)
-    rank = {t: i for i, t in enumerate(order.tolist())}
     support = [t for t in range(vocab) if q_row[t] > 0.0]
+    if perm(len(support), k) > MAX_SWOR_TUPLES:
+        raise ValueError(
+            f"{k} children drawn 'swor' from a draft row with {len(support)} possible tokens: the law would "
+            f"enumerate {perm(len(support), k)} ordered tuples (limit MAX_SWOR_TUPLES = {MAX_SWOR_TUPLES})"
+        )
+    rank = {t: i for i, t in enumerate(order.tolist())}
     i = len(prefix)
     for combo in permutations(support, k):
         ranked = sorted(combo, key=rank.__getitem__)

@@ -106,6 +106,7 @@ from numpy.typing import ArrayLike
 
 from spec.llm.sampling import categorical_draw as _categorical
 from tmc.multidraft import ROOT, Draw
+from tmc.ordered_traversal import MAX_SWOR_TUPLES
 from tmc.validate import ROW_SUM_TOL
 
 __all__ = [
@@ -138,8 +139,6 @@ _LOG_HALF = math.log(0.5)
 CHAIN_METHODS: tuple[str, ...] = ("sps", "asps", "block")
 #: Tree verifiers: ``(draft_tokens, parents, draws, draft_probs, target_probs, uniforms)``.
 TREE_METHODS: tuple[str, ...] = ("multidraft", "traversal", "ordered_traversal", "kseq")
-#: Largest number of ordered ``k``-tuples ordered Traversal may enumerate at one ``swor`` node (``k ≥ 3``).
-MAX_SWOR_TUPLES = 1_000_000
 
 
 def check_swor_enumeration(method: str, nodes: Iterable[tuple[int, int, int]]) -> None:

@@ -11,6 +11,7 @@ expected-length gain on depth ≥ 2 trees against Traversal and the LP limit.
 from __future__ import annotations
 
 from itertools import permutations, product
+from math import perm
 
 import numpy as np
 import pytest
@@ -212,3 +213,25 @@ def test_bad_input_is_a_value_error() -> None:
         ordered_traversal_sample_from_uniforms(tree, p, [0.1, 0.2])
     with pytest.raises(ValueError, match="rng"):
         ordered_traversal_sample(tree, p, "seed")  # type: ignore[arg-type]
+
+
+def test_a_huge_swor_enumeration_is_refused() -> None:
+    """Three children drawn ``swor`` from 200 possible tokens: 200·199·198 ordered tuples per law, more
+    than MAX_SWOR_TUPLES; the law, the sampler and the kernel raise instead of running for seconds (for
+    days at V = 4096).  Two children have a closed form and do not enumerate."""
+    from tmc import DraftTree
+    from tmc.ordered_traversal import MAX_SWOR_TUPLES, ordered_traversal_sample_from_uniforms
+
+    vocab = 200
+    assert perm(vocab, 3) > MAX_SWOR_TUPLES >= perm(100, 3)
+    flat = np.full(vocab, 1.0 / vocab)
+    with pytest.raises(ValueError, match="3 children drawn 'swor'.*MAX_SWOR_TUPLES"):
+        swor_sorted_law(flat, list(range(vocab)), 3, [])
+    tree = DraftTree.build([-1, -1, -1], [0, 1, 2], "swor", {-1: flat}, vocab)
+    p = np.tile(flat, (4, 1))
+    with pytest.raises(ValueError, match="MAX_SWOR_TUPLES"):
+        ordered_traversal_sample_from_uniforms(tree, p, [0.5] * 4)
+    with pytest.raises(ValueError, match="MAX_SWOR_TUPLES"):
+        ordered_traversal_kernel(tree, p)
+    law = swor_sorted_law(flat, list(range(vocab)), 2, [])  # k = 2: closed form at any vocabulary
+    assert law.shape == (vocab,) and abs(law.sum() - 1.0) < 1e-12
