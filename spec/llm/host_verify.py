@@ -36,7 +36,7 @@ from spec.llm.verify import CHAIN_METHODS, TREE_METHODS, Verified, _check_method
 from spec.tree import accepted_nodes
 from tmc.chain import asps_sample_from_uniforms, block_sample_from_uniforms, sps_sample_from_uniforms
 from tmc.kseq import kseq_sample_from_uniforms
-from tmc.multidraft import ROOT, DraftTree, Draw, multidraft_sample_from_uniforms
+from tmc.multidraft import DraftTree, multidraft_sample_from_uniforms
 from tmc.ordered_traversal import ordered_traversal_sample_from_uniforms
 from tmc.traversal import traversal_sample_from_uniforms
 
@@ -97,9 +97,7 @@ def verify_tree_numpy(method: str, tree: DraftTree, target_probs: FloatArray, un
     sampler = NUMPY_TREE_SAMPLERS[_check_method(method, TREE_METHODS)]
     if not isinstance(tree, DraftTree):
         raise ValueError(f"tree must be a tmc.DraftTree, got {type(tree).__name__}")
-    check_swor_enumeration(method, (
-        (node, len(kids), int((tree.q_rows[node] > 0.0).sum()))
-        for node in range(ROOT, tree.size) if (kids := tree.children(node)) and tree.draws[kids[0]] == Draw.SWOR))
+    check_swor_enumeration(method, tree)
     out = sampler(tree, target_probs, uniforms)
     nodes = accepted_nodes(tree, out)
     return Verified(torch.tensor(out, dtype=torch.int64), len(nodes), nodes)

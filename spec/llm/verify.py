@@ -95,11 +95,11 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import permutations
 from types import MappingProxyType
-from typing import NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import torch
 from numpy.typing import ArrayLike
@@ -112,6 +112,7 @@ from tmc.validate import ROW_SUM_TOL
 __all__ = [
     "CHAIN_METHODS",
     "MAX_SWOR_TUPLES",
+    "SiblingTree",
     "TORCH_VERIFIERS",
     "TREE_METHODS",
     "Verified",
@@ -141,22 +142,37 @@ CHAIN_METHODS: tuple[str, ...] = ("sps", "asps", "block")
 TREE_METHODS: tuple[str, ...] = ("multidraft", "traversal", "ordered_traversal", "kseq")
 
 
-def check_swor_enumeration(method: str, nodes: Iterable[tuple[int, int, int]]) -> None:
+class SiblingTree(Protocol):
+    """What :func:`check_swor_enumeration` reads of a tree: :class:`tmc.DraftTree` and this module's own."""
+
+    @property
+    def size(self) -> int: ...
+    @property
+    def draws(self) -> Sequence[Draw]: ...
+    @property
+    def q_rows(self) -> Mapping[int, Any]: ...  # (V,) draft row of each node with sampled children
+    def children(self, node: int) -> Sequence[int]: ...
+
+
+def check_swor_enumeration(method: str, tree: SiblingTree) -> None:
     """``ValueError`` before ordered Traversal starts on a tree it would take hours to verify.
 
-    ``nodes``: ``(node, k, support)`` for each node whose ``k`` children were
-    drawn ``swor``, ``support`` the number of tokens its draft row gives
-    ``q > 0``.  A node with ``k ≥ 3`` such children makes the verifier sum
-    over every ordered ``k``-tuple of the support when it visits the node;
-    more than :data:`MAX_SWOR_TUPLES` of them is refused for the whole tree,
-    visited or not, so the same tree fails on every draw and on both
-    backends (this module and :func:`spec.llm.host_verify.verify_tree_numpy`).
-    Other methods never enumerate: nothing is checked.
+    A node whose ``k ≥ 3`` children were drawn ``swor`` makes the verifier
+    sum over every ordered ``k``-tuple of the tokens its draft row gives
+    ``q > 0`` when it visits the node; more than :data:`MAX_SWOR_TUPLES` of
+    them is refused for the whole tree, visited or not, so the same tree
+    fails on every draw and on both backends (this module and
+    :func:`spec.llm.host_verify.verify_tree_numpy`).  Other methods never
+    enumerate: nothing is checked.
     """
     if method != "ordered_traversal":
         return
-    for node, k, support in nodes:
-        if k >= 3 and math.perm(support, k) > MAX_SWOR_TUPLES:
+    for node in range(ROOT, tree.size):
+        kids = tree.children(node)
+        if len(kids) < 3 or tree.draws[kids[0]] != Draw.SWOR:
+            continue
+        k, support = len(kids), int((tree.q_rows[node] > 0.0).sum())
+        if math.perm(support, k) > MAX_SWOR_TUPLES:
             raise ValueError(
                 f"ordered_traversal: node {node} has {k} children drawn 'swor' from a draft row with {support} "
                 f"possible tokens, which would enumerate {math.perm(support, k)} tuples (limit MAX_SWOR_TUPLES = "
@@ -1061,9 +1077,7 @@ def verify_tree(
     """
     walk = _TREE_WALKS[_check_method(method, TREE_METHODS)]
     tree = _prepare_tree(draft_tokens, parents, draws, draft_probs, target_probs, uniforms)
-    check_swor_enumeration(method, (
-        (node, len(kids), int((tree.q_rows[node] > 0.0).sum()))
-        for node, kids in enumerate(tree.kids, start=ROOT) if kids and tree.draws[kids[0]] == Draw.SWOR))
+    check_swor_enumeration(method, tree)
     node, token = walk(tree)
     nodes = tree.path(node)
     emitted = [tree.tokens[i] for i in nodes] + [token]
