@@ -209,11 +209,12 @@ def _verify(method: str, tree: DraftTree, p: torch.Tensor, rng: np.random.Genera
 def resolve_verify_backend(model: Any, backend: str, device_chain: bool) -> str:
     """``backend`` checked against :data:`VERIFY_BACKENDS`, with ``auto`` resolved.
 
-    ``auto`` is ``torch`` for a chain drafted on a GPU (``device_chain``: the
-    torch verifier keeps the step on the device, one transfer for the result)
-    and ``numpy`` otherwise: on the CPU, and for trees everywhere, whose
-    verifiers walk on the host either way (the torch ports after one copy of
-    the rows), where numpy's small operations cost a third of torch's.
+    ``auto`` is ``torch`` for a chain drafted on a GPU and verified by a
+    chain verifier (``device_chain``: the torch verifier keeps the step on the
+    device, one transfer for the result) and ``numpy`` otherwise: on the CPU,
+    and for the tree verifiers everywhere (on trees and on chains), which walk
+    on the host either way (the torch ports after one copy of the rows), where
+    numpy's small operations cost a third of torch's.
     """
     if backend not in VERIFY_BACKENDS:
         raise ValueError(f"verify_backend must be one of {VERIFY_BACKENDS}, got {backend!r}")
@@ -223,9 +224,18 @@ def resolve_verify_backend(model: Any, backend: str, device_chain: bool) -> str:
 
 
 def _device_chain(b: TreeBuilder, verifier: str) -> bool:
-    """Whether a step can be drafted and verified on the device (:func:`_chain_step`): a
-    :class:`ChainBuilder` itself (a subclass may draw otherwise) with a chain verifier."""
-    return type(b) is ChainBuilder and verifier in CHAIN_METHODS
+    """Whether a step can be drafted on the device (:func:`_chain_step`): a :class:`ChainBuilder`
+    itself (a subclass may draw otherwise), with a chain verifier or a tree verifier (on a chain)."""
+    return type(b) is ChainBuilder and verifier in VERIFIERS
+
+
+def _chain_tree(tokens: Sequence[int], q: NDArray[np.float64] | None, vocab: int) -> DraftTree:
+    """The :class:`DraftTree` :class:`ChainBuilder` builds for these tokens: node ``i`` under node
+    ``i - 1``, drawn ``iid`` from ``q[i]`` (or ``topk``, a point mass, when ``q`` is ``None``)."""
+    k = len(tokens)
+    kind = Draw.TOPK if q is None else Draw.IID
+    rows = {} if q is None else {i - 1: q[i] for i in range(k)}
+    return DraftTree(tuple(range(-1, k - 1)), tuple(tokens), (kind,) * k, rows, vocab)
 
 
 def _chain_step(
@@ -236,6 +246,10 @@ def _chain_step(
     (:meth:`LLMDraft.draft_chain`), fed to the target as a device tensor, and verified by
     :func:`verify_chain_on_device`, whose one transfer brings the step's result to the host
     (``backend == "torch"``), or by the numpy reference on host copies of the rows.
+    A tree verifier gets the chain as the :class:`DraftTree` the host builder would have
+    built (:func:`_chain_tree`) after one transfer of the fault flag and the tokens; its
+    numpy reference reads host copies of the rows, its torch port the device rows (which
+    it copies to the host in one transfer of its own).
 
     The uniforms come from ``rng`` in the host path's order (``k`` for an ``iid`` chain's
     tokens, then the verifier's), so the tokens are those of ``ChainBuilder`` + :func:`_verify`.
@@ -256,11 +270,20 @@ def _chain_step(
     u = rng.random(noise_size(verifier, k))
     fault = chain.fault.to(device) | logits_fault(logits)
     res: Verified | None
-    if backend == "numpy":  # the flag and the tokens in one transfer, then the rows for the numpy reference
+    if backend == "numpy" or verifier in TREE_METHODS:  # the flag and the tokens in one transfer, then the rows
         got = torch.cat([fault.to(torch.int64).reshape(1), chain.tokens]).tolist()
         drafted = got[1:]
-        res = None if got[0] else verify_chain_numpy(
-            verifier, drafted, chain.q.cpu().numpy() if iid else None, p.cpu().numpy(), u)
+        q_host = chain.q.cpu().numpy() if iid and not got[0] else None
+        if got[0]:
+            res = None
+        elif verifier in CHAIN_METHODS:
+            res = verify_chain_numpy(verifier, drafted, q_host, p.cpu().numpy(), u)
+        elif backend == "numpy":
+            res = verify_tree_numpy(verifier, _chain_tree(drafted, q_host, p.shape[-1]), p.cpu().numpy(), u)
+        else:
+            q_rows = None if not iid else torch.cat([chain.q, chain.q.new_zeros((1, chain.q.shape[1]))]).to(device)
+            res = verify_tree(verifier, torch.tensor(drafted, dtype=torch.long), torch.arange(-1, k - 1),
+                              Draw.IID if iid else Draw.TOPK, q_rows, p, torch.from_numpy(u))
     else:
         res, drafted = verify_chain_on_device(verifier, drawn, chain.q.to(device) if iid else None,
                                               p, torch.from_numpy(u).to(device), fault)
@@ -306,11 +329,12 @@ def generate(
     ``auto`` (static on CUDA, dynamic elsewhere); the tokens are the same.
     Randomness: one ``numpy`` generator seeded with ``seed`` draws the
     builder's tokens and every step's uniforms.
-    ``chain_on_device``: a ``chain`` builder with a chain verifier drafts
-    and verifies with the rows on the models' device, synchronising once
-    for the drafted chain, once after the target forward and once for the
-    result (:func:`_chain_step`), instead of once per drafted token; the
-    tokens are the same either way (tested), ``False`` takes the host path.
+    ``chain_on_device``: a ``chain`` builder drafts with the rows on the
+    models' device and, with a chain verifier, verifies there, synchronising
+    once for the drafted chain, once after the target forward and once for
+    the result (:func:`_chain_step`), instead of once per drafted token; a
+    tree verifier takes the drafted chain and the rows to the host once.
+    The tokens are the same either way (tested), ``False`` takes the host path.
     ``verify_backend``: ``torch`` runs the verifiers of
     :mod:`spec.llm.verify`, ``numpy`` their :mod:`tmc` references
     (:mod:`spec.llm.host_verify`: rows copied to the host, about 3x faster on
@@ -332,7 +356,10 @@ def generate(
         raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
     cache = resolve_cache(target, cache)
     on_device = chain_on_device and _device_chain(b, verifier)
-    backend = resolve_verify_backend(target, verify_backend, on_device)
+    if on_device and verifier in TREE_METHODS:  # the host path asks this of every tree it verifies
+        assert isinstance(b, ChainBuilder)
+        verifiers_for(verifier, {Draw(b.draw)}, b.adaptive_widths)
+    backend = resolve_verify_backend(target, verify_backend, on_device and verifier in CHAIN_METHODS)
     budget = check_int("budget", budget, minimum=1)
     max_new_tokens = check_int("max_new_tokens", max_new_tokens, minimum=0)
     seed = check_int("seed", seed, minimum=0)

@@ -42,8 +42,10 @@ def test_parse_method() -> None:
     torch_tree = parse_method("dyspec:traversal:torch@8", 16, 4)
     assert (torch_tree.on_host, torch_tree.backend, torch_tree.label) == (False, "torch", "dyspec+traversal@8/torch")
     assert parse_method("dyspec:traversal", 16, 4).backend == "auto"
+    tree_on_chain = parse_method("chain:traversal:host", 16, 4)  # a tree verifier on a host-drafted chain
+    assert (tree_on_chain.on_host, tree_on_chain.label) == (True, "chain+traversal@4/host")
     for bad in ("nope", "dyspec", "dyspec:nope", "nope:traversal", "chain:sps@0", "chain:sps@x", "chain:sps@-2",
-                "chain:traversal:host", "fixed:sps:host", "chain:sps:gpu", "chain:sps:host:x",
+                "fixed:traversal:host", "fixed:sps:host", "chain:sps:gpu", "chain:sps:host:x",
                 "chain:sps:torch:numpy", "dyspec:traversal:numpy:numpy", "chain:sps:host:host", "dyspec:traversal:"):
         with pytest.raises(ValueError, match="method"):
             parse_method(bad, 16, 4)
