@@ -109,9 +109,9 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from tmc.multidraft import ROOT, Draw, DraftTree, check_tree_p_rows, residual_node_rule
+from tmc.multidraft import ROOT, Draw, DraftTree, check_tree_p_rows, proposal_laws, residual_node_rule
 from tmc.noise import categorical, check_uniforms
-from tmc.residual import acceptance_probability
+from tmc.residual import acceptance_probability, residual
 from tmc.validate import as_real_array, as_rng, check_int, check_prob_rows
 
 FloatArray = NDArray[np.float64]
@@ -174,6 +174,8 @@ def _feasible(beta: float, k: int, rho: float) -> bool:
 
 def _rho(p: FloatArray, q: FloatArray, k: int) -> float:
     """``ρ*`` of the module doc on validated rows (upper end of the bisection bracket)."""
+    if k == 1:  # c = 1: ρ = 1 is feasible whatever β is (K-SEQ is SpS), so skip the sort
+        return 1.0
     beta = _beta_curve(p, q)
     if _feasible(beta(1.0), k, 1.0):
         return 1.0
@@ -313,19 +315,43 @@ def _kernel(tree: DraftTree, p_rows: ArrayLike, *, rho_rule: RhoRule = _rho) -> 
     return kernel
 
 
+def _accepted_child(tree: DraftTree, node: int, p_row: FloatArray, uu: FloatArray, rho_rule: RhoRule) -> int | FloatArray:
+    """The walk at one accepted node: the child whose test passes, or the law to emit from.
+
+    The same tests and the same final law as :func:`kseq_node_rule`, computed
+    only as far as the walk goes: a residual is formed only when a later test
+    or the emission reads it, so a step whose tests pass skips them.
+    """
+    kids = tree.children(node)
+    if not kids:
+        return p_row
+    if tree.draws[kids[0]] != Draw.IID:  # the residual walk of :func:`residual_node_rule`, one test at a time
+        r = p_row
+        for kid, law in zip(kids, proposal_laws(tree, node)):
+            tok = tree.tokens[kid]
+            if uu[kid] < acceptance_probability(float(r[tok]), float(law[tok])):
+                return kid
+            r = residual(r, law, tok)
+        return r
+    q_row = tree.q_rows[node]
+    rho = rho_rule(p_row, q_row, len(kids))
+    for kid in kids:
+        tok = tree.tokens[kid]
+        if uu[kid] < acceptance_probability(float(p_row[tok]), rho * float(q_row[tok])):
+            return kid
+    return _residual(p_row, q_row, len(kids), rho)
+
+
 def _sample(tree: DraftTree, p_rows: ArrayLike, u: ArrayLike, *, rho_rule: RhoRule = _rho) -> list[int]:
     """:func:`kseq_sample_from_uniforms` with the division-factor hook."""
     p = check_tree_p_rows(tree, p_rows)
     uu = check_uniforms("u", u, tree.size + 1)
     node = ROOT
     while True:
-        rule = kseq_node_rule(tree, node, p[node + 1], rho_rule=rho_rule)
-        for kid, accept in zip(tree.children(node), rule.accept):
-            if uu[kid] < accept:
-                node = kid
-                break
-        else:
-            return list(tree.path(node)) + [categorical(rule.final, float(uu[tree.size]))]
+        got = _accepted_child(tree, node, p[node + 1], uu, rho_rule)
+        if not isinstance(got, int):
+            return list(tree.path(node)) + [categorical(got, float(uu[tree.size]))]
+        node = got
 
 
 def kseq_kernel(tree: DraftTree, p_rows: ArrayLike, *, rho_rule: RhoRule = _rho) -> FloatArray:

@@ -991,6 +991,8 @@ def _feasible(beta: float, k: int, rho: float) -> bool:
 
 def _kseq_rho(p: Tensor, q: Tensor, k: int) -> float:
     """SpecTr's ``ρ*`` by bisection (:func:`tmc.kseq._rho`)."""
+    if k == 1:  # c = 1: ρ = 1 is feasible whatever β is
+        return 1.0
     beta = _beta_curve(p, q)
     if _feasible(beta(1.0), k, 1.0):
         return 1.0
@@ -1017,38 +1019,39 @@ def _kseq_residual(p: Tensor, q: Tensor, k: int, rho: float) -> Tensor:
     return res / total if total > 0.0 else p.clone()
 
 
-def _kseq_node_rule(tree: _Tree, node: int) -> tuple[list[float], Tensor]:
-    """``(accept, final)`` at an accepted node: K-SEQ over i.i.d. children, else the residual walk."""
+def _kseq_accepted_child(tree: _Tree, node: int) -> int | Tensor:
+    """The walk at one accepted node: the child whose test passes, or the law to emit from
+    (:func:`tmc.kseq._accepted_child`: K-SEQ over i.i.d. children, else the residual walk;
+    a residual only when a later test or the emission reads it)."""
     p_row = tree.p[node + 1]
     kids = tree.children(node)
     if not kids:
-        return [], p_row
+        return p_row
     if tree.draws[kids[0]] != Draw.IID:
-        accept: list[float] = []
         r = p_row
         for kid, law in zip(kids, _proposal_laws(tree, node)):
             tok = tree.tokens[kid]
-            accept.append(_acceptance(float(r[tok]), float(law[tok])))
+            if tree.u[kid] < _acceptance(float(r[tok]), float(law[tok])):
+                return kid
             r = _residual(r, law, tok)
-        return accept, r
+        return r
     q_row = tree.q_rows[node]
-    k = len(kids)
-    rho = _kseq_rho(p_row, q_row, k)
-    accept = [_acceptance(float(p_row[tree.tokens[kid]]), rho * float(q_row[tree.tokens[kid]])) for kid in kids]
-    return accept, _kseq_residual(p_row, q_row, k, rho)
+    rho = _kseq_rho(p_row, q_row, len(kids))
+    for kid in kids:
+        tok = tree.tokens[kid]
+        if tree.u[kid] < _acceptance(float(p_row[tok]), rho * float(q_row[tok])):
+            return kid
+    return _kseq_residual(p_row, q_row, len(kids), rho)
 
 
 def _kseq_walk(tree: _Tree) -> tuple[int, int]:
     """K-SEQ tree verification (:func:`tmc.kseq.kseq_sample_from_uniforms`): ``(node, token)``."""
     node = ROOT
     while True:
-        accept, final = _kseq_node_rule(tree, node)
-        for kid, a in zip(tree.children(node), accept):
-            if tree.u[kid] < a:
-                node = kid
-                break
-        else:
-            return node, _draw(final, tree.u[tree.size])
+        got = _kseq_accepted_child(tree, node)
+        if not isinstance(got, int):
+            return node, _draw(got, tree.u[tree.size])
+        node = got
 
 
 _TREE_WALKS: Mapping[str, Callable[[_Tree], tuple[int, int]]] = MappingProxyType(
