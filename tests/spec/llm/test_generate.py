@@ -141,6 +141,36 @@ def test_bad_input(pair: tuple[object, object], kwargs: dict[str, object], messa
         generate(target, draft, **args)  # type: ignore[arg-type]
 
 
+def test_auto_backend_is_torch_only_for_a_chain_verifier_on_a_gpu_drafted_chain(
+        pair: tuple[object, object], monkeypatch: pytest.MonkeyPatch) -> None:
+    """``verify_backend="auto"``: the torch port for SpS / ASpS / block on a chain drafted on a GPU, the
+    numpy reference for everything else, tree verifiers on a device-drafted chain included."""
+    import spec.llm.generate as gen
+
+    target, draft = pair
+
+    class OnGpu:  # resolve_verify_backend reads only the device of the first parameter
+        def parameters(self) -> Any:
+            yield torch.empty(0, device="meta")
+
+    assert gen.resolve_verify_backend(OnGpu(), "auto", True) == "torch"
+    assert gen.resolve_verify_backend(OnGpu(), "auto", False) == "numpy"
+    assert gen.resolve_verify_backend(target, "auto", True) == "numpy"  # the CPU
+    assert gen.resolve_verify_backend(OnGpu(), "numpy", True) == "numpy"
+    seen: list[bool] = []
+    real = gen.resolve_verify_backend
+
+    def spy(model: Any, backend: str, device_chain: bool) -> str:
+        seen.append(device_chain)
+        return real(model, backend, device_chain)
+
+    monkeypatch.setattr(gen, "resolve_verify_backend", spy)
+    for builder, verifier, on_device in (("chain", "sps", True), ("chain", "traversal", True), ("chain", "block", False),
+                                         ("fixed", "traversal", True)):
+        generate(target, draft, [1, 2], builder, verifier, max_new_tokens=2, budget=3, chain_on_device=on_device)
+    assert seen == [True, False, False, False]
+
+
 def test_one_token_vocabulary() -> None:
     """V = 1: every builder with every verifier it takes, both verifier backends, T = 0 and 1.
     The only law is the point mass at token 0, so every drafted token is accepted: a chain step
