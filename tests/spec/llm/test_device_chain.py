@@ -64,15 +64,16 @@ def test_device_chain_equals_the_host_chain(pair: tuple[object, object], verifie
     assert runs == 12
 
 
-def test_device_chain_stops_at_eos_and_length(pair: tuple[object, object]) -> None:
+@pytest.mark.parametrize("verifier", ["sps", "traversal"])
+def test_device_chain_stops_at_eos_and_length(pair: tuple[object, object], verifier: str) -> None:
     target, draft = pair
-    host = generate(target, draft, [1, 2], "chain", "sps", temperature=1.0, max_new_tokens=30, budget=4, seed=4,
+    host = generate(target, draft, [1, 2], "chain", verifier, temperature=1.0, max_new_tokens=30, budget=4, seed=4,
                     chain_on_device=False)
     eos = host.tokens[7]
     for n in (1, 5, 30):
         kw = dict(temperature=1.0, max_new_tokens=n, budget=4, seed=4, eos_token_id=eos)
-        dev = generate(target, draft, [1, 2], "chain", "sps", **kw)
-        assert dev.tokens == generate(target, draft, [1, 2], "chain", "sps", chain_on_device=False, **kw).tokens
+        dev = generate(target, draft, [1, 2], "chain", verifier, **kw)
+        assert dev.tokens == generate(target, draft, [1, 2], "chain", verifier, chain_on_device=False, **kw).tokens
         assert len(dev.tokens) <= n and dev.tokens.count(eos) <= 1 and (eos not in dev.tokens or dev.tokens[-1] == eos)
 
 
@@ -145,13 +146,13 @@ def test_chain_on_device_must_be_a_bool(pair: tuple[object, object]) -> None:
         generate(target, draft, [1], "chain", "sps", chain_on_device=1)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("which", ["draft", "target"])
-def test_bad_logits_raise_the_host_paths_error(which: str) -> None:
+@pytest.mark.parametrize(("which", "verifier"), list(itertools.product(("draft", "target"), ("sps", "traversal"))))
+def test_bad_logits_raise_the_host_paths_error(which: str, verifier: str) -> None:
     """NaN logits raise the same ValueError on both paths (the device path checks its flag once per step)."""
     target, draft = tiny_pair(17, seed=1)
     with torch.no_grad():
         (draft if which == "draft" else target).lm_head.weight[5, 0] = float("nan")
     for on_device, backend in itertools.product((True, False), ("torch", "numpy")):
         with pytest.raises(ValueError, match="logits contain NaN"):
-            generate(target, draft, [1, 2], "chain", "sps", temperature=1.0, max_new_tokens=6, budget=3, seed=0,
+            generate(target, draft, [1, 2], "chain", verifier, temperature=1.0, max_new_tokens=6, budget=3, seed=0,
                      chain_on_device=on_device, verify_backend=backend)
