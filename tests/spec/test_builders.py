@@ -316,3 +316,36 @@ def test_scripted_sampler_weight() -> None:
     assert s.draw(np.array([0.2, 0.6])) == 1  # unnormalised laws are normalised
     assert s.draw(np.array([0.5, 0.5])) == 0
     assert math.isclose(s.weight, 0.75 * 0.5)
+
+
+def _top_tokens_by_full_sort(row: np.ndarray, k: int) -> list[int]:
+    """The definition: sort the whole support by decreasing q, ties by id, and take ``k``."""
+    positive = np.flatnonzero(row > 0.0)
+    return [int(t) for t in positive[np.lexsort((positive, -row[positive]))][:k]]
+
+
+def test_top_tokens_equals_the_full_sort() -> None:
+    """:func:`spec.builders.base.top_tokens` partitions before it sorts; the tokens are the full sort's,
+    ties at the k-th value and exact zeros included."""
+    from spec.builders.base import top_tokens
+
+    rng = np.random.default_rng(11)
+    cases = 0
+    for vocab in (1, 2, 3, 7, 40, 4096):
+        for _ in range(60 if vocab < 4096 else 20):
+            kind = int(rng.integers(4))
+            if kind == 0:  # continuous: no ties
+                row = rng.dirichlet(np.ones(vocab))
+            elif kind == 1:  # coarse: many ties, some at the k-th value
+                row = rng.integers(0, 4, size=vocab).astype(float)
+            elif kind == 2:  # a few equal values and zeros
+                row = np.where(rng.random(vocab) < 0.5, 0.0, 1.0 / vocab)
+            else:  # a top-k-filtered row: exact zeros outside a small support
+                row = np.zeros(vocab)
+                row[rng.choice(vocab, size=min(vocab, 3), replace=False)] = rng.random(min(vocab, 3))
+            if not row.any():
+                row[int(rng.integers(vocab))] = 1.0
+            for k in sorted({1, 2, 3, vocab - 1, vocab, vocab + 2, int(rng.integers(1, vocab + 1))} - {0}):
+                assert top_tokens(row, k) == _top_tokens_by_full_sort(row, k), (vocab, kind, k)
+                cases += 1
+    assert cases > 1500
