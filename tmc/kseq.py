@@ -109,9 +109,9 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from tmc.multidraft import ROOT, Draw, DraftTree, check_tree_p_rows, proposal_laws, residual_node_rule
+from tmc.multidraft import ROOT, Draw, DraftTree, check_tree_p_rows, residual_node_rule, residual_walk_step
 from tmc.noise import categorical, check_uniforms
-from tmc.residual import acceptance_probability, residual
+from tmc.residual import acceptance_probability
 from tmc.validate import as_real_array, as_rng, check_int, check_prob_rows
 
 FloatArray = NDArray[np.float64]
@@ -323,16 +323,8 @@ def _accepted_child(tree: DraftTree, node: int, p_row: FloatArray, uu: FloatArra
     or the emission reads it, so a step whose tests pass skips them.
     """
     kids = tree.children(node)
-    if not kids:
-        return p_row
-    if tree.draws[kids[0]] != Draw.IID:  # the residual walk of :func:`residual_node_rule`, one test at a time
-        r = p_row
-        for kid, law in zip(kids, proposal_laws(tree, node)):
-            tok = tree.tokens[kid]
-            if uu[kid] < acceptance_probability(float(r[tok]), float(law[tok])):
-                return kid
-            r = residual(r, law, tok)
-        return r
+    if not kids or tree.draws[kids[0]] != Draw.IID:  # a leaf, or the residual walk of :func:`residual_node_rule`
+        return residual_walk_step(tree, node, p_row, uu)
     q_row = tree.q_rows[node]
     rho = rho_rule(p_row, q_row, len(kids))
     for kid in kids:

@@ -350,15 +350,25 @@ def multidraft_sample_from_uniforms(
     uu = check_uniforms("u", u, tree.size + 1)
     node = ROOT
     while True:
-        r = p[node + 1]
-        for kid, law in zip(tree.children(node), proposals(tree, node)):
-            tok = tree.tokens[kid]
-            if uu[kid] < acceptance_probability(float(r[tok]), float(law[tok])):
-                node = kid
-                break
-            r = residual(r, law, tok)
-        else:
-            return list(tree.path(node)) + [categorical(r, float(uu[tree.size]))]
+        got = residual_walk_step(tree, node, p[node + 1], uu, proposals)
+        if not isinstance(got, int):
+            return list(tree.path(node)) + [categorical(got, float(uu[tree.size]))]
+        node = got
+
+
+def residual_walk_step(
+    tree: DraftTree, node: int, p_row: FloatArray, uu: FloatArray, proposals: ProposalFn = proposal_laws
+) -> int | FloatArray:
+    """The sampler at one accepted node: the first child whose test passes (``uu[kid]`` against
+    :func:`~tmc.residual.acceptance_probability`), or, when every test fails, the residual to emit
+    from (``p_row`` at a leaf).  Residuals are formed only as far as the tests go."""
+    r = p_row
+    for kid, law in zip(tree.children(node), proposals(tree, node)):
+        tok = tree.tokens[kid]
+        if uu[kid] < acceptance_probability(float(r[tok]), float(law[tok])):
+            return kid
+        r = residual(r, law, tok)
+    return r
 
 
 def multidraft_sample(

@@ -751,15 +751,21 @@ def _multidraft_walk(tree: _Tree) -> tuple[int, int]:
     """Recursive residual verification (:func:`tmc.multidraft.multidraft_sample_from_uniforms`): ``(node, token)``."""
     node = ROOT
     while True:
-        r = tree.p[node + 1]
-        for kid, law in zip(tree.children(node), _proposal_laws(tree, node)):
-            tok = tree.tokens[kid]
-            if tree.u[kid] < _acceptance(float(r[tok]), float(law[tok])):
-                node = kid
-                break
-            r = _residual(r, law, tok)
-        else:
-            return node, _draw(r, tree.u[tree.size])
+        got = _residual_walk_step(tree, node)
+        if not isinstance(got, int):
+            return node, _draw(got, tree.u[tree.size])
+        node = got
+
+
+def _residual_walk_step(tree: _Tree, node: int) -> int | Tensor:
+    """:func:`tmc.multidraft.residual_walk_step`: the child whose test passes, or the residual to emit from."""
+    r = tree.p[node + 1]
+    for kid, law in zip(tree.children(node), _proposal_laws(tree, node)):
+        tok = tree.tokens[kid]
+        if tree.u[kid] < _acceptance(float(r[tok]), float(law[tok])):
+            return kid
+        r = _residual(r, law, tok)
+    return r
 
 
 # --- Traversal (tmc.traversal) and its ratio-ordered variant (tmc.ordered_traversal)
@@ -1025,16 +1031,8 @@ def _kseq_accepted_child(tree: _Tree, node: int) -> int | Tensor:
     a residual only when a later test or the emission reads it)."""
     p_row = tree.p[node + 1]
     kids = tree.children(node)
-    if not kids:
-        return p_row
-    if tree.draws[kids[0]] != Draw.IID:
-        r = p_row
-        for kid, law in zip(kids, _proposal_laws(tree, node)):
-            tok = tree.tokens[kid]
-            if tree.u[kid] < _acceptance(float(r[tok]), float(law[tok])):
-                return kid
-            r = _residual(r, law, tok)
-        return r
+    if not kids or tree.draws[kids[0]] != Draw.IID:
+        return _residual_walk_step(tree, node)
     q_row = tree.q_rows[node]
     rho = _kseq_rho(p_row, q_row, len(kids))
     for kid in kids:
