@@ -19,7 +19,8 @@ Side by side in one run, on the same prompts, every method decodes exactly
   (``wetap/w_min=4/w_max=16:traversal@16``), as ``tmc decode --param`` does;
   ``chain:VERIFIER:host[@BUDGET]`` runs a chain through the host builder
   (``chain_on_device=False``) instead of the device path, for a side-by-side
-  of the two (same tokens); a ``:torch`` or ``:numpy`` flag after the
+  of the two (same tokens), and ``fixed/draw=iid:VERIFIER:host`` does the same
+  for a fixed i.i.d. tree; a ``:torch`` or ``:numpy`` flag after the
   verifier sets ``verify_backend`` (default ``auto``: torch for a chain
   drafted on a GPU with a chain verifier, numpy otherwise), e.g. ``dyspec:traversal:torch`` beside
   ``dyspec:traversal:numpy`` (same tokens).
@@ -124,8 +125,8 @@ def parse_method(text: str, budget: int, chain_budget: int) -> Method:
     (``ValueError`` else, bad builder parameters included).
 
     ``/KEY=VALUE`` fields set builder parameters, e.g. ``wetap/w_min=4/w_max=16:traversal@16``.
-    Flags: ``host`` (a chain builder only: the host chain path,
-    ``chain_on_device=False``) and ``torch`` or ``numpy`` (the
+    Flags: ``host`` (the chain and fixed builders only: the host builder
+    instead of drafting on the device, ``chain_on_device=False``) and ``torch`` or ``numpy`` (the
     ``verify_backend``; default ``auto``), e.g. ``chain:sps:host:torch``.
     """
     from spec.builders import BUILDERS, make_builder
@@ -143,8 +144,9 @@ def parse_method(text: str, budget: int, chain_budget: int) -> Method:
         raise ValueError(f"method {text!r}: the fields after the verifier are flags, each at most once: 'host' and "
                          f"one of 'torch' / 'numpy'; got {':'.join(flags)!r}")
     on_host = "host" in flags
-    if on_host and builder != "chain":
-        raise ValueError(f"method {text!r}: only chain:VERIFIER:host (a chain builder) takes the flag 'host'")
+    if on_host and builder not in ("chain", "fixed"):
+        raise ValueError(f"method {text!r}: only the chain and fixed builders (drafted on the device) take the flag "
+                         f"'host'")
     backend = next((f for f in flags if f != "host"), "auto")
     if not sep or builder not in BUILDERS or verifier not in VERIFIERS:
         raise ValueError(
@@ -461,7 +463,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--draft", metavar="DIR", help="decode: draft model folder (instead of --pair)")
     g.add_argument("--methods", default=",".join(DEFAULT_METHODS),
                    help="decode: comma-separated ar, ar-static, ar-loop, hf-assisted, "
-                        "BUILDER[/KEY=VALUE...]:VERIFIER[:FLAG...][@BUDGET] with flags host (chain builder), "
+                        "BUILDER[/KEY=VALUE...]:VERIFIER[:FLAG...][@BUDGET] with flags host (chain, fixed), "
                         "torch or numpy (the verifier backend)")
     g.add_argument("--budget", type=int, default=16, help="decode: tree budget of methods without @ (default 16)")
     g.add_argument("--chain-budget", type=int, default=4, help="decode: chain length of chain methods without @ (default 4)")

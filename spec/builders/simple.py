@@ -65,6 +65,29 @@ class FixedBuilder(TreeBuilder):
             object.__setattr__(self, "depth", check_int("depth", self.depth, minimum=1))
         object.__setattr__(self, "draw", check_draw("draw", self.draw, (Draw.IID, Draw.SWOR, Draw.TOPK)))
 
+    def iid_shape(self, budget: int) -> tuple[int, ...]:
+        """The parents of every tree :meth:`build` grows with ``draw="iid"`` and this ``budget``.
+
+        An i.i.d. draw from a valid row always succeeds, so the shape depends on
+        ``width``, ``depth`` and the budget only (node indices breadth first,
+        as :meth:`build` numbers them); the device path of
+        :func:`spec.llm.generate.generate` drafts such a tree without asking
+        the host how it grows (tested equal to :meth:`build`'s trees).
+        """
+        budget = check_int("budget", budget, minimum=1)
+        parents: list[int] = []
+        frontier = [ROOT]
+        level = 0
+        while frontier and len(parents) < budget and (self.depth is None or level < self.depth):
+            nxt: list[int] = []
+            for node in frontier:
+                for _ in range(min(self.width, budget - len(parents))):
+                    parents.append(node)
+                    nxt.append(len(parents) - 1)
+            frontier = nxt
+            level += 1
+        return tuple(parents)
+
     def _grow(self, grow: Growing, budget: int, sampler: Sampler, state: Any) -> None:
         kind = Draw(self.draw)
         frontier = [ROOT]

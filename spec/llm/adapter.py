@@ -72,7 +72,7 @@ from spec.llm.static_cache import StaticTreeCache
 from spec.llm.static_cache import model_device as _device
 from spec.llm.static_cache import model_dtype as _dtype
 from spec.tree import attention_mask, check_order, position_ids
-from tmc.multidraft import DraftTree, Path
+from tmc.multidraft import ROOT, DraftTree, Path
 from tmc.validate import check_int
 
 FloatArray = NDArray[np.float64]
@@ -81,6 +81,7 @@ IntArray = NDArray[np.int64]
 
 __all__ = [
     "DeviceChain",
+    "DeviceTree",
     "LLMDraft",
     "additive_mask",
     "cache_length",
@@ -336,6 +337,15 @@ def select_beam_torch(probs: torch.Tensor, weights: FloatArray, k: int) -> tuple
 # --- the draft side ---------------------------------------------------------------------
 
 
+class DeviceTree(NamedTuple):
+    """A fixed-shape tree drafted on the model's device (:meth:`LLMDraft.draft_tree`); nothing synchronised yet."""
+
+    tokens: torch.Tensor  # (N,) int64 draft tokens, node order
+    q: torch.Tensor  # (M, V) float64: row j is the processed law the children of node rows_of[j] were drawn from
+    rows_of: tuple[int, ...]  # the M nodes with children (-1 = the root), parents before children
+    fault: torch.Tensor  # 0-d bool: some draft logits row is one process_logits refuses
+
+
 class DeviceChain(NamedTuple):
     """A chain drafted on the model's device (:meth:`LLMDraft.draft_chain`); nothing synchronised yet."""
 
@@ -393,7 +403,8 @@ class LLMDraft:
         self._slot: dict[Path, int] = {}  # cache position of each fed node
         self._seen: dict[Path, tuple[int, ...]] = {}  # cache positions of each fed node's path (ancestors, itself)
         self._pending_fed = not self.pending  # True once the cache holds the whole context
-        self._chain: list[tuple[int, torch.Tensor]] | None = None  # draft_chain's fed nodes: (slot, logits)
+        # draft_tree's shape and fed nodes (node, slot, logits) until settle_tree
+        self._drafted: tuple[list[int], list[tuple[int, int, torch.Tensor]]] | None = None
         self._ended = False
         self.forwards = 0
         self.forward_s = 0.0  # seconds in draft forwards (device synchronised)
@@ -466,8 +477,8 @@ class LLMDraft:
         """``paths`` validated, with every node not fed yet fed in one forward."""
         if self._ended:
             raise RuntimeError("this draft step has ended (end_step); use the draft it returned")
-        if self._chain is not None:
-            raise RuntimeError("call settle_chain after draft_chain before asking for rows")
+        if self._drafted is not None:
+            raise RuntimeError("call settle_chain / settle_tree after draft_chain / draft_tree before asking for rows")
         wanted = [self._path(i, p) for i, p in enumerate(paths)]
         new: dict[Path, None] = {}  # nodes to feed, parents before children (an ordered set)
         for path in wanted:
@@ -495,67 +506,148 @@ class LLMDraft:
         they set ``fault``; check it (with the step's one transfer), and call
         :meth:`settle_chain` with the drawn tokens before :meth:`end_step`.
         One synchronisation at the end puts the queued forwards' device time
-        into ``forward_s``; nothing is copied to the host.
+        into ``forward_s``; nothing is copied to the host.  (The chain case of
+        :meth:`draft_tree`.)
         """
         k = check_int("k", k, minimum=1)
-        if self._ended:
-            raise RuntimeError("this draft step has ended (end_step); use the draft it returned")
-        if self._slot or self._chain is not None:
-            raise RuntimeError("draft_chain needs a draft step with no node fed yet")
-        if uniforms is not None:
-            if not isinstance(uniforms, torch.Tensor) or not uniforms.is_floating_point() or tuple(uniforms.shape) != (k,):
-                raise ValueError(f"uniforms must be None or a floating-point tensor of shape ({k},)")
-            if not bool(((uniforms >= 0.0) & (uniforms < 1.0)).all()):  # host tensors in the decode loop: no device wait
-                raise ValueError(f"uniforms must lie in [0, 1), got {uniforms.tolist()}")
-        if not self._pending_fed:
-            self._feed([], wait=False)
-        logits = self._logits[()]
-        u = None if uniforms is None else uniforms.to(device=logits.device, dtype=torch.float64)
-        fed: list[tuple[int, torch.Tensor]] = []
-        tokens: list[torch.Tensor] = []
-        rows: list[torch.Tensor] = []
-        raw = [logits]  # the logits of every row drawn from
-        context = self.context_len
-        for i in range(k):
-            q = self.sampling.probs_unchecked(logits)
-            tok = q.argmax() if u is None else categorical_draw(q, u[i])
-            tok = tok.clamp(0, self._vocab - 1)  # a NaN row draws -1; the fault flag reports it
-            rows.append(q)
-            tokens.append(tok)
-            if i == k - 1:
-                break
-            have = cache_length(self.cache)
-            t1 = time.perf_counter()
-            logits = forward_unchecked(self.model, self.cache, tok.reshape(1), [context + i],
-                              np.ones((1, have + 1), dtype=bool))[0]
-            self.forward_s += time.perf_counter() - t1
-            self.forwards += 1
-            fed.append((have, logits))
-            raw.append(logits)
-        self._chain = fed
-        t1 = time.perf_counter()
-        sync(logits.device)  # the queued forwards' device time is draft-forward time
-        self.forward_s += time.perf_counter() - t1
-        return DeviceChain(torch.stack(tokens), torch.stack(rows), logits_fault(torch.stack(raw)))
+        tree = self.draft_tree(tuple(range(-1, k - 1)), uniforms)
+        return DeviceChain(tree.tokens, tree.q, tree.fault)
 
     def settle_chain(self, tokens: Sequence[int]) -> None:
         """Record the nodes :meth:`draft_chain` fed, now that its ``tokens`` are known on the host."""
-        if self._chain is None:
-            raise RuntimeError("settle_chain follows draft_chain")
-        toks = tuple(self._token(f"tokens[{i}]", t) for i, t in enumerate(tokens))
-        if len(toks) != len(self._chain) + 1:
-            raise ValueError(f"draft_chain drew {len(self._chain) + 1} tokens, got {len(toks)}")
-        seen: tuple[int, ...] = ()
-        for depth, (slot, logits) in enumerate(self._chain, start=1):
-            seen += (slot,)
-            self._slot[toks[:depth]], self._seen[toks[:depth]] = slot, seen
-            self._logits[toks[:depth]] = logits
-        self._chain = None
+        self.settle_tree(tokens, "settle_chain follows draft_chain", "draft_chain")
 
     def chain_fault(self) -> None:
         """Raise the ``ValueError`` :func:`~spec.llm.sampling.process_logits` gives for the first bad
         row :meth:`draft_chain` met (call it when the chain's ``fault`` flag was set)."""
-        for logits in [self._logits[()]] + [lg for _, lg in self._chain or []]:
+        self.tree_fault()
+
+    def draft_tree(self, parents: Sequence[int], uniforms: torch.Tensor | None) -> DeviceTree:
+        """A tree of a shape fixed in advance, drawn on the model's device with no host sync.
+
+        ``parents`` numbers the nodes breadth first (a node's depth is never
+        below an earlier node's; ``-1`` is the root).  Node ``i`` is drawn
+        from its parent's processed row by inverse CDF with ``uniforms[i]``
+        (the rule of :class:`spec.randomness.RngSampler`: the same uniforms
+        give the tokens a host builder draws through :meth:`rows` for the
+        same shape, node by node) or is that row's argmax when ``uniforms``
+        is ``None``.  Forwards: the pending tokens if any, then one per layer
+        that has children (the whole layer, as a host builder's
+        ``fetch(frontier)`` feeds it), each node seeing the context, its
+        ancestors and itself.  Bad draft logits set ``fault`` instead of
+        raising; check it, then call :meth:`settle_tree` with the drawn
+        tokens before :meth:`end_step`.  One synchronisation at the end.
+
+        Unlike the host path, i.i.d. siblings that drew the same token are
+        fed as separate nodes (the host feeds one path once): their rows are
+        the same computation, in a forward with more tokens.
+        """
+        if self._ended:
+            raise RuntimeError("this draft step has ended (end_step); use the draft it returned")
+        if self._slot or self._drafted is not None:
+            raise RuntimeError("draft_tree needs a draft step with no node fed yet")
+        par = [check_int(f"parents[{i}]", p, minimum=-1) for i, p in enumerate(parents)]
+        n = len(par)
+        if n == 0:
+            raise ValueError("parents must describe at least one node")
+        depth: list[int] = []
+        for i, p in enumerate(par):
+            if p >= i:
+                raise ValueError(f"parents[{i}] = {p}; a parent must be -1 (root) or an earlier node")
+            depth.append(1 if p == ROOT else depth[p] + 1)
+            if i and depth[i] < depth[i - 1]:
+                raise ValueError(f"parents must number the nodes breadth first; node {i} is shallower than node {i - 1}")
+        if uniforms is not None:
+            if not isinstance(uniforms, torch.Tensor) or not uniforms.is_floating_point() or tuple(uniforms.shape) != (n,):
+                raise ValueError(f"uniforms must be None or a floating-point tensor of shape ({n},)")
+            if not bool(((uniforms >= 0.0) & (uniforms < 1.0)).all()):  # host tensors in the decode loop: no device wait
+                raise ValueError(f"uniforms must lie in [0, 1), got {uniforms.tolist()}")
+        if not self._pending_fed:
+            self._feed([], wait=False)
+        root = self._logits[()]
+        u = None if uniforms is None else uniforms.to(device=root.device, dtype=torch.float64)
+        context = self.context_len
+        layers: list[list[int]] = []
+        for i, d in enumerate(depth):
+            if d > len(layers):
+                layers.append([])
+            layers[-1].append(i)
+        prev_nodes, prev_rows = [ROOT], self.sampling.probs_unchecked(root).reshape(1, self._vocab)
+        seen: dict[int, tuple[int, ...]] = {ROOT: ()}
+        tokens: list[torch.Tensor] = []
+        q_rows: list[torch.Tensor] = []
+        rows_of: list[int] = []
+        raw = [root.reshape(1, self._vocab)]  # the logits of every row drawn from
+        fed: list[tuple[int, int, torch.Tensor]] = []  # (node, slot, logits)
+        for d, layer in enumerate(layers, start=1):
+            local = {node: j for j, node in enumerate(prev_nodes)}
+            drawn_from = list(dict.fromkeys(par[i] for i in layer))  # each parent once, in node order
+            rows_of += drawn_from
+            if len(prev_nodes) == 1:  # one parent (a chain, a tree's first layer): views, no index upload
+                q_rows.append(prev_rows)
+                rows = prev_rows.expand(len(layer), -1)
+            else:
+                q_rows.append(prev_rows[[local[p] for p in drawn_from]])
+                rows = prev_rows[[local[par[i]] for i in layer]]
+            if u is None:
+                tok = rows.argmax(dim=-1)
+            else:
+                tok = categorical_draw(rows, u[layer[0] : layer[-1] + 1])
+            tok = tok.clamp(0, self._vocab - 1)  # a NaN row draws -1; the fault flag reports it
+            tokens.append(tok)
+            if d == len(layers):
+                break
+            have = cache_length(self.cache)
+            m = len(layer)
+            allowed = np.zeros((m, have + m), dtype=bool)
+            allowed[:, :context] = True
+            rr: list[int] = []
+            cc: list[int] = []
+            for j, node in enumerate(layer):  # each node sees its ancestors and itself
+                seen[node] = seen[par[node]] + (have + j,)
+                rr += [j] * len(seen[node])
+                cc += seen[node]
+            allowed[rr, cc] = True
+            t1 = time.perf_counter()
+            logits = forward_unchecked(self.model, self.cache, tok, [context + d - 1] * m, allowed)
+            self.forward_s += time.perf_counter() - t1
+            self.forwards += 1
+            fed += [(node, have + j, logits[j]) for j, node in enumerate(layer)]
+            raw.append(logits)
+            prev_nodes, prev_rows = layer, self.sampling.probs_unchecked(logits)
+        self._drafted = (par, fed)
+        t1 = time.perf_counter()
+        sync(root.device)  # the queued forwards' device time is draft-forward time
+        self.forward_s += time.perf_counter() - t1
+        return DeviceTree(torch.cat(tokens), torch.cat(q_rows), tuple(rows_of), logits_fault(torch.cat(raw)))
+
+    def settle_tree(self, tokens: Sequence[int], _missing: str = "settle_tree follows draft_tree",
+                    _call: str = "draft_tree") -> None:
+        """Record the nodes :meth:`draft_tree` fed, now that its ``tokens`` are known on the host.
+
+        i.i.d. twins (two nodes with one path) keep the first twin's slot and
+        logits, as the host path keeps the one node it fed.
+        """
+        if self._drafted is None:
+            raise RuntimeError(_missing)
+        par, fed = self._drafted
+        toks = tuple(self._token(f"tokens[{i}]", t) for i, t in enumerate(tokens))
+        if len(toks) != len(par):
+            raise ValueError(f"{_call} drew {len(par)} tokens, got {len(toks)}")
+        paths: dict[int, Path] = {ROOT: ()}
+        for i, p in enumerate(par):
+            paths[i] = paths[p] + (toks[i],)
+        for node, slot, logits in fed:  # parents before children
+            path = paths[node]
+            if path not in self._slot:
+                self._slot[path], self._seen[path] = slot, self._seen.get(path[:-1], ()) + (slot,)
+                self._logits[path] = logits
+        self._drafted = None
+
+    def tree_fault(self) -> None:
+        """Raise the ``ValueError`` :func:`~spec.llm.sampling.process_logits` gives for the first bad
+        row :meth:`draft_tree` (or :meth:`draft_chain`) met (call it when the ``fault`` flag was set)."""
+        for logits in [self._logits[()]] + [lg for _, _, lg in (self._drafted or ((), []))[1]]:
             self.sampling.probs(logits)
 
     def _feed(self, new: list[Path], wait: bool = True) -> None:
@@ -608,8 +700,8 @@ class LLMDraft:
         """
         if self._ended:
             raise RuntimeError("end_step was already called on this draft step")
-        if self._chain is not None:
-            raise RuntimeError("call settle_chain after draft_chain before end_step")
+        if self._drafted is not None:
+            raise RuntimeError("call settle_chain / settle_tree after draft_chain / draft_tree before end_step")
         toks = tuple(self._token(f"tokens[{i}]", t) for i, t in enumerate(tokens))
         if not self._pending_fed:  # nothing fed: the cache still holds exactly the past
             self._ended = True

@@ -43,7 +43,7 @@ from numpy.typing import NDArray
 from transformers import DynamicCache
 
 from spec.acceptance import verifiers_for
-from spec.builders import ChainBuilder, TreeBuilder, make_builder
+from spec.builders import ChainBuilder, FixedBuilder, TreeBuilder, make_builder
 from spec.llm.adapter import LLMDraft, forward_masked, forward_unchecked, select_cache, sync, tree_logits
 from spec.llm.host_verify import verify_chain_numpy, verify_tree_numpy
 from spec.llm.sampling import Sampling, logits_fault
@@ -58,7 +58,7 @@ from spec.llm.verify import (
     verify_tree,
 )
 from spec.randomness import RngSampler
-from spec.tree import bfs_order, dfs_order, keep_indices
+from spec.tree import attention_mask, bfs_order, dfs_order, keep_indices, position_ids
 from tmc.multidraft import DraftTree, Draw
 from tmc.noise import categorical
 from tmc.validate import check_int
@@ -238,6 +238,83 @@ def _chain_tree(tokens: Sequence[int], q: NDArray[np.float64] | None, vocab: int
     return DraftTree(tuple(range(-1, k - 1)), tuple(tokens), (kind,) * k, rows, vocab)
 
 
+def _device_tree(b: TreeBuilder, verifier: str) -> bool:
+    """Whether a step's tree can be drafted on the device with its shape known in advance
+    (:func:`_tree_step`): a :class:`FixedBuilder` itself drawing ``iid``, with a tree verifier."""
+    return type(b) is FixedBuilder and Draw(b.draw) == Draw.IID and verifier in TREE_METHODS
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """A fixed tree shape laid out for the target forward, computed once per decode."""
+
+    parents: tuple[int, ...]
+    order: tuple[int, ...]  # flattened layout (dfs / bfs / index)
+    tree: DraftTree  # the shape with placeholder tokens: masks and positions depend on nothing else
+    ids: torch.Tensor  # node of each flattened position, on the device
+    rows: torch.Tensor  # flattened position of the root (0) and of each node in index order, on the device
+
+    @classmethod
+    def of(cls, parents: tuple[int, ...], order: str, vocab: int, device: torch.device) -> _Shape:
+        point = np.zeros(vocab)
+        point[0] = 1.0
+        tree = DraftTree(parents, (0,) * len(parents), (Draw.IID,) * len(parents), dict.fromkeys(set(parents), point),
+                         vocab)
+        ordr = tuple(_order(tree, order) or range(tree.size))
+        where = np.empty(tree.size, dtype=np.int64)
+        where[list(ordr)] = np.arange(1, tree.size + 1)
+        return cls(parents, ordr, tree, torch.tensor(ordr, dtype=torch.long, device=device),
+                   torch.from_numpy(np.concatenate([[0], where])).to(device))
+
+
+def _tree_step(
+    d_step: LLMDraft, target: Any, t_cache: Any, t_past: int, root: int, shape: _Shape, verifier: str,
+    sampling: Sampling, rng: np.random.Generator, backend: str,
+) -> tuple[Verified, NDArray[np.int64], tuple[float, float]]:
+    """One step of a fixed-shape i.i.d. tree drafted on the device (:meth:`LLMDraft.draft_tree`).
+
+    The tokens go to the target's forward as a device tensor, laid out as
+    :func:`~spec.llm.adapter.tree_logits` lays out the host-built tree; the
+    fault flag and the tokens come to the host in one transfer, then the
+    rows for the verifier, which gets the :class:`DraftTree` the host builder
+    would have built.  The uniforms come from ``rng`` in the host path's
+    order (one per node, then the verifier's), so the tokens are those of
+    :class:`FixedBuilder` + :func:`_verify` (tested).  Returns the
+    verification, the target cache positions to keep and the times that end
+    drafting and the target forward.
+    """
+    device = model_device(target)
+    n = len(shape.parents)
+    drafted = d_step.draft_tree(shape.parents, torch.from_numpy(rng.random(n)))
+    t1 = time.perf_counter()
+    ids = torch.cat([torch.full((1,), root, dtype=torch.long, device=device),
+                     drafted.tokens.to(device).index_select(0, shape.ids)])
+    logits = forward_unchecked(target, t_cache, ids, position_ids(shape.tree, t_past, shape.order, True),
+                               attention_mask(shape.tree, t_past, shape.order, True))
+    p = sampling.probs_unchecked(logits.index_select(0, shape.rows))
+    sync(device)
+    t2 = time.perf_counter()
+    u = rng.random(noise_size(verifier, n))
+    fault = drafted.fault.to(device) | logits_fault(logits)
+    got = torch.cat([fault.to(torch.int64).reshape(1), drafted.tokens.to(device)]).tolist()
+    if got[0]:  # name the fault: the draft's logits first, then the target's
+        d_step.tree_fault()
+        sampling.probs(logits)
+        raise RuntimeError("a logits fault was flagged but not found again")
+    tokens = got[1:]
+    q_host = drafted.q.cpu().numpy()
+    tree = DraftTree(shape.parents, tuple(tokens), (Draw.IID,) * n, dict(zip(drafted.rows_of, q_host)), p.shape[-1])
+    if backend == "numpy":
+        res = verify_tree_numpy(verifier, tree, p.cpu().numpy(), u)
+    else:
+        q_rows = torch.zeros((n + 1, p.shape[-1]), dtype=torch.float64, device=drafted.q.device)
+        q_rows[[node + 1 for node in drafted.rows_of]] = drafted.q
+        res = verify_tree(verifier, torch.tensor(tokens, dtype=torch.long), torch.tensor(shape.parents), Draw.IID,
+                          q_rows.to(device), p, torch.from_numpy(u))
+    d_step.settle_tree(tokens)
+    return res, keep_indices(tree, res.nodes, t_past, shape.order, with_root=True), (t1, t2)
+
+
 def _chain_step(
     d_step: LLMDraft, target: Any, t_cache: Any, t_past: int, root: int, k: int, iid: bool, verifier: str,
     sampling: Sampling, rng: np.random.Generator, backend: str,
@@ -334,7 +411,11 @@ def generate(
     once for the drafted chain, once after the target forward and once for
     the result (:func:`_chain_step`), instead of once per drafted token; a
     tree verifier takes the drafted chain and the rows to the host once.
-    The tokens are the same either way (tested), ``False`` takes the host path.
+    A ``fixed`` builder drawing ``iid`` with a tree verifier drafts its tree
+    (whose shape no draw can change) on the device the same way, one forward
+    per layer and no host sync until the tokens are drawn
+    (:func:`_tree_step`).  The tokens are the same either way (tested),
+    ``False`` takes the host path.
     ``verify_backend``: ``torch`` runs the verifiers of
     :mod:`spec.llm.verify`, ``numpy`` their :mod:`tmc` references
     (:mod:`spec.llm.host_verify`: rows copied to the host, about 3x faster on
@@ -356,8 +437,9 @@ def generate(
         raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
     cache = resolve_cache(target, cache)
     on_device = chain_on_device and _device_chain(b, verifier)
-    if on_device and verifier in TREE_METHODS:  # the host path asks this of every tree it verifies
-        assert isinstance(b, ChainBuilder)
+    tree_on_device = chain_on_device and _device_tree(b, verifier)
+    if (on_device or tree_on_device) and verifier in TREE_METHODS:  # the host path asks this of every tree it verifies
+        assert isinstance(b, (ChainBuilder, FixedBuilder))
         verifiers_for(verifier, {Draw(b.draw)}, b.adaptive_widths)
     backend = resolve_verify_backend(target, verify_backend, on_device and verifier in CHAIN_METHODS)
     budget = check_int("budget", budget, minimum=1)
@@ -383,6 +465,8 @@ def generate(
     out: list[int] = []
     steps: list[StepStats] = []
     state = b.initial_state()
+    shape = _Shape.of(b.iid_shape(budget), order, vocab, device) if isinstance(b, FixedBuilder) and tree_on_device \
+        else None
     while len(out) < max_new_tokens:
         t0 = time.perf_counter()
         if on_device:
@@ -390,6 +474,10 @@ def generate(
             res, size, (t1, t2) = _chain_step(d_step, target, t_cache, t_past, root, budget, b.draw == Draw.IID,
                                               verifier, sampling, rng, backend)
             keep: Sequence[int] | NDArray[np.int64] = range(t_past + 1 + res.n_accepted)  # fed in order: a trim
+        elif shape is not None:
+            res, keep, (t1, t2) = _tree_step(d_step, target, t_cache, t_past, root, shape, verifier, sampling, rng,
+                                             backend)
+            size = len(shape.parents)
         else:
             tree = b.build(d_step, budget, sampler, state)
             t1 = time.perf_counter()

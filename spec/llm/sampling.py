@@ -104,18 +104,21 @@ def logits_fault(x: torch.Tensor) -> torch.Tensor:
 
 
 def categorical_draw(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """Inverse-CDF draw on the device, :func:`tmc.noise.categorical`: a 0-d int64 tensor, no host sync.
+    """Inverse-CDF draws on the device, :func:`tmc.noise.categorical` row by row: int64, no host sync.
 
-    ``weights`` ``(L,)`` non-negative with positive sum, ``u`` a 0-d uniform.
-    A zero weight is never chosen, ``u == 0`` included.  The cumulative sum
-    is ``torch.cumsum`` (sequential on the CPU, like ``numpy.cumsum``).
+    ``weights`` ``(..., L)`` non-negative rows with positive sums, ``u`` the
+    uniforms ``(...)``, one per row (a 0-d uniform for one ``(L,)`` row, which
+    gives a 0-d index).  A zero weight is never chosen, ``u == 0`` included.
+    The cumulative sums are ``torch.cumsum`` along the row (sequential on the
+    CPU, like ``numpy.cumsum``).
     """
-    cdf = torch.cumsum(weights, dim=0)
-    i = torch.searchsorted(cdf, (u * cdf[-1]).reshape(1), right=True)[0]
+    length = weights.shape[-1]
+    cdf = torch.cumsum(weights, dim=-1)
+    i = torch.searchsorted(cdf, (u * cdf[..., -1]).unsqueeze(-1), right=True).squeeze(-1)
     # u * total rounded up to total: the last index with positive weight.
-    index = torch.arange(weights.shape[0], device=weights.device)
-    last = torch.where(weights > 0.0, index, -1).max()
-    return torch.where(i >= weights.shape[0], last, i)
+    index = torch.arange(length, device=weights.device)
+    last = torch.where(weights > 0.0, index, -1).amax(dim=-1)
+    return torch.where(i >= length, last, i)
 
 
 def _check_finite_rows(x: torch.Tensor) -> None:

@@ -349,3 +349,17 @@ def test_top_tokens_equals_the_full_sort() -> None:
                 assert top_tokens(row, k) == _top_tokens_by_full_sort(row, k), (vocab, kind, k)
                 cases += 1
     assert cases > 1500
+
+
+@pytest.mark.parametrize("width", [1, 2, 3])
+@pytest.mark.parametrize("depth", [None, 1, 2, 4])
+def test_fixed_iid_shape_is_the_shape_build_grows(width: int, depth: int | None) -> None:
+    """``FixedBuilder.iid_shape`` (the device path's shape, known before any draw) equals the parents of
+    the trees ``build`` grows with ``draw="iid"``, whatever the rows and the draws."""
+    b = FixedBuilder(width=width, depth=depth, draw="iid")
+    for budget in range(1, 22):
+        for seed in range(3):
+            tree = b.build(HashedDraft(5, seed=seed, concentration=0.2), budget, np.random.default_rng(seed))
+            assert b.iid_shape(budget) == tree.parents, (budget, seed)
+    with pytest.raises(ValueError, match="budget"):
+        b.iid_shape(0)

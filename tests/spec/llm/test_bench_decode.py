@@ -44,8 +44,10 @@ def test_parse_method() -> None:
     assert parse_method("dyspec:traversal", 16, 4).backend == "auto"
     tree_on_chain = parse_method("chain:traversal:host", 16, 4)  # a tree verifier on a host-drafted chain
     assert (tree_on_chain.on_host, tree_on_chain.label) == (True, "chain+traversal@4/host")
+    iid_tree = parse_method("fixed/draw=iid:traversal:host@8", 16, 4)  # a fixed i.i.d. tree drafted on the host
+    assert (iid_tree.on_host, iid_tree.label) == (True, "fixed/draw=iid+traversal@8/host")
     for bad in ("nope", "dyspec", "dyspec:nope", "nope:traversal", "chain:sps@0", "chain:sps@x", "chain:sps@-2",
-                "fixed:traversal:host", "fixed:sps:host", "chain:sps:gpu", "chain:sps:host:x",
+                "dyspec:traversal:host", "wetap:traversal:host", "chain:sps:gpu", "chain:sps:host:x",
                 "chain:sps:torch:numpy", "dyspec:traversal:numpy:numpy", "chain:sps:host:host", "dyspec:traversal:"):
         with pytest.raises(ValueError, match="method"):
             parse_method(bad, 16, 4)

@@ -23,6 +23,7 @@ from transformers import DynamicCache  # noqa: E402
 from spec.builders import ChainBuilder  # noqa: E402
 from spec.llm.adapter import LLMDraft  # noqa: E402
 from spec.llm.generate import VERIFIERS, generate  # noqa: E402
+from spec.llm.verify import TREE_METHODS  # noqa: E402
 from spec.llm.models import tiny_pair  # noqa: E402
 from spec.llm.sampling import Sampling  # noqa: E402
 from spec.randomness import RngSampler  # noqa: E402
@@ -156,3 +157,73 @@ def test_bad_logits_raise_the_host_paths_error(which: str, verifier: str) -> Non
         with pytest.raises(ValueError, match="logits contain NaN"):
             generate(target, draft, [1, 2], "chain", verifier, temperature=1.0, max_new_tokens=6, budget=3, seed=0,
                      chain_on_device=on_device, verify_backend=backend)
+
+
+@pytest.mark.parametrize(("verifier", "cache"), list(itertools.product(TREE_METHODS, ("dynamic", "static"))))
+def test_device_tree_equals_the_host_tree(pair: tuple[object, object], verifier: str, cache: str) -> None:
+    """A fixed i.i.d. tree drafted on the device (``draft_tree``, shape from ``FixedBuilder.iid_shape``)
+    gives the host path's tokens, accepted counts and forward counts, with either verifier backend.
+
+    The sharp rows of this pair make i.i.d. twins (siblings with one token) common: the device path feeds
+    each twin, the host path each path once."""
+    target, draft = pair
+    runs = 0
+    for temperature, seed, (width, depth, budget) in itertools.product(
+            (0.0, 1.0, 0.6), range(2), ((2, None, 7), (3, 2, 9), (1, None, 3))):
+        kw = dict(temperature=temperature, max_new_tokens=14, budget=budget, seed=seed, cache=cache,
+                  builder_params={"draw": "iid", "width": width, "depth": depth},
+                  top_k=None if temperature != 0.6 else 9)
+        host = generate(target, draft, [5, 3, 5], "fixed", verifier, chain_on_device=False, **kw)
+        for backend in ("torch", "numpy"):
+            dev = generate(target, draft, [5, 3, 5], "fixed", verifier, chain_on_device=True, verify_backend=backend,
+                           **kw)
+            assert dev.tokens == host.tokens, (temperature, seed, width, depth, budget, backend)
+            assert [(s.accepted, s.emitted, s.tree_size, s.draft_forwards) for s in dev.steps] == \
+                [(s.accepted, s.emitted, s.tree_size, s.draft_forwards) for s in host.steps]
+        runs += 1
+    assert runs == 18
+
+
+def test_device_tree_stops_at_eos_and_length_and_names_bad_logits(pair: tuple[object, object]) -> None:
+    target, draft = pair
+    kw: dict[str, object] = dict(temperature=1.0, budget=7, seed=4, builder_params={"draw": "iid"})
+    host = generate(target, draft, [1, 2], "fixed", "traversal", max_new_tokens=30, chain_on_device=False, **kw)
+    eos = host.tokens[7]
+    for n in (1, 5, 30):
+        dev = generate(target, draft, [1, 2], "fixed", "traversal", max_new_tokens=n, eos_token_id=eos, **kw)
+        assert dev.tokens == generate(target, draft, [1, 2], "fixed", "traversal", max_new_tokens=n, eos_token_id=eos,
+                                      chain_on_device=False, **kw).tokens
+        assert len(dev.tokens) <= n and dev.tokens.count(eos) <= 1 and (eos not in dev.tokens or dev.tokens[-1] == eos)
+    for which in ("draft", "target"):
+        t, d = tiny_pair(17, seed=1)
+        with torch.no_grad():
+            (d if which == "draft" else t).lm_head.weight[5, 0] = float("nan")
+        for on_device in (True, False):
+            with pytest.raises(ValueError, match="logits contain NaN"):
+                generate(t, d, [1, 2], "fixed", "traversal", max_new_tokens=6, chain_on_device=on_device, **kw)
+
+
+def test_draft_tree_misuse_is_refused(pair: tuple[object, object]) -> None:
+    _, model = pair
+    draft, _ = _drafts(model, [1, 2, 3], Sampling(1.0))
+    with pytest.raises(ValueError, match="at least one node"):
+        draft.draft_tree((), None)
+    with pytest.raises(ValueError, match=r"parents\[1\] = 1"):
+        draft.draft_tree((-1, 1), None)
+    with pytest.raises(ValueError, match="breadth first"):
+        draft.draft_tree((-1, 0, -1), None)
+    with pytest.raises(ValueError, match=r"shape \(3,\)"):
+        draft.draft_tree((-1, -1, 0), torch.zeros(2, dtype=torch.float64))
+    with pytest.raises(RuntimeError, match="follows draft_tree"):
+        draft.settle_tree([1, 2, 3])
+    tree = draft.draft_tree((-1, -1, 0, 0, 1), torch.full((5,), 0.5, dtype=torch.float64))
+    assert tree.rows_of == (-1, 0, 1) and tuple(tree.q.shape) == (3, 29) and tuple(tree.tokens.shape) == (5,)
+    assert draft.forwards == 2  # the pending tokens, then layer 1 (layer 2 is not fed)
+    with pytest.raises(RuntimeError, match="settle_chain / settle_tree"):
+        draft.rows([()])
+    with pytest.raises(ValueError, match="drew 5 tokens, got 4"):
+        draft.settle_tree([1, 2, 3, 4])
+    toks = tree.tokens.tolist()
+    draft.settle_tree(toks)
+    nxt = draft.end_step(toks[:1] + toks[2:3] + [0])  # accepted node 0 and its first child, then a token
+    assert nxt.past_len == 3 + 1 and nxt.pending == (toks[2], 0)  # layer 2 was never fed: its token is pending

@@ -146,3 +146,25 @@ def test_process_logits_rejects_bad_settings(temperature, top_k, top_p, name):
 def test_process_logits_rejects_bad_logits(logits, match):
     with pytest.raises(ValueError, match=match):
         process_logits(logits)
+
+
+def test_categorical_draw_equals_the_host_rule_row_by_row() -> None:
+    """:func:`spec.llm.sampling.categorical_draw` on one row and on a batch of rows gives
+    :func:`tmc.noise.categorical`'s index for each (zero weights, u = 0 and u just below 1 included)."""
+    from spec.llm.sampling import categorical_draw
+    from tmc.noise import categorical
+
+    rng = np.random.default_rng(5)
+    edges = [0.0, float(np.nextafter(1.0, 0.0)), 0.5]
+    for vocab in (1, 2, 3, 17, 4096):
+        rows = rng.dirichlet(np.ones(vocab) * 0.3, size=6)
+        rows[rows < 0.02] = 0.0  # exact zeros, at the ends too
+        rows[np.arange(6), rng.integers(vocab, size=6)] += 0.1  # every row keeps a positive weight
+        u = np.concatenate([edges, rng.random(3)])
+        want = [categorical(r, float(x)) for r, x in zip(rows, u)]
+        got = categorical_draw(torch.from_numpy(rows), torch.from_numpy(u))
+        assert got.shape == (6,) and got.tolist() == want
+        for r, x, w in zip(rows, u, want):
+            one = categorical_draw(torch.from_numpy(r), torch.tensor(x, dtype=torch.float64))
+            assert one.shape == () and int(one) == w
+            assert r[w] > 0.0
