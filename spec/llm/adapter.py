@@ -51,6 +51,8 @@ the host.  A chain builder need not cross at all: :meth:`LLMDraft.draft_chain`
 draws a whole chain on the device (the inverse-CDF rule of the host builders,
 with the same uniforms), and the decode loop waits for the device a fixed
 number of times per step (three) instead of once per drafted token.
+:meth:`LLMDraft.draft_tree` does the same for any tree whose shape is fixed
+before the draws (a fixed i.i.d. tree), one forward per layer.
 Notation: ``p`` target, ``q`` draft (DESIGN.md §3).
 """
 

@@ -76,6 +76,24 @@ def test_verify_backends_agree_on_cuda(pairs: tuple[tuple[object, object], tuple
         assert [s.accepted for s in runs[0].steps] == [s.accepted for s in runs[1].steps]
 
 
+def test_device_tree_on_cuda(pairs: tuple[tuple[object, object], tuple[object, object]]) -> None:
+    """A fixed i.i.d. tree drafted on the GPU (``draft_tree``): greedy decoding equals the CPU's, and at
+    T = 1 the tokens follow the host-drafted run on the same GPU unless a uniform lands within rounding
+    of a boundary (the device's cumulative sums need not round as numpy's do): 9 of 10 seeds must agree."""
+    (t_cpu, _), (t_gpu, d_gpu) = pairs
+    prompt = [2, 7, 1, 8, 2, 8]
+    iid = {"draw": "iid"}
+    ref = ar_generate(t_cpu, prompt, temperature=0, max_new_tokens=24).tokens
+    assert generate(t_gpu, d_gpu, prompt, "fixed", "traversal", budget=8, builder_params=iid, temperature=0,
+                    max_new_tokens=24, seed=0).tokens == ref
+    same = 0
+    for seed in range(10):
+        runs = [generate(t_gpu, d_gpu, prompt, "fixed", "traversal", budget=8, builder_params=iid, temperature=1.0,
+                         max_new_tokens=12, seed=seed, chain_on_device=on_device) for on_device in (False, True)]
+        same += runs[0].tokens == runs[1].tokens
+    assert same >= 9
+
+
 def test_bench_runs_on_cuda(pairs: tuple[tuple[object, object], tuple[object, object]]) -> None:
     _, (t_gpu, d_gpu) = pairs
     methods = [parse_method(m, 8, 3) for m in ("ar", "hf-assisted", "chain:sps", "dyspec:traversal")]
