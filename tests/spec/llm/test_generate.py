@@ -13,6 +13,7 @@ transformers = pytest.importorskip("transformers")
 
 from spec.builders import BUILDERS  # noqa: E402
 from spec.llm.generate import VERIFIERS, ar_generate, generate  # noqa: E402
+from spec.llm.verify import TREE_METHODS  # noqa: E402
 from tests.spec.llm.conftest import SavedPair  # noqa: E402
 from tests.spec.llm.test_sampling import reference  # noqa: E402
 from verification.calibrated import bonferroni, chi_square_check, detectable_tv  # noqa: E402
@@ -191,6 +192,11 @@ def test_one_token_vocabulary() -> None:
             assert [s.accepted for s in out.steps] == [4, 4, 4], (verifier, backend)
         ran += 1
     assert ran >= 40
+    for verifier, backend, on_device in itertools.product(TREE_METHODS, ("torch", "numpy"), (True, False)):
+        # a fixed i.i.d. tree (on the device path by default): all four nodes are twins of token 0
+        out = generate(target, draft, [0], "fixed", verifier, temperature=1.0, max_new_tokens=11, budget=4,
+                       builder_params={"draw": "iid"}, verify_backend=backend, chain_on_device=on_device)
+        assert out.tokens == [0] * 11 and out.steps[0].accepted == 2, (verifier, backend, on_device)  # depth 2
     with pytest.raises(ValueError, match="outside the vocabulary"):
         generate(target, draft, [1])
 
