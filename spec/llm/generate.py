@@ -224,24 +224,22 @@ def resolve_verify_backend(model: Any, backend: str, device_chain: bool) -> str:
 
 
 def _device_chain(b: TreeBuilder, verifier: str) -> bool:
-    """Whether a step can be drafted on the device (:func:`_chain_step`): a :class:`ChainBuilder`
-    itself (a subclass may draw otherwise), with a chain verifier or a tree verifier (on a chain)."""
-    return type(b) is ChainBuilder and verifier in VERIFIERS
+    """Whether a step can be drafted and verified on the device (:func:`_chain_step`): a
+    :class:`ChainBuilder` itself (a subclass may draw otherwise) with a chain verifier."""
+    return type(b) is ChainBuilder and verifier in CHAIN_METHODS
 
 
-def _chain_tree(tokens: Sequence[int], q: NDArray[np.float64] | None, vocab: int) -> DraftTree:
-    """The :class:`DraftTree` :class:`ChainBuilder` builds for these tokens: node ``i`` under node
-    ``i - 1``, drawn ``iid`` from ``q[i]`` (or ``topk``, a point mass, when ``q`` is ``None``)."""
-    k = len(tokens)
-    kind = Draw.TOPK if q is None else Draw.IID
-    rows = {} if q is None else {i - 1: q[i] for i in range(k)}
-    return DraftTree(tuple(range(-1, k - 1)), tuple(tokens), (kind,) * k, rows, vocab)
-
-
-def _device_tree(b: TreeBuilder, verifier: str) -> bool:
-    """Whether a step's tree can be drafted on the device with its shape known in advance
-    (:func:`_tree_step`): a :class:`FixedBuilder` itself drawing ``iid``, with a tree verifier."""
-    return type(b) is FixedBuilder and Draw(b.draw) == Draw.IID and verifier in TREE_METHODS
+def _device_shape(b: TreeBuilder, verifier: str, budget: int) -> tuple[int, ...] | None:
+    """The parents of every tree ``b`` grows, when no draw can change them and a tree verifier takes
+    the tree (:func:`_tree_step`): a :class:`ChainBuilder` or a :class:`FixedBuilder` drawing ``iid``
+    (the classes themselves: a subclass may grow otherwise); else ``None``."""
+    if verifier not in TREE_METHODS:
+        return None
+    if type(b) is ChainBuilder:
+        return tuple(range(-1, budget - 1))
+    if type(b) is FixedBuilder and Draw(b.draw) == Draw.IID:
+        return b.iid_shape(budget)
+    return None
 
 
 @dataclass(frozen=True)
@@ -268,24 +266,26 @@ class _Shape:
 
 
 def _tree_step(
-    d_step: LLMDraft, target: Any, t_cache: Any, t_past: int, root: int, shape: _Shape, verifier: str,
+    d_step: LLMDraft, target: Any, t_cache: Any, t_past: int, root: int, shape: _Shape, kind: Draw, verifier: str,
     sampling: Sampling, rng: np.random.Generator, backend: str,
 ) -> tuple[Verified, NDArray[np.int64], tuple[float, float]]:
-    """One step of a fixed-shape i.i.d. tree drafted on the device (:meth:`LLMDraft.draft_tree`).
+    """One step of a fixed-shape tree drafted on the device (:meth:`LLMDraft.draft_tree`), drawn
+    ``kind`` (``iid``, or ``topk``: each row's argmax, for a greedy chain) and verified by a tree verifier.
 
     The tokens go to the target's forward as a device tensor, laid out as
     :func:`~spec.llm.adapter.tree_logits` lays out the host-built tree; the
     fault flag and the tokens come to the host in one transfer, then the
     rows for the verifier, which gets the :class:`DraftTree` the host builder
     would have built.  The uniforms come from ``rng`` in the host path's
-    order (one per node, then the verifier's), so the tokens are those of
-    :class:`FixedBuilder` + :func:`_verify` (tested).  Returns the
+    order (one per ``iid`` node, then the verifier's), so the tokens are those
+    of :class:`FixedBuilder` / :class:`ChainBuilder` + :func:`_verify`
+    (tested).  Returns the
     verification, the target cache positions to keep and the times that end
     drafting and the target forward.
     """
     device = model_device(target)
     n = len(shape.parents)
-    drafted = d_step.draft_tree(shape.parents, torch.from_numpy(rng.random(n)))
+    drafted = d_step.draft_tree(shape.parents, torch.from_numpy(rng.random(n)) if kind == Draw.IID else None)
     t1 = time.perf_counter()
     ids = torch.cat([torch.full((1,), root, dtype=torch.long, device=device),
                      drafted.tokens.to(device).index_select(0, shape.ids)])
@@ -302,15 +302,18 @@ def _tree_step(
         sampling.probs(logits)
         raise RuntimeError("a logits fault was flagged but not found again")
     tokens = got[1:]
-    q_host = drafted.q.cpu().numpy()
-    tree = DraftTree(shape.parents, tuple(tokens), (Draw.IID,) * n, dict(zip(drafted.rows_of, q_host)), p.shape[-1])
+    rows = dict(zip(drafted.rows_of, drafted.q.cpu().numpy())) if kind == Draw.IID else {}  # topk: no rows
+    tree = DraftTree(shape.parents, tuple(tokens), (kind,) * n, rows, p.shape[-1])
     if backend == "numpy":
         res = verify_tree_numpy(verifier, tree, p.cpu().numpy(), u)
     else:
-        q_rows = torch.zeros((n + 1, p.shape[-1]), dtype=torch.float64, device=drafted.q.device)
-        q_rows[[node + 1 for node in drafted.rows_of]] = drafted.q
-        res = verify_tree(verifier, torch.tensor(tokens, dtype=torch.long), torch.tensor(shape.parents), Draw.IID,
-                          q_rows.to(device), p, torch.from_numpy(u))
+        q_rows = None
+        if kind == Draw.IID:
+            q_rows = torch.zeros((n + 1, p.shape[-1]), dtype=torch.float64, device=drafted.q.device)
+            q_rows[[node + 1 for node in drafted.rows_of]] = drafted.q
+            q_rows = q_rows.to(device)
+        res = verify_tree(verifier, torch.tensor(tokens, dtype=torch.long), torch.tensor(shape.parents), kind,
+                          q_rows, p, torch.from_numpy(u))
     d_step.settle_tree(tokens)
     return res, keep_indices(tree, res.nodes, t_past, shape.order, with_root=True), (t1, t2)
 
@@ -323,10 +326,6 @@ def _chain_step(
     (:meth:`LLMDraft.draft_chain`), fed to the target as a device tensor, and verified by
     :func:`verify_chain_on_device`, whose one transfer brings the step's result to the host
     (``backend == "torch"``), or by the numpy reference on host copies of the rows.
-    A tree verifier gets the chain as the :class:`DraftTree` the host builder would have
-    built (:func:`_chain_tree`) after one transfer of the fault flag and the tokens; its
-    numpy reference reads host copies of the rows, its torch port the device rows (which
-    it copies to the host in one transfer of its own).
 
     The uniforms come from ``rng`` in the host path's order (``k`` for an ``iid`` chain's
     tokens, then the verifier's), so the tokens are those of ``ChainBuilder`` + :func:`_verify`.
@@ -347,20 +346,11 @@ def _chain_step(
     u = rng.random(noise_size(verifier, k))
     fault = chain.fault.to(device) | logits_fault(logits)
     res: Verified | None
-    if backend == "numpy" or verifier in TREE_METHODS:  # the flag and the tokens in one transfer, then the rows
+    if backend == "numpy":  # the flag and the tokens in one transfer, then the rows for the numpy reference
         got = torch.cat([fault.to(torch.int64).reshape(1), chain.tokens]).tolist()
         drafted = got[1:]
-        q_host = chain.q.cpu().numpy() if iid and not got[0] else None
-        if got[0]:
-            res = None
-        elif verifier in CHAIN_METHODS:
-            res = verify_chain_numpy(verifier, drafted, q_host, p.cpu().numpy(), u)
-        elif backend == "numpy":
-            res = verify_tree_numpy(verifier, _chain_tree(drafted, q_host, p.shape[-1]), p.cpu().numpy(), u)
-        else:
-            q_rows = None if not iid else torch.cat([chain.q, chain.q.new_zeros((1, chain.q.shape[1]))]).to(device)
-            res = verify_tree(verifier, torch.tensor(drafted, dtype=torch.long), torch.arange(-1, k - 1),
-                              Draw.IID if iid else Draw.TOPK, q_rows, p, torch.from_numpy(u))
+        res = None if got[0] else verify_chain_numpy(
+            verifier, drafted, chain.q.cpu().numpy() if iid else None, p.cpu().numpy(), u)
     else:
         res, drafted = verify_chain_on_device(verifier, drawn, chain.q.to(device) if iid else None,
                                               p, torch.from_numpy(u).to(device), fault)
@@ -436,13 +426,13 @@ def generate(
     if order not in ORDERS:
         raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
     cache = resolve_cache(target, cache)
-    on_device = chain_on_device and _device_chain(b, verifier)
-    tree_on_device = chain_on_device and _device_tree(b, verifier)
-    if (on_device or tree_on_device) and verifier in TREE_METHODS:  # the host path asks this of every tree it verifies
-        assert isinstance(b, (ChainBuilder, FixedBuilder))
-        verifiers_for(verifier, {Draw(b.draw)}, b.adaptive_widths)
-    backend = resolve_verify_backend(target, verify_backend, on_device and verifier in CHAIN_METHODS)
     budget = check_int("budget", budget, minimum=1)
+    on_device = chain_on_device and _device_chain(b, verifier)
+    parents = _device_shape(b, verifier, budget) if chain_on_device else None
+    kind = Draw(getattr(b, "draw", Draw.IID))
+    if parents is not None:  # the host path asks this of every tree it verifies
+        verifiers_for(verifier, {kind}, b.adaptive_widths)
+    backend = resolve_verify_backend(target, verify_backend, on_device)
     max_new_tokens = check_int("max_new_tokens", max_new_tokens, minimum=0)
     seed = check_int("seed", seed, minimum=0)
     if eos_token_id is not None:
@@ -465,8 +455,7 @@ def generate(
     out: list[int] = []
     steps: list[StepStats] = []
     state = b.initial_state()
-    shape = _Shape.of(b.iid_shape(budget), order, vocab, device) if isinstance(b, FixedBuilder) and tree_on_device \
-        else None
+    shape = None if parents is None else _Shape.of(parents, order, vocab, device)
     while len(out) < max_new_tokens:
         t0 = time.perf_counter()
         if on_device:
@@ -475,8 +464,8 @@ def generate(
                                               verifier, sampling, rng, backend)
             keep: Sequence[int] | NDArray[np.int64] = range(t_past + 1 + res.n_accepted)  # fed in order: a trim
         elif shape is not None:
-            res, keep, (t1, t2) = _tree_step(d_step, target, t_cache, t_past, root, shape, verifier, sampling, rng,
-                                             backend)
+            res, keep, (t1, t2) = _tree_step(d_step, target, t_cache, t_past, root, shape, kind, verifier, sampling,
+                                             rng, backend)
             size = len(shape.parents)
         else:
             tree = b.build(d_step, budget, sampler, state)
