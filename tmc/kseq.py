@@ -315,7 +315,9 @@ def _kernel(tree: DraftTree, p_rows: ArrayLike, *, rho_rule: RhoRule = _rho) -> 
     return kernel
 
 
-def _accepted_child(tree: DraftTree, node: int, p_row: FloatArray, uu: FloatArray, rho_rule: RhoRule) -> int | FloatArray:
+def _accepted_child(
+    tree: DraftTree, node: int, p_row: FloatArray, uu: FloatArray, rho_rule: RhoRule
+) -> int | FloatArray:
     """The walk at one accepted node: the child whose test passes, or the law to emit from.
 
     The same tests and the same final law as :func:`kseq_node_rule`, computed

@@ -558,9 +558,11 @@ class LLMDraft:
                 raise ValueError(f"parents[{i}] = {p}; a parent must be -1 (root) or an earlier node")
             depth.append(1 if p == ROOT else depth[p] + 1)
             if i and depth[i] < depth[i - 1]:
-                raise ValueError(f"parents must number the nodes breadth first; node {i} is shallower than node {i - 1}")
+                raise ValueError(f"parents must number the nodes breadth first; node {i} is shallower than "
+                                 f"node {i - 1}")
         if uniforms is not None:
-            if not isinstance(uniforms, torch.Tensor) or not uniforms.is_floating_point() or tuple(uniforms.shape) != (n,):
+            shape_ok = isinstance(uniforms, torch.Tensor) and tuple(uniforms.shape) == (n,)
+            if not shape_ok or not uniforms.is_floating_point():
                 raise ValueError(f"uniforms must be None or a floating-point tensor of shape ({n},)")
             if not bool(((uniforms >= 0.0) & (uniforms < 1.0)).all()):  # host tensors in the decode loop: no device wait
                 raise ValueError(f"uniforms must lie in [0, 1), got {uniforms.tolist()}")

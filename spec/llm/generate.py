@@ -19,6 +19,9 @@ One step:
 
 The caches are ``DynamicCache`` or, by default on CUDA, the static cache of
 :mod:`spec.llm.static_cache`, whose forwards replay captured CUDA graphs.
+Chains and fixed i.i.d. trees, whose shapes no draw can change, skip the
+host builder in step 1: they are drawn on the models' device with the same
+uniforms (``chain_on_device``, :meth:`spec.llm.adapter.LLMDraft.draft_tree`).
 
 Because every step is a lossless verification of a tree whose nodes record
 the law they were drawn from, the output law is the target's (processed)

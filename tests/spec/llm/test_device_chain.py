@@ -40,7 +40,8 @@ def pair() -> tuple[object, object]:
     return target, draft
 
 
-@pytest.mark.parametrize(("verifier", "draw", "cache"), list(itertools.product(VERIFIERS, ("iid", "topk"), ("dynamic", "static"))))
+@pytest.mark.parametrize(("verifier", "draw", "cache"),
+                         list(itertools.product(VERIFIERS, ("iid", "topk"), ("dynamic", "static"))))
 def test_device_chain_equals_the_host_chain(pair: tuple[object, object], verifier: str, draw: str, cache: str) -> None:
     """Chain verifiers on the device and tree verifiers on the chain drafted there, against the host path."""
     target, draft = pair

@@ -166,8 +166,8 @@ def test_auto_backend_is_torch_only_for_a_chain_verifier_on_a_gpu_drafted_chain(
         return real(model, backend, device_chain)
 
     monkeypatch.setattr(gen, "resolve_verify_backend", spy)
-    for builder, verifier, on_device in (("chain", "sps", True), ("chain", "traversal", True), ("chain", "block", False),
-                                         ("fixed", "traversal", True)):
+    for builder, verifier, on_device in (("chain", "sps", True), ("chain", "traversal", True),
+                                         ("chain", "block", False), ("fixed", "traversal", True)):
         generate(target, draft, [1, 2], builder, verifier, max_new_tokens=2, budget=3, chain_on_device=on_device)
     assert seen == [True, False, False, False]
 
