@@ -61,7 +61,7 @@ from spec.llm.verify import (
     verify_tree,
 )
 from spec.randomness import RngSampler
-from spec.tree import attention_mask, bfs_order, dfs_order, keep_indices, position_ids
+from spec.tree import bfs_order, dfs_order, keep_indices, position_ids, tree_mask
 from tmc.multidraft import DraftTree, Draw
 from tmc.noise import categorical
 from tmc.validate import check_int
@@ -232,44 +232,54 @@ def _device_chain(b: TreeBuilder, verifier: str) -> bool:
     return type(b) is ChainBuilder and verifier in CHAIN_METHODS
 
 
-def _device_shape(b: TreeBuilder, verifier: str, budget: int) -> tuple[int, ...] | None:
-    """The parents of every tree ``b`` grows, when no draw can change them and a tree verifier takes
-    the tree (:func:`_tree_step`): a :class:`ChainBuilder` or a :class:`FixedBuilder` drawing ``iid``
-    (the classes themselves: a subclass may grow otherwise); else ``None``."""
+def _device_shape(b: TreeBuilder, verifier: str, budget: int) -> tuple[tuple[int, ...], Draw] | None:
+    """The parents of every tree ``b`` grows and how its nodes are drawn, when no draw can change the
+    parents and a tree verifier takes the tree (:func:`_tree_step`): a :class:`ChainBuilder` or a
+    :class:`FixedBuilder` drawing ``iid`` (the classes themselves: a subclass may grow otherwise);
+    else ``None``."""
     if verifier not in TREE_METHODS:
         return None
     if type(b) is ChainBuilder:
-        return tuple(range(-1, budget - 1))
+        return tuple(range(-1, budget - 1)), Draw(b.draw)
     if type(b) is FixedBuilder and Draw(b.draw) == Draw.IID:
-        return b.iid_shape(budget)
+        return b.iid_shape(budget), Draw.IID
     return None
 
 
 @dataclass(frozen=True)
 class _Shape:
-    """A fixed tree shape laid out for the target forward, computed once per decode."""
+    """A fixed tree shape laid out for the target forward, computed once per decode: only the
+    cache length in front of it changes from step to step."""
 
     parents: tuple[int, ...]
+    kind: Draw  # how every node is drawn (iid, or topk for a greedy chain)
     order: tuple[int, ...]  # flattened layout (dfs / bfs / index)
-    tree: DraftTree  # the shape with placeholder tokens: masks and positions depend on nothing else
+    mask: NDArray[np.bool_]  # (N + 1, N + 1) root + flattened tree: ancestors and self (spec.tree.tree_mask)
+    depths: NDArray[np.int64]  # position of the root and of each flattened node after 0 cached tokens
     ids: torch.Tensor  # node of each flattened position, on the device
     rows: torch.Tensor  # flattened position of the root (0) and of each node in index order, on the device
 
     @classmethod
-    def of(cls, parents: tuple[int, ...], order: str, vocab: int, device: torch.device) -> _Shape:
+    def of(cls, parents: tuple[int, ...], kind: Draw, order: str, vocab: int, device: torch.device) -> _Shape:
         point = np.zeros(vocab)
         point[0] = 1.0
+        # the shape with placeholder tokens: masks, positions and layout depend on nothing else
         tree = DraftTree(parents, (0,) * len(parents), (Draw.IID,) * len(parents), dict.fromkeys(set(parents), point),
                          vocab)
         ordr = tuple(_order(tree, order) or range(tree.size))
         where = np.empty(tree.size, dtype=np.int64)
         where[list(ordr)] = np.arange(1, tree.size + 1)
-        return cls(parents, ordr, tree, torch.tensor(ordr, dtype=torch.long, device=device),
+        return cls(parents, kind, ordr, tree_mask(tree, ordr, with_root=True), position_ids(tree, 0, ordr, True),
+                   torch.tensor(ordr, dtype=torch.long, device=device),
                    torch.from_numpy(np.concatenate([[0], where])).to(device))
+
+    def allowed(self, past: int) -> NDArray[np.bool_]:
+        """:func:`spec.tree.attention_mask` after ``past`` cached tokens."""
+        return np.concatenate([np.ones((self.mask.shape[0], past), dtype=bool), self.mask], axis=1)
 
 
 def _tree_step(
-    d_step: LLMDraft, target: Any, t_cache: Any, t_past: int, root: int, shape: _Shape, kind: Draw, verifier: str,
+    d_step: LLMDraft, target: Any, t_cache: Any, t_past: int, root: int, shape: _Shape, verifier: str,
     sampling: Sampling, rng: np.random.Generator, backend: str,
 ) -> tuple[Verified, NDArray[np.int64], tuple[float, float]]:
     """One step of a fixed-shape tree drafted on the device (:meth:`LLMDraft.draft_tree`), drawn
@@ -287,19 +297,18 @@ def _tree_step(
     drafting and the target forward.
     """
     device = model_device(target)
-    n = len(shape.parents)
+    n, kind = len(shape.parents), shape.kind
     drafted = d_step.draft_tree(shape.parents, torch.from_numpy(rng.random(n)) if kind == Draw.IID else None)
     t1 = time.perf_counter()
-    ids = torch.cat([torch.full((1,), root, dtype=torch.long, device=device),
-                     drafted.tokens.to(device).index_select(0, shape.ids)])
-    logits = forward_unchecked(target, t_cache, ids, position_ids(shape.tree, t_past, shape.order, True),
-                               attention_mask(shape.tree, t_past, shape.order, True))
+    drawn = drafted.tokens.to(device)  # a no-op when draft and target share the device
+    ids = torch.cat([torch.full((1,), root, dtype=torch.long, device=device), drawn.index_select(0, shape.ids)])
+    logits = forward_unchecked(target, t_cache, ids, shape.depths + t_past, shape.allowed(t_past))
     p = sampling.probs_unchecked(logits.index_select(0, shape.rows))
     sync(device)
     t2 = time.perf_counter()
     u = rng.random(noise_size(verifier, n))
     fault = drafted.fault.to(device) | logits_fault(logits)
-    got = torch.cat([fault.to(torch.int64).reshape(1), drafted.tokens.to(device)]).tolist()
+    got = torch.cat([fault.to(torch.int64).reshape(1), drawn]).tolist()
     if got[0]:  # name the fault: the draft's logits first, then the target's
         d_step.tree_fault()
         sampling.probs(logits)
@@ -431,10 +440,9 @@ def generate(
     cache = resolve_cache(target, cache)
     budget = check_int("budget", budget, minimum=1)
     on_device = chain_on_device and _device_chain(b, verifier)
-    parents = _device_shape(b, verifier, budget) if chain_on_device else None
-    kind = Draw(getattr(b, "draw", Draw.IID))
-    if parents is not None:  # the host path asks this of every tree it verifies
-        verifiers_for(verifier, {kind}, b.adaptive_widths)
+    fixed_shape = _device_shape(b, verifier, budget) if chain_on_device else None
+    if fixed_shape is not None:  # the host path asks this of every tree it verifies
+        verifiers_for(verifier, {fixed_shape[1]}, b.adaptive_widths)
     backend = resolve_verify_backend(target, verify_backend, on_device)
     max_new_tokens = check_int("max_new_tokens", max_new_tokens, minimum=0)
     seed = check_int("seed", seed, minimum=0)
@@ -458,7 +466,7 @@ def generate(
     out: list[int] = []
     steps: list[StepStats] = []
     state = b.initial_state()
-    shape = None if parents is None else _Shape.of(parents, order, vocab, device)
+    shape = None if fixed_shape is None else _Shape.of(*fixed_shape, order, vocab, device)
     while len(out) < max_new_tokens:
         t0 = time.perf_counter()
         if on_device:
@@ -467,8 +475,8 @@ def generate(
                                               verifier, sampling, rng, backend)
             keep: Sequence[int] | NDArray[np.int64] = range(t_past + 1 + res.n_accepted)  # fed in order: a trim
         elif shape is not None:
-            res, keep, (t1, t2) = _tree_step(d_step, target, t_cache, t_past, root, shape, kind, verifier, sampling,
-                                             rng, backend)
+            res, keep, (t1, t2) = _tree_step(d_step, target, t_cache, t_past, root, shape, verifier, sampling, rng,
+                                             backend)
             size = len(shape.parents)
         else:
             tree = b.build(d_step, budget, sampler, state)
