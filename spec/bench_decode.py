@@ -23,7 +23,9 @@ Side by side in one run, on the same prompts, every method decodes exactly
   for a fixed i.i.d. tree; a ``:torch`` or ``:numpy`` flag after the
   verifier sets ``verify_backend`` (default ``auto``: torch for a chain
   drafted on a GPU with a chain verifier, numpy otherwise), e.g. ``dyspec:traversal:torch`` beside
-  ``dyspec:traversal:numpy`` (same tokens).
+  ``dyspec:traversal:numpy`` (same tokens); a ``:dtemp=T`` flag drafts at temperature ``T``
+  (``generate``'s ``draft_temperature``) instead of the row's, e.g.
+  ``fixed/draw=topk:traversal:dtemp=1``, whose tree at temperature 0 branches.
 
 Figures per method and temperature: tokens per target step, tokens/s
 (prefill included, all prompts together), speedup against ``ar``,
@@ -90,6 +92,7 @@ class Method:
     on_host: bool = False  # a chain through the host builder (generate's chain_on_device=False)
     params: tuple[tuple[str, Any], ...] = ()  # builder parameters (generate's builder_params), in the given order
     backend: str = "auto"  # generate's verify_backend
+    draft_temperature: float | None = None  # generate's draft_temperature (None: the row's temperature)
 
     @property
     def label(self) -> str:
@@ -97,7 +100,8 @@ class Method:
             return self.name
         shown = "".join(f"/{k}={v}" for k, v in self.params)
         return (f"{self.builder}{shown}+{self.verifier}@{self.budget}" + ("/host" if self.on_host else "")
-                + ("" if self.backend == "auto" else f"/{self.backend}"))
+                + ("" if self.backend == "auto" else f"/{self.backend}")
+                + ("" if self.draft_temperature is None else f"/dtemp={self.draft_temperature:g}"))
 
 
 def _builder_params(text: str, fields: list[str]) -> tuple[tuple[str, Any], ...]:
@@ -126,8 +130,9 @@ def parse_method(text: str, budget: int, chain_budget: int) -> Method:
 
     ``/KEY=VALUE`` fields set builder parameters, e.g. ``wetap/w_min=4/w_max=16:traversal@16``.
     Flags: ``host`` (the chain and fixed builders only: the host builder
-    instead of drafting on the device, ``chain_on_device=False``) and ``torch`` or ``numpy`` (the
-    ``verify_backend``; default ``auto``), e.g. ``chain:sps:host:torch``.
+    instead of drafting on the device, ``chain_on_device=False``), ``torch`` or ``numpy`` (the
+    ``verify_backend``; default ``auto``) and ``dtemp=T`` (``draft_temperature``; default: the
+    row's temperature), e.g. ``chain:sps:host:torch`` or ``fixed/draw=topk:traversal:dtemp=1``.
     """
     from spec.builders import BUILDERS, make_builder
     from spec.llm.generate import VERIFIERS
@@ -139,10 +144,20 @@ def parse_method(text: str, budget: int, chain_budget: int) -> Method:
     builder, sep, verifier = spec.partition(":")
     builder, *fields = builder.split("/")
     verifier, *flags = verifier.split(":")
+    dtemp = [f for f in flags if f.startswith("dtemp=")]
+    flags = [f for f in flags if not f.startswith("dtemp=")]
     unknown = [f for f in flags if f not in ("host", "torch", "numpy")]
-    if unknown or len(set(flags)) != len(flags) or {"torch", "numpy"} <= set(flags):
-        raise ValueError(f"method {text!r}: the fields after the verifier are flags, each at most once: 'host' and "
-                         f"one of 'torch' / 'numpy'; got {':'.join(flags)!r}")
+    if unknown or len(set(flags)) != len(flags) or {"torch", "numpy"} <= set(flags) or len(dtemp) > 1:
+        raise ValueError(f"method {text!r}: the fields after the verifier are flags, each at most once: 'host', "
+                         f"one of 'torch' / 'numpy', and 'dtemp=T'; got {':'.join(flags + dtemp)!r}")
+    draft_temperature = None
+    if dtemp:
+        try:
+            draft_temperature = float(dtemp[0].partition("=")[2])
+        except ValueError:
+            draft_temperature = -1.0
+        if not 0 <= draft_temperature < float("inf"):
+            raise ValueError(f"method {text!r}: dtemp takes a finite draft temperature >= 0, got {dtemp[0]!r}")
     on_host = "host" in flags
     if on_host and builder not in ("chain", "fixed"):
         raise ValueError(f"method {text!r}: only the chain and fixed builders (drafted on the device) take the flag "
@@ -167,7 +182,7 @@ def parse_method(text: str, budget: int, chain_budget: int) -> Method:
         make_builder(builder, **dict(params))  # refuse unknown or bad parameters before any model loads
     except ValueError as err:
         raise ValueError(f"method {text!r}: {err}") from None
-    return Method(text, builder, verifier, n, on_host, params, backend)
+    return Method(text, builder, verifier, n, on_host, params, backend, draft_temperature)
 
 
 def heldout_prompts(tokenizer: Any, n: int, length: int, val_every: int = 50) -> list[list[int]]:
@@ -221,7 +236,7 @@ def _run_one(method: Method, target: Any, draft: Any, prompt: list[int], tempera
             out = generate(target, draft, prompt, method.builder, method.verifier, budget=method.budget,
                            temperature=temperature, max_new_tokens=new_tokens, seed=seed, cache=cache,
                            builder_params=dict(method.params), chain_on_device=not method.on_host,
-                           verify_backend=method.backend)
+                           verify_backend=method.backend, draft_temperature=method.draft_temperature)
         s = out.summary()
         return {"tokens": out.tokens, "seconds": out.total_s, "steps": len(out.steps), "tree": s["mean_tree_size"],
                 "build_s": s["build_s"], "draft_s": s["draft_s"], "target_s": s["target_s"], "verify_s": s["verify_s"]}
@@ -464,7 +479,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--methods", default=",".join(DEFAULT_METHODS),
                    help="decode: comma-separated ar, ar-static, ar-loop, hf-assisted, "
                         "BUILDER[/KEY=VALUE...]:VERIFIER[:FLAG...][@BUDGET] with flags host (chain, fixed), "
-                        "torch or numpy (the verifier backend)")
+                        "torch or numpy (the verifier backend), dtemp=T (the draft's own temperature)")
     g.add_argument("--budget", type=int, default=16, help="decode: tree budget of methods without @ (default 16)")
     g.add_argument("--chain-budget", type=int, default=4, help="decode: chain length of chain methods without @ (default 4)")
     g.add_argument("--prompts", type=int, default=8, help="decode: held-out prompts (default 8)")

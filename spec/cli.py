@@ -117,6 +117,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     dec.add_argument("--budget", type=positive_int, default=16, help="draft nodes per step (default 16)")
     dec.add_argument("--param", type=_param, action="append", default=[], metavar="KEY=VALUE", help="a builder parameter (repeatable)")
     dec.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default 1)")
+    dec.add_argument("--draft-temperature", type=float, default=None, metavar="T",
+                     help="the draft's own temperature (default: --temperature); lossless at any value. At "
+                          "--temperature 0, 1 lets sampled and top-k trees branch (README, 'Draft temperature')")
     dec.add_argument("--top-k", type=positive_int, default=None)
     dec.add_argument("--top-p", type=float, default=None)
     dec.add_argument("--max-new-tokens", type=positive_int, default=64)
@@ -159,7 +162,7 @@ def _cmd_decode(args: argparse.Namespace) -> int:
     with torch.inference_mode():
         out = generate(target, draft, ids, args.builder, args.verifier, budget=args.budget,
                        builder_params=dict(args.param), cache=args.cache, chain_on_device=not args.host_chain,
-                       verify_backend=args.verify_backend, **settings)
+                       verify_backend=args.verify_backend, draft_temperature=args.draft_temperature, **settings)
         ar = None if args.no_ar else ar_generate(target, ids, cache=args.cache, **settings)
     summary = out.summary()
     report: dict[str, Any] = {"builder": args.builder, "verifier": args.verifier, "budget": args.budget,

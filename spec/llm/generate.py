@@ -6,7 +6,7 @@ One step:
    per call (:class:`spec.llm.adapter.LLMDraft`: one batched forward per call);
    the rows it samples from are the *processed* draft law (temperature, top-k,
    top-p applied by :class:`spec.llm.sampling.Sampling`, the same settings as
-   the target's);
+   the target's unless ``draft_temperature`` sets the draft's own);
 2. the **target** scores the root and every node in ONE forward over the
    flattened tree (:func:`spec.llm.adapter.tree_logits`: 4D tree mask, depth
    position ids), and the same processing turns its logits into ``p`` rows;
@@ -388,6 +388,7 @@ def generate(
     max_new_tokens: int = 64,
     seed: int = 0,
     eos_token_id: int | None = None,
+    draft_temperature: float | None = None,
     builder_params: dict[str, Any] | None = None,
     order: str = "dfs",
     cache: str = "auto",
@@ -408,6 +409,15 @@ def generate(
     ``auto`` (static on CUDA, dynamic elsewhere); the tokens are the same.
     Randomness: one ``numpy`` generator seeded with ``seed`` draws the
     builder's tokens and every step's uniforms.
+    ``draft_temperature``: the temperature of the draft's rows (``None``,
+    the default: ``temperature``, the draft processed exactly as the
+    target); ``top_k`` / ``top_p`` apply to both either way.  Every draft
+    node records the law it was drawn from, so the output law is the
+    target's at any draft temperature; only the acceptance changes.  At
+    ``temperature=0`` a one-hot draft turns every sampled or top-k tree
+    into a chain (one child per node); ``draft_temperature=1`` gives such
+    builders the draft's real alternatives while the output stays greedy
+    decoding (README, "Draft temperature").
     ``chain_on_device``: a ``chain`` builder drafts with the rows on the
     models' device and, with a chain verifier, verifies there, synchronising
     once for the drafted chain, once after the target forward and once for
@@ -449,6 +459,7 @@ def generate(
     if eos_token_id is not None:
         eos_token_id = check_int("eos_token_id", eos_token_id, minimum=0)
     sampling = Sampling(temperature, top_k, top_p)
+    d_sampling = sampling if draft_temperature is None else _draft_sampling(draft_temperature, top_k, top_p)
     rng = np.random.default_rng(seed)
     sampler = RngSampler(rng)
     device = model_device(target)
@@ -459,7 +470,7 @@ def generate(
     d_cache = _new_cache(draft, cache, "draft", capacity, graphs)
     _prefill(target, t_cache, prompt[:-1])
     t_past, root = len(prompt) - 1, prompt[-1]
-    d_step = LLMDraft(draft, d_cache, 0, pending=prompt, sampling=sampling)
+    d_step = LLMDraft(draft, d_cache, 0, pending=prompt, sampling=d_sampling)
     sync(device)
     prefill_s = time.perf_counter() - t_start
 
@@ -504,6 +515,16 @@ def generate(
         d_step = d_step.end_step(tokens)
     sync(device)
     return GenerateOutput(out, steps, prefill_s, time.perf_counter() - t_start)
+
+def _draft_sampling(temperature: float, top_k: int | None, top_p: float | None) -> Sampling:
+    """The draft's :class:`Sampling` at its own temperature, a bad value named as ``draft_temperature``."""
+    try:
+        return Sampling(temperature, top_k, top_p)
+    except ValueError as err:
+        if not str(err).startswith("temperature"):
+            raise
+        raise ValueError(f"draft_{err}") from None
+
 
 def ar_generate(
     target: Any,

@@ -46,9 +46,17 @@ def test_parse_method() -> None:
     assert (tree_on_chain.on_host, tree_on_chain.label) == (True, "chain+traversal@4/host")
     iid_tree = parse_method("fixed/draw=iid:traversal:host@8", 16, 4)  # a fixed i.i.d. tree drafted on the host
     assert (iid_tree.on_host, iid_tree.label) == (True, "fixed/draw=iid+traversal@8/host")
+    warm = parse_method("fixed/draw=topk:traversal:dtemp=1:numpy@8", 16, 4)  # the draft at its own temperature
+    assert (warm.draft_temperature, warm.backend, warm.label) == (1.0, "numpy", "fixed/draw=topk+traversal@8/numpy/dtemp=1")
+    assert parse_method("chain:sps:host:dtemp=0.5", 16, 4).draft_temperature == 0.5
+    assert parse_method("chain:sps:dtemp=0", 16, 4).label == "chain+sps@4/dtemp=0"
+    assert parse_method("dyspec:traversal", 16, 4).draft_temperature is None
     for bad in ("nope", "dyspec", "dyspec:nope", "nope:traversal", "chain:sps@0", "chain:sps@x", "chain:sps@-2",
                 "dyspec:traversal:host", "wetap:traversal:host", "chain:sps:gpu", "chain:sps:host:x",
-                "chain:sps:torch:numpy", "dyspec:traversal:numpy:numpy", "chain:sps:host:host", "dyspec:traversal:"):
+                "chain:sps:torch:numpy", "dyspec:traversal:numpy:numpy", "chain:sps:host:host", "dyspec:traversal:",
+                "dyspec:traversal:dtemp=", "dyspec:traversal:dtemp=x", "dyspec:traversal:dtemp=-1",
+                "dyspec:traversal:dtemp=nan", "dyspec:traversal:dtemp=inf", "dyspec:traversal:dtemp=1:dtemp=1",
+                "dyspec:traversal:dtemp"):
         with pytest.raises(ValueError, match="method"):
             parse_method(bad, 16, 4)
 

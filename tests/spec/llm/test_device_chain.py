@@ -40,6 +40,11 @@ def pair() -> tuple[object, object]:
     return target, draft
 
 
+#: (temperature, top_k, draft_temperature) of the device-against-host checks: greedy, plain, filtered, and
+#: the draft at its own temperature (a warm draft under a greedy target, a cooler one under T = 1)
+SETTINGS = ((0.0, None, None), (1.0, None, None), (0.6, 9, None), (0.0, None, 1.0), (1.0, None, 0.5))
+
+
 @pytest.mark.parametrize(("verifier", "draw", "cache"),
                          list(itertools.product(VERIFIERS, ("iid", "topk"), ("dynamic", "static"))))
 def test_device_chain_equals_the_host_chain(pair: tuple[object, object], verifier: str, draw: str, cache: str) -> None:
@@ -52,18 +57,18 @@ def test_device_chain_equals_the_host_chain(pair: tuple[object, object], verifie
                          chain_on_device=on_device)
         return
     runs = 0
-    for temperature, seed, k in itertools.product((0.0, 1.0, 0.6), range(2), (1, 4)):
+    for (temperature, top_k, dtemp), seed, k in itertools.product(SETTINGS, range(2), (1, 4)):
         kw = dict(temperature=temperature, max_new_tokens=14, budget=k, seed=seed, cache=cache,
-                  builder_params={"draw": draw}, top_k=None if temperature != 0.6 else 9)
+                  builder_params={"draw": draw}, top_k=top_k, draft_temperature=dtemp)
         host = generate(target, draft, [5, 3, 5], "chain", verifier, chain_on_device=False, **kw)
         for backend in ("torch", "numpy"):  # the torch verifier on the device, or its numpy reference
             dev = generate(target, draft, [5, 3, 5], "chain", verifier, chain_on_device=True, verify_backend=backend,
                            **kw)
-            assert dev.tokens == host.tokens, (temperature, seed, k, backend)
+            assert dev.tokens == host.tokens, (temperature, dtemp, seed, k, backend)
             assert [(s.accepted, s.emitted, s.tree_size, s.draft_forwards) for s in dev.steps] == \
                 [(s.accepted, s.emitted, s.tree_size, s.draft_forwards) for s in host.steps]
         runs += 1
-    assert runs == 12
+    assert runs == 20
 
 
 @pytest.mark.parametrize("verifier", ["sps", "traversal"])
@@ -169,20 +174,20 @@ def test_device_tree_equals_the_host_tree(pair: tuple[object, object], verifier:
     each twin, the host path each path once."""
     target, draft = pair
     runs = 0
-    for temperature, seed, (width, depth, budget) in itertools.product(
-            (0.0, 1.0, 0.6), range(2), ((2, None, 7), (3, 2, 9), (1, None, 3))):
+    for (temperature, top_k, dtemp), seed, (width, depth, budget) in itertools.product(
+            SETTINGS, range(2), ((2, None, 7), (3, 2, 9), (1, None, 3))):
         kw = dict(temperature=temperature, max_new_tokens=14, budget=budget, seed=seed, cache=cache,
-                  builder_params={"draw": "iid", "width": width, "depth": depth},
-                  top_k=None if temperature != 0.6 else 9)
+                  builder_params={"draw": "iid", "width": width, "depth": depth}, top_k=top_k,
+                  draft_temperature=dtemp)
         host = generate(target, draft, [5, 3, 5], "fixed", verifier, chain_on_device=False, **kw)
         for backend in ("torch", "numpy"):
             dev = generate(target, draft, [5, 3, 5], "fixed", verifier, chain_on_device=True, verify_backend=backend,
                            **kw)
-            assert dev.tokens == host.tokens, (temperature, seed, width, depth, budget, backend)
+            assert dev.tokens == host.tokens, (temperature, dtemp, seed, width, depth, budget, backend)
             assert [(s.accepted, s.emitted, s.tree_size, s.draft_forwards) for s in dev.steps] == \
                 [(s.accepted, s.emitted, s.tree_size, s.draft_forwards) for s in host.steps]
         runs += 1
-    assert runs == 18
+    assert runs == 30
 
 
 def test_device_tree_stops_at_eos_and_length_and_names_bad_logits(pair: tuple[object, object]) -> None:

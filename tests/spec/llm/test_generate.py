@@ -69,6 +69,40 @@ def test_temperature_zero_every_builder_and_verifier_is_greedy(pair: tuple[objec
     assert ran >= 40
 
 
+@pytest.mark.parametrize(("draft_temperature", "top_k"), [(1.0, None), (2.0, 5)])
+def test_temperature_zero_with_a_warm_draft_is_greedy(pair: tuple[object, object], draft_temperature: float,
+                                                     top_k: int | None) -> None:
+    """A draft at its own temperature under a greedy target (``draft_temperature``): every builder x
+    verifier still gives plain greedy decoding, and the trees branch.
+
+    At ``temperature=0`` the draft's one-hot rows make every sampled or top-k tree a chain of
+    ``budget`` nodes, one draft forward per node; drafted warm, the fixed and DySpec trees of 6 nodes
+    have siblings, so their steps take fewer draft forwards (checked for the top-k and the swor fixed
+    tree and DySpec, with the residual verifier).  A draft temperature that reached the target's rows
+    would break the equality with greedy decoding."""
+    target, draft = pair
+    prompt = [3, 1, 4, 1, 5]
+    ref = _greedy(target, prompt, 16)
+    ran = 0
+    for name, verifier, backend in itertools.product(BUILDERS, VERIFIERS, ("torch", "numpy")):
+        if verifier in CHAIN and name != "chain":
+            continue
+        try:
+            out = generate(target, draft, prompt, name, verifier, temperature=0, top_k=top_k, max_new_tokens=16,
+                           budget=6, seed=1, verify_backend=backend, draft_temperature=draft_temperature)
+        except ValueError as err:  # not lossless on this builder's trees: refused, never run
+            assert "verif" in str(err)
+            continue
+        assert out.tokens == ref, (name, verifier, backend)
+        ran += 1
+    assert ran >= 40
+    for name, params in (("fixed", {"draw": "topk"}), ("fixed", {}), ("dyspec", {})):
+        forwards = [sum(s.draft_forwards for s in generate(
+            target, draft, prompt, name, "multidraft", temperature=0, top_k=top_k, max_new_tokens=16, budget=6,
+            seed=1, builder_params=params, draft_temperature=dt).steps) / len(ref) for dt in (None, draft_temperature)]
+        assert forwards[1] < forwards[0], (name, params, forwards)
+
+
 def test_verify_backends_give_the_same_tokens(pair: tuple[object, object]) -> None:
     """The torch verifiers and their numpy references (``verify_backend``) in the whole loop, at temperature
     above 0: the same uniforms give the same tokens and the same accepted counts, step by step."""
@@ -133,6 +167,9 @@ def test_eos_and_length_cuts(pair: tuple[object, object]) -> None:
         ({"budget": 0}, "budget"),
         ({"order": "zigzag"}, "order"),
         ({"verify_backend": "jax"}, "verify_backend"),
+        ({"draft_temperature": -0.5}, "draft_temperature must be >= 0"),
+        ({"draft_temperature": float("nan")}, "draft_temperature must be a finite"),
+        ({"draft_temperature": "1"}, "draft_temperature must be a finite"),
     ],
 )
 def test_bad_input(pair: tuple[object, object], kwargs: dict[str, object], message: str) -> None:
@@ -255,12 +292,14 @@ def _exact_two_token_law(model: object, temperature: float, top_k: int | None, t
 
 
 def _two_token_counts(target: object, draft: object, builder: str, verifier: str, params: dict[str, object],
-                      setting: tuple[float, int | None, float | None]) -> np.ndarray:
+                      setting: tuple[float, int | None, float | None],
+                      draft_temperature: float | None = None) -> np.ndarray:
     temperature, top_k, top_p = setting
     counts = np.zeros(VOCAB * VOCAB, dtype=np.int64)
     for seed in range(SAMPLES):
         out = generate(target, draft, PROMPT, builder, verifier, temperature=temperature, top_k=top_k, top_p=top_p,
-                       max_new_tokens=2, budget=3, seed=seed, builder_params=params)
+                       max_new_tokens=2, budget=3, seed=seed, builder_params=params,
+                       draft_temperature=draft_temperature)
         counts[out.tokens[0] * VOCAB + out.tokens[1]] += 1
     return counts
 
@@ -335,7 +374,8 @@ def test_decode_command_reports_a_missing_model_in_one_line(tmp_path: object, ca
 def test_decode_command_on_a_saved_pair(saved_pair: SavedPair, capsys: pytest.CaptureFixture[str],
                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """``tmc decode`` end to end: greedy chains equal plain greedy decoding on both chain paths
-    (``--host-chain``, ``--verify-backend``), and ``--param`` reaches the builder."""
+    (``--host-chain``, ``--verify-backend``), so does a top-k tree drafted warm (``--draft-temperature``),
+    and ``--param`` reaches the builder."""
     import json
 
     import spec.llm.generate as gen
@@ -344,7 +384,7 @@ def test_decode_command_on_a_saved_pair(saved_pair: SavedPair, capsys: pytest.Ca
     paths: list[tuple[bool, str]] = []
 
     def spy(*args: Any, **kwargs: Any) -> Any:
-        paths.append((kwargs["chain_on_device"], kwargs["verify_backend"]))
+        paths.append((kwargs["chain_on_device"], kwargs["verify_backend"], kwargs["draft_temperature"]))
         return generate(*args, **kwargs)
 
     monkeypatch.setattr(gen, "generate", spy)  # the command imports it when it runs
@@ -362,8 +402,75 @@ def test_decode_command_on_a_saved_pair(saved_pair: SavedPair, capsys: pytest.Ca
     device = run("--builder", "chain", "--verifier", "asps", "--budget", "3", "--temperature", "0", "--no-ar")
     host = run("--builder", "chain", "--verifier", "asps", "--budget", "3", "--temperature", "0", "--no-ar",
                "--host-chain", "--verify-backend", "torch")
-    assert paths == [(True, "auto"), (False, "torch")]
-    assert device["tokens"] == host["tokens"] == greedy
+    warm = run("--builder", "fixed", "--param", "draw=topk", "--budget", "6", "--temperature", "0", "--no-ar",
+               "--draft-temperature", "1")
+    assert paths == [(True, "auto", None), (False, "torch", None), (True, "auto", 1.0)]
+    assert device["tokens"] == host["tokens"] == warm["tokens"] == greedy
     assert device["steps"] == host["steps"]
     wide = run("--builder", "fixed", "--param", "width=3", "--param", "depth=1", "--budget", "8", "--temperature", "1")
     assert wide["mean_tree_size"] <= 3.0 and wide["new_tokens"] >= 1 and "speedup_vs_ar" in wide
+
+
+#: (builder, verifier, params, draft temperature) under the plain target law at T = 1: a cooler draft, a warmer
+#: one, and a one-hot (greedy) draft whose sampled nodes all record a point mass
+WARM_CONFIGS = [("chain", "sps", {}, 0.5), ("dyspec", "traversal", {}, 2.0), ("fixed", "multidraft", {"width": 2}, 0.0)]
+WARM_ALPHA = bonferroni(1e-3, len(WARM_CONFIGS))
+
+
+@pytest.mark.parametrize(("builder", "verifier", "params", "draft_temperature"), WARM_CONFIGS)
+def test_first_two_tokens_follow_the_target_law_with_the_draft_at_its_own_temperature(
+        builder: str, verifier: str, params: dict[str, object], draft_temperature: float) -> None:
+    """``draft_temperature`` changes the law the draft draws from, and with it what each node records;
+    the output law must stay the target's.
+
+    False-fail rate 1e-3 over the three cases; 700 samples on 16 cells detect a total variation of
+    about ``detectable_tv(16, 700, WARM_ALPHA)`` (≈ 0.16) with probability 0.999.  The next test shows
+    the check's power against the bug this setting invites (tokens drawn warm, rows recorded cold)."""
+    target, draft = _law_pair()
+    law = _exact_two_token_law(target, *SETTINGS[0])
+    counts = _two_token_counts(target, draft, builder, verifier, params, SETTINGS[0], draft_temperature)
+    result = chi_square_check(counts, law, WARM_ALPHA)
+    assert result.passed, (result, detectable_tv(16, SAMPLES, WARM_ALPHA))
+
+
+def test_the_law_check_rejects_draft_tokens_drawn_from_another_law_than_recorded(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Power of the check against the bug a draft temperature invites: the token drawn from the draft
+    at temperature 1/10 (its row to the power 10, renormalised) while the tree records, and SpS is given,
+    the row at temperature 1.
+
+    With a chain of one node, the first token's law under the bug is, in closed form from plain forwards,
+    ``r(x) min(1, p/q) + (1 − Σ_y r(y) min(1, p/q)) · res(x)`` with ``r ∝ q¹⁰`` and
+    ``res ∝ max(p − q, 0)``.  On this pair it lies a total variation above 0.2 from ``p`` (0.21; asserted),
+    above the 0.14 that 700 samples on 4 cells detect with probability 0.999 at ``WARM_ALPHA``: the
+    check misses the bug with probability below 1e-3.  (A draft at temperature 1/3 would move the law
+    by 0.10 only.)  The last assertion, that the counts fit the
+    bug's own law, fails falsely with probability ``WARM_ALPHA``."""
+    target, draft = _law_pair()
+
+    def row(model: object) -> np.ndarray:
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([PROMPT])).logits[0, -1].double().numpy()  # type: ignore[operator]
+        return reference(logits, 1.0, None, None)
+
+    p, q = row(target), row(draft)
+    r = q**10 / (q**10).sum()
+    accept = r * np.minimum(1.0, p / q)
+    res = np.maximum(p - q, 0.0)
+    wrong = accept + (1.0 - accept.sum()) * res / res.sum()
+    assert 0.5 * np.abs(wrong - p).sum() > 0.2 > detectable_tv(VOCAB, SAMPLES, WARM_ALPHA)
+
+    from spec.randomness import RngSampler
+
+    class Colder(RngSampler):
+        def draw(self, law: np.ndarray) -> int:  # type: ignore[override]
+            return super().draw(law**10 / (law**10).sum())
+
+    monkeypatch.setattr("spec.llm.generate.RngSampler", Colder)
+    counts = np.zeros(VOCAB, dtype=np.int64)
+    for seed in range(SAMPLES):
+        out = generate(target, draft, PROMPT, "chain", "sps", temperature=1.0, max_new_tokens=1, budget=1, seed=seed,
+                       chain_on_device=False)
+        counts[out.tokens[0]] += 1
+    assert not chi_square_check(counts, p, WARM_ALPHA).passed
+    assert chi_square_check(counts, wrong, WARM_ALPHA).passed
