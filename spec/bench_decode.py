@@ -20,7 +20,7 @@ Side by side in one run, on the same prompts, every method decodes exactly
   ``chain:VERIFIER:host[@BUDGET]`` runs a chain through the host builder
   (``chain_on_device=False``) instead of the device path, for a side-by-side
   of the two (same tokens), and ``fixed/draw=iid:VERIFIER:host`` does the same
-  for a fixed i.i.d. tree; a ``:torch`` or ``:numpy`` flag after the
+  for a fixed i.i.d. tree (``fixed/draw=topk:…:host`` for a top-k one); a ``:torch`` or ``:numpy`` flag after the
   verifier sets ``verify_backend`` (default ``auto``: torch for a chain
   drafted on a GPU with a chain verifier, numpy otherwise), e.g. ``dyspec:traversal:torch`` beside
   ``dyspec:traversal:numpy`` (same tokens); a ``:dtemp=T`` flag drafts at temperature ``T``

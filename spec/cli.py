@@ -128,9 +128,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                      help="KV cache: static (explicit slots; CUDA graphs on cuda), dynamic, or auto "
                           "(static on cuda, dynamic elsewhere; default)")
     dec.add_argument("--host-chain", action="store_true",
-                     help="chain builder, or fixed builder drawing iid with a tree verifier: draft through the host "
-                          "builder, one row transfer per layer, instead of on the model's device (same tokens; for "
-                          "comparison)")
+                     help="chain builder, or fixed builder drawing iid (or topk) with a tree verifier: draft through "
+                          "the host builder, one row transfer per layer, instead of on the model's device (same "
+                          "tokens; for comparison)")
     dec.add_argument("--verify-backend", choices=["auto", "torch", "numpy"], default="auto",
                      help="verifier implementation: the torch ports or their numpy references (same tokens); auto "
                           "(default): torch for a chain drafted on a GPU with sps/asps/block, numpy otherwise")

@@ -65,12 +65,13 @@ class FixedBuilder(TreeBuilder):
             object.__setattr__(self, "depth", check_int("depth", self.depth, minimum=1))
         object.__setattr__(self, "draw", check_draw("draw", self.draw, (Draw.IID, Draw.SWOR, Draw.TOPK)))
 
-    def iid_shape(self, budget: int) -> tuple[int, ...]:
-        """The parents of every tree :meth:`build` grows with ``draw="iid"`` and this ``budget``.
+    def full_shape(self, budget: int) -> tuple[int, ...]:
+        """The parents of the tree :meth:`build` grows with this ``budget`` when every node gets
+        ``width`` children (node indices breadth first, as :meth:`build` numbers them).
 
-        An i.i.d. draw from a valid row always succeeds, so the shape depends on
-        ``width``, ``depth`` and the budget only (node indices breadth first,
-        as :meth:`build` numbers them); the device path of
+        That is every tree with ``draw="iid"`` (an i.i.d. draw from a valid row
+        always succeeds), and every tree with ``topk`` or ``swor`` whose rows
+        each have ``width`` tokens with ``q > 0``.  The device path of
         :func:`spec.llm.generate.generate` drafts such a tree without asking
         the host how it grows (tested equal to :meth:`build`'s trees).
         """

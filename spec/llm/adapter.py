@@ -69,7 +69,7 @@ from numpy.typing import NDArray
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from spec.draft import check_beam_args, select_beam
-from spec.llm.sampling import Sampling, categorical_draw, logits_fault
+from spec.llm.sampling import Sampling, categorical_draw, logits_fault, ranked_tokens
 from spec.llm.static_cache import StaticTreeCache
 from spec.llm.static_cache import model_device as _device
 from spec.llm.static_cache import model_dtype as _dtype
@@ -346,6 +346,7 @@ class DeviceTree(NamedTuple):
     q: torch.Tensor  # (M, V) float64: row j is the processed law the children of node rows_of[j] were drawn from
     rows_of: tuple[int, ...]  # the M nodes with children (-1 = the root), parents before children
     fault: torch.Tensor  # 0-d bool: some draft logits row is one process_logits refuses
+    short: torch.Tensor  # 0-d bool: a ranked (topk) node fell on a token with q = 0 (draft_tree)
 
 
 class DeviceChain(NamedTuple):
@@ -532,8 +533,14 @@ class LLMDraft:
         from its parent's processed row by inverse CDF with ``uniforms[i]``
         (the rule of :class:`spec.randomness.RngSampler`: the same uniforms
         give the tokens a host builder draws through :meth:`rows` for the
-        same shape, node by node) or is that row's argmax when ``uniforms``
-        is ``None``.  Forwards: the pending tokens if any, then one per layer
+        same shape, node by node).  When ``uniforms`` is ``None`` the node
+        with ``r`` earlier siblings is the ``r``-th most likely token of its
+        parent's row (:func:`~spec.llm.sampling.ranked_tokens`: ties to the
+        lowest id; a chain takes each row's argmax): the tree
+        ``FixedBuilder(draw="topk")`` grows, as long as every row has a token
+        with ``q > 0`` for each child; ``short`` is set when one has not (the
+        host builder would have grown fewer children there: :meth:`discard_tree`,
+        then the host path).  Forwards: the pending tokens if any, then one per layer
         that has children (the whole layer, as a host builder's
         ``fetch(frontier)`` feeds it), each node seeing the context, its
         ancestors and itself.  Bad draft logits set ``fault`` instead of
@@ -572,10 +579,15 @@ class LLMDraft:
         u = None if uniforms is None else uniforms.to(device=root.device, dtype=torch.float64)
         context = self.context_len
         layers: list[list[int]] = []
+        rank: list[int] = []  # earlier siblings of each node
+        siblings: dict[int, int] = {}
         for i, d in enumerate(depth):
             if d > len(layers):
                 layers.append([])
             layers[-1].append(i)
+            rank.append(siblings.get(par[i], 0))
+            siblings[par[i]] = rank[-1] + 1
+        short = [torch.zeros((), dtype=torch.bool, device=root.device)]
         prev_nodes, prev_rows = [ROOT], self.sampling.probs_unchecked(root).reshape(1, self._vocab)
         seen: dict[int, tuple[int, ...]] = {ROOT: ()}
         tokens: list[torch.Tensor] = []
@@ -593,10 +605,19 @@ class LLMDraft:
             else:
                 q_rows.append(prev_rows[[local[p] for p in drawn_from]])
                 rows = prev_rows[[local[par[i]] for i in layer]]
-            if u is None:
-                tok = rows.argmax(dim=-1)
-            else:
+            deepest = max(rank[i] for i in layer)
+            if u is not None:
                 tok = categorical_draw(rows, u[layer[0] : layer[-1] + 1])
+            elif deepest == 0:  # one child per parent: the argmax (the first maximum: the lowest id on ties)
+                tok = rows.argmax(dim=-1)
+            else:  # siblings: each parent's ranked tokens, computed once per parent
+                top = min(deepest + 1, self._vocab)
+                ranked, values = ranked_tokens(q_rows[-1], top)
+                where = {p: j for j, p in enumerate(drawn_from)}
+                at = ([where[par[i]] for i in layer], [min(rank[i], top - 1) for i in layer])
+                tok, got = ranked[at], values[at]
+                short.append((got <= 0.0).any() if deepest < self._vocab else torch.ones((), dtype=torch.bool,
+                                                                                          device=root.device))
             tok = tok.clamp(0, self._vocab - 1)  # a NaN row draws -1; the fault flag reports it
             tokens.append(tok)
             if d == len(layers):
@@ -623,7 +644,8 @@ class LLMDraft:
         t1 = time.perf_counter()
         sync(root.device)  # the queued forwards' device time is draft-forward time
         self.forward_s += time.perf_counter() - t1
-        return DeviceTree(torch.cat(tokens), torch.cat(q_rows), tuple(rows_of), logits_fault(torch.cat(raw)))
+        return DeviceTree(torch.cat(tokens), torch.cat(q_rows), tuple(rows_of), logits_fault(torch.cat(raw)),
+                          torch.stack(short).any())
 
     def settle_tree(self, tokens: Sequence[int], _missing: str = "settle_tree follows draft_tree",
                     _call: str = "draft_tree") -> None:
@@ -646,6 +668,14 @@ class LLMDraft:
             if path not in self._slot:
                 self._slot[path], self._seen[path] = slot, self._seen.get(path[:-1], ()) + (slot,)
                 self._logits[path] = logits
+        self._drafted = None
+
+    def discard_tree(self) -> None:
+        """Undo :meth:`draft_tree`: the nodes it fed leave the cache (the context stays fed), so a host
+        builder can grow this step's tree instead (after a ``short`` ranked tree)."""
+        if self._drafted is None:
+            raise RuntimeError("discard_tree follows draft_tree")
+        trim_cache(self.cache, self.context_len)
         self._drafted = None
 
     def tree_fault(self) -> None:

@@ -19,9 +19,10 @@ One step:
 
 The caches are ``DynamicCache`` or, by default on CUDA, the static cache of
 :mod:`spec.llm.static_cache`, whose forwards replay captured CUDA graphs.
-Chains and fixed i.i.d. trees, whose shapes no draw can change, skip the
-host builder in step 1: they are drawn on the models' device with the same
-uniforms (``chain_on_device``, :meth:`spec.llm.adapter.LLMDraft.draft_tree`).
+Chains, fixed i.i.d. trees (whose shapes no draw can change) and fixed
+top-k trees on rows with full support skip the host builder in step 1: they
+are drawn (or ranked) on the models' device with the same uniforms
+(``chain_on_device``, :meth:`spec.llm.adapter.LLMDraft.draft_tree`).
 
 Because every step is a lossless verification of a tree whose nodes record
 the law they were drawn from, the output law is the target's (processed)
@@ -47,7 +48,9 @@ from transformers import DynamicCache
 
 from spec.acceptance import verifiers_for
 from spec.builders import ChainBuilder, FixedBuilder, TreeBuilder, make_builder
-from spec.llm.adapter import LLMDraft, forward_masked, forward_unchecked, select_cache, sync, tree_logits
+from spec.llm.adapter import (
+    LLMDraft, forward_masked, forward_unchecked, select_cache, sync, tree_logits, trim_cache,
+)
 from spec.llm.host_verify import verify_chain_numpy, verify_tree_numpy
 from spec.llm.sampling import Sampling, logits_fault
 from spec.llm.static_cache import model_device, shared_static_cache
@@ -232,17 +235,26 @@ def _device_chain(b: TreeBuilder, verifier: str) -> bool:
     return type(b) is ChainBuilder and verifier in CHAIN_METHODS
 
 
-def _device_shape(b: TreeBuilder, verifier: str, budget: int) -> tuple[tuple[int, ...], Draw] | None:
-    """The parents of every tree ``b`` grows and how its nodes are drawn, when no draw can change the
-    parents and a tree verifier takes the tree (:func:`_tree_step`): a :class:`ChainBuilder` or a
-    :class:`FixedBuilder` drawing ``iid`` (the classes themselves: a subclass may grow otherwise);
-    else ``None``."""
+def _device_shape(b: TreeBuilder, verifier: str, budget: int, drafting: Sampling,
+                  vocab: int) -> tuple[tuple[int, ...], Draw] | None:
+    """The parents of the trees ``b`` grows and how its nodes are drawn, when a tree verifier takes
+    them (:func:`_tree_step`) and the shape is known before any draw: a :class:`ChainBuilder`, a
+    :class:`FixedBuilder` drawing ``iid`` (no draw can change the shape), or one drawing ``topk``
+    from draft rows (processed by ``drafting``) that keep ``width`` tokens with ``q > 0``: a
+    temperature above 0 with no top-p and no top-k below ``width`` (only an underflow to 0 can then
+    cut a row short; the step sees it and takes the host path).  The classes themselves: a
+    subclass may grow otherwise.  Else ``None``."""
     if verifier not in TREE_METHODS:
         return None
     if type(b) is ChainBuilder:
         return tuple(range(-1, budget - 1)), Draw(b.draw)
-    if type(b) is FixedBuilder and Draw(b.draw) == Draw.IID:
-        return b.iid_shape(budget), Draw.IID
+    if type(b) is not FixedBuilder:
+        return None
+    kind = Draw(b.draw)
+    full_rows = (drafting.temperature > 0 and drafting.top_p is None and b.width <= vocab
+                 and (drafting.top_k is None or drafting.top_k >= b.width))
+    if kind == Draw.IID or (kind == Draw.TOPK and (b.width == 1 or full_rows)):
+        return b.full_shape(budget), kind
     return None
 
 
@@ -252,7 +264,7 @@ class _Shape:
     cache length in front of it changes from step to step."""
 
     parents: tuple[int, ...]
-    kind: Draw  # how every node is drawn (iid, or topk for a greedy chain)
+    kind: Draw  # how every node is drawn (iid, or topk: ranked)
     order: tuple[int, ...]  # flattened layout (dfs / bfs / index)
     mask: NDArray[np.bool_]  # (N + 1, N + 1) root + flattened tree: ancestors and self (spec.tree.tree_mask)
     depths: NDArray[np.int64]  # position of the root and of each flattened node after 0 cached tokens
@@ -281,9 +293,10 @@ class _Shape:
 def _tree_step(
     d_step: LLMDraft, target: Any, t_cache: Any, t_past: int, root: int, shape: _Shape, verifier: str,
     sampling: Sampling, rng: np.random.Generator, backend: str,
-) -> tuple[Verified, NDArray[np.int64], tuple[float, float]]:
+) -> tuple[Verified, NDArray[np.int64], tuple[float, float]] | None:
     """One step of a fixed-shape tree drafted on the device (:meth:`LLMDraft.draft_tree`), drawn
-    ``kind`` (``iid``, or ``topk``: each row's argmax, for a greedy chain) and verified by a tree verifier.
+    ``kind`` (``iid``, or ``topk``: ranked tokens, each row's argmax for a chain) and verified by a
+    tree verifier.
 
     The tokens go to the target's forward as a device tensor, laid out as
     :func:`~spec.llm.adapter.tree_logits` lays out the host-built tree; the
@@ -294,7 +307,10 @@ def _tree_step(
     of :class:`FixedBuilder` / :class:`ChainBuilder` + :func:`_verify`
     (tested).  Returns the
     verification, the target cache positions to keep and the times that end
-    drafting and the target forward.
+    drafting and the target forward; or ``None`` when a ranked node fell
+    on a token with ``q = 0`` (``short``: the host builder grows another
+    shape there), with both caches back where the step began and no
+    uniform used: the caller then takes the host path for the step.
     """
     device = model_device(target)
     n, kind = len(shape.parents), shape.kind
@@ -306,14 +322,19 @@ def _tree_step(
     p = sampling.probs_unchecked(logits.index_select(0, shape.rows))
     sync(device)
     t2 = time.perf_counter()
-    u = rng.random(noise_size(verifier, n))
     fault = drafted.fault.to(device) | logits_fault(logits)
-    got = torch.cat([fault.to(torch.int64).reshape(1), drawn]).tolist()
+    got = torch.cat([fault.to(torch.int64).reshape(1), drafted.short.to(device).to(torch.int64).reshape(1),
+                     drawn]).tolist()
     if got[0]:  # name the fault: the draft's logits first, then the target's
         d_step.tree_fault()
         sampling.probs(logits)
         raise RuntimeError("a logits fault was flagged but not found again")
-    tokens = got[1:]
+    if got[1]:
+        d_step.discard_tree()
+        trim_cache(t_cache, t_past)
+        return None
+    u = rng.random(noise_size(verifier, n))
+    tokens = got[2:]
     rows = dict(zip(drafted.rows_of, drafted.q.cpu().numpy())) if kind == Draw.IID else {}  # topk: no rows
     tree = DraftTree(shape.parents, tuple(tokens), (kind,) * n, rows, p.shape[-1])
     if backend == "numpy":
@@ -426,8 +447,11 @@ def generate(
     A ``fixed`` builder drawing ``iid`` with a tree verifier drafts its tree
     (whose shape no draw can change) on the device the same way, one forward
     per layer and no host sync until the tokens are drawn
-    (:func:`_tree_step`).  The tokens are the same either way (tested),
-    ``False`` takes the host path.
+    (:func:`_tree_step`); so does one drawing ``topk`` when the draft's rows
+    keep ``width`` tokens with ``q > 0`` (draft temperature above 0, no
+    top-p, no top-k below ``width``; a step whose rows underflow is redone
+    on the host).  The tokens are the same either way (tested), ``False``
+    takes the host path.
     ``verify_backend``: ``torch`` runs the verifiers of
     :mod:`spec.llm.verify`, ``numpy`` their :mod:`tmc` references
     (:mod:`spec.llm.host_verify`: rows copied to the host, about 3x faster on
@@ -450,16 +474,16 @@ def generate(
     cache = resolve_cache(target, cache)
     budget = check_int("budget", budget, minimum=1)
     on_device = chain_on_device and _device_chain(b, verifier)
-    fixed_shape = _device_shape(b, verifier, budget) if chain_on_device else None
-    if fixed_shape is not None:  # the host path asks this of every tree it verifies
-        verifiers_for(verifier, {fixed_shape[1]}, b.adaptive_widths)
-    backend = resolve_verify_backend(target, verify_backend, on_device)
     max_new_tokens = check_int("max_new_tokens", max_new_tokens, minimum=0)
     seed = check_int("seed", seed, minimum=0)
     if eos_token_id is not None:
         eos_token_id = check_int("eos_token_id", eos_token_id, minimum=0)
     sampling = Sampling(temperature, top_k, top_p)
     d_sampling = sampling if draft_temperature is None else _draft_sampling(draft_temperature, top_k, top_p)
+    fixed_shape = _device_shape(b, verifier, budget, d_sampling, vocab) if chain_on_device else None
+    if fixed_shape is not None:  # the host path asks this of every tree it verifies
+        verifiers_for(verifier, {fixed_shape[1]}, b.adaptive_widths)
+    backend = resolve_verify_backend(target, verify_backend, on_device)
     rng = np.random.default_rng(seed)
     sampler = RngSampler(rng)
     device = model_device(target)
@@ -485,11 +509,11 @@ def generate(
             res, size, (t1, t2) = _chain_step(d_step, target, t_cache, t_past, root, budget, b.draw == Draw.IID,
                                               verifier, sampling, rng, backend)
             keep: Sequence[int] | NDArray[np.int64] = range(t_past + 1 + res.n_accepted)  # fed in order: a trim
-        elif shape is not None:
-            res, keep, (t1, t2) = _tree_step(d_step, target, t_cache, t_past, root, shape, verifier, sampling, rng,
-                                             backend)
+        elif shape is not None and (got := _tree_step(d_step, target, t_cache, t_past, root, shape, verifier,
+                                                       sampling, rng, backend)) is not None:
+            res, keep, (t1, t2) = got
             size = len(shape.parents)
-        else:
+        else:  # the host builder (also for a device-drafted tree that came out short)
             tree = b.build(d_step, budget, sampler, state)
             t1 = time.perf_counter()
             ordr = _order(tree, order)

@@ -353,13 +353,21 @@ def test_top_tokens_equals_the_full_sort() -> None:
 
 @pytest.mark.parametrize("width", [1, 2, 3])
 @pytest.mark.parametrize("depth", [None, 1, 2, 4])
-def test_fixed_iid_shape_is_the_shape_build_grows(width: int, depth: int | None) -> None:
-    """``FixedBuilder.iid_shape`` (the device path's shape, known before any draw) equals the parents of
-    the trees ``build`` grows with ``draw="iid"``, whatever the rows and the draws."""
-    b = FixedBuilder(width=width, depth=depth, draw="iid")
-    for budget in range(1, 22):
-        for seed in range(3):
-            tree = b.build(HashedDraft(5, seed=seed, concentration=0.2), budget, np.random.default_rng(seed))
-            assert b.iid_shape(budget) == tree.parents, (budget, seed)
-    with pytest.raises(ValueError, match="budget"):
-        b.iid_shape(0)
+def test_fixed_full_shape_is_the_shape_build_grows(width: int, depth: int | None) -> None:
+    """``FixedBuilder.full_shape`` (the device path's shape, known before any draw) equals the parents of
+    the trees ``build`` grows with ``draw="iid"``, whatever the rows and the draws, and with ``topk`` and
+    ``swor`` on rows with full support; on a row with fewer than ``width`` tokens with ``q > 0`` the
+    ``topk`` tree differs (the device path's ``short`` case)."""
+    for draw in ("iid", "topk", "swor"):
+        b = FixedBuilder(width=width, depth=depth, draw=draw)
+        for budget in range(1, 22):
+            for seed in range(3):
+                tree = b.build(HashedDraft(5, seed=seed, concentration=0.2), budget, np.random.default_rng(seed))
+                assert b.full_shape(budget) == tree.parents, (draw, budget, seed)
+        with pytest.raises(ValueError, match="budget"):
+            b.full_shape(0)
+    if width > 1:
+        onehot = np.array([1.0, 0.0, 0.0, 0.0, 0.0])
+        short = ToyDraft(ToyModel(5, {}, {}, onehot, onehot))  # one token with q > 0 everywhere
+        tree = FixedBuilder(width=width, depth=depth, draw="topk").build(short, 6, 0)
+        assert tree.parents != FixedBuilder(width=width, depth=depth).full_shape(6)

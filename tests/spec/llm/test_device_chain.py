@@ -11,6 +11,7 @@ equal on every seed; the draft rows agree to the host's renormalisation
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import numpy as np
 import pytest
@@ -167,7 +168,7 @@ def test_bad_logits_raise_the_host_paths_error(which: str, verifier: str) -> Non
 
 @pytest.mark.parametrize(("verifier", "cache"), list(itertools.product(TREE_METHODS, ("dynamic", "static"))))
 def test_device_tree_equals_the_host_tree(pair: tuple[object, object], verifier: str, cache: str) -> None:
-    """A fixed i.i.d. tree drafted on the device (``draft_tree``, shape from ``FixedBuilder.iid_shape``)
+    """A fixed i.i.d. tree drafted on the device (``draft_tree``, shape from ``FixedBuilder.full_shape``)
     gives the host path's tokens, accepted counts and forward counts, with either verifier backend.
 
     The sharp rows of this pair make i.i.d. twins (siblings with one token) common: the device path feeds
@@ -188,6 +189,64 @@ def test_device_tree_equals_the_host_tree(pair: tuple[object, object], verifier:
                 [(s.accepted, s.emitted, s.tree_size, s.draft_forwards) for s in host.steps]
         runs += 1
     assert runs == 30
+
+
+#: (temperature, top_k, draft_temperature, path) for fixed top-k trees: ``device`` where the draft's rows
+#: keep ``width`` tokens with q > 0; ``host`` where they cannot (a one-hot draft, a top-k below the width);
+#: ``short`` where the rows of this sharp pair underflow to 0 at a draft temperature of 0.001, so device
+#: trees come out short and the step is redone on the host
+TOPK_SETTINGS = ((1.0, None, None, "device"), (0.6, 9, None, "device"), (0.0, None, 1.0, "device"),
+                 (1.0, None, 0.5, "device"), (0.0, None, None, "host"), (1.0, 1, None, "host"),
+                 (1.0, None, 0.001, "short"))
+
+
+@pytest.mark.parametrize(("verifier", "cache"), list(itertools.product(TREE_METHODS, ("dynamic", "static"))))
+def test_device_topk_tree_equals_the_host_tree(pair: tuple[object, object], verifier: str, cache: str,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fixed top-k tree drafted on the device (ranked tokens, ``spec.llm.sampling.ranked_tokens``) gives
+    the host path's tokens, accepted counts and forward counts, with either verifier backend; where the
+    draft's rows cannot keep ``width`` tokens the host path runs from the start, and a tree that comes out
+    short (``discard_tree``) is redone on the host with the same tokens."""
+    target, draft = pair
+    calls = {"draft_tree": 0, "discard_tree": 0}
+    for name in calls:
+        original = getattr(LLMDraft, name)
+
+        def counted(self: LLMDraft, *args: object, _name: str = name, _original: Any = original) -> Any:
+            calls[_name] += 1
+            return _original(self, *args)
+
+        monkeypatch.setattr(LLMDraft, name, counted)
+    runs = 0
+    for (temperature, top_k, dtemp, path), seed, (width, depth, budget) in itertools.product(
+            TOPK_SETTINGS, range(2), ((2, None, 7), (3, 2, 9))):
+        kw = dict(temperature=temperature, max_new_tokens=14, budget=budget, seed=seed, cache=cache,
+                  builder_params={"draw": "topk", "width": width, "depth": depth}, top_k=top_k,
+                  draft_temperature=dtemp)
+        try:
+            host = generate(target, draft, [5, 3, 5], "fixed", verifier, chain_on_device=False, **kw)
+        except ValueError as err:  # not lossless on top-k trees (K-SEQ): the device path refuses alike
+            with pytest.raises(ValueError, match="verifies iid trees only"):
+                generate(target, draft, [5, 3, 5], "fixed", verifier, **kw)
+            assert "verifies iid trees only" in str(err)
+            continue
+        for backend in ("torch", "numpy"):
+            before = dict(calls)
+            dev = generate(target, draft, [5, 3, 5], "fixed", verifier, chain_on_device=True, verify_backend=backend,
+                           **kw)
+            drafted, discarded = (calls[k] - before[k] for k in ("draft_tree", "discard_tree"))
+            assert dev.tokens == host.tokens, (temperature, dtemp, seed, width, depth, budget, backend)
+            assert [(s.accepted, s.emitted, s.tree_size) for s in dev.steps] == \
+                [(s.accepted, s.emitted, s.tree_size) for s in host.steps]
+            if path == "host":
+                assert drafted == 0
+            else:
+                assert drafted > 0 and (discarded > 0) == (path == "short"), (path, drafted, discarded)
+            if path != "short":  # a discarded tree's forwards count too
+                assert [s.draft_forwards for s in dev.steps] == [s.draft_forwards for s in host.steps]
+        runs += 1
+    assert runs in (0, 28)
+    assert runs or verifier == "kseq"
 
 
 def test_device_tree_stops_at_eos_and_length_and_names_bad_logits(pair: tuple[object, object]) -> None:
@@ -222,6 +281,8 @@ def test_draft_tree_misuse_is_refused(pair: tuple[object, object]) -> None:
         draft.draft_tree((-1, -1, 0), torch.zeros(2, dtype=torch.float64))
     with pytest.raises(RuntimeError, match="follows draft_tree"):
         draft.settle_tree([1, 2, 3])
+    with pytest.raises(RuntimeError, match="discard_tree follows draft_tree"):
+        draft.discard_tree()
     tree = draft.draft_tree((-1, -1, 0, 0, 1), torch.full((5,), 0.5, dtype=torch.float64))
     assert tree.rows_of == (-1, 0, 1) and tuple(tree.q.shape) == (3, 29) and tuple(tree.tokens.shape) == (5,)
     assert draft.forwards == 2  # the pending tokens, then layer 1 (layer 2 is not fed)

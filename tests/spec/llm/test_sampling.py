@@ -148,6 +148,38 @@ def test_process_logits_rejects_bad_logits(logits, match):
         process_logits(logits)
 
 
+def test_ranked_tokens_equal_top_tokens_with_ties_and_zeros() -> None:
+    """:func:`spec.llm.sampling.ranked_tokens` (the device path of top-k trees) orders each row as
+    :func:`spec.builders.base.top_tokens` does, the full definition: largest first, equal values by the
+    lowest id.  Rows drawn from five values make ties common, zeros included; the values returned are
+    the rows' own, so an entry ``<= 0`` marks a row with fewer than ``k`` positive entries."""
+    from spec.builders.base import top_tokens
+    from spec.llm.sampling import ranked_tokens
+
+    rng = np.random.default_rng(11)
+    cases = ties = short = 0
+    for _ in range(400):
+        vocab, m = int(rng.integers(1, 12)), int(rng.integers(1, 4))
+        k = int(rng.integers(1, vocab + 1))
+        rows = rng.choice([0.0, 0.05, 0.1, 0.2, 0.3], size=(m, vocab))
+        idx, val = ranked_tokens(torch.from_numpy(rows), k)
+        assert idx.shape == val.shape == (m, k) and idx.dtype == torch.int64
+        for row, i, v in zip(rows, idx.tolist(), val.tolist()):
+            assert v == [row[j] for j in i]
+            want = top_tokens(row, k)
+            assert [j for j, x in zip(i, v) if x > 0] == want, (row, k, i)
+            assert len(set(i)) == k
+            cases += 1
+            ties += len(set(v)) < k
+            short += len(want) < k
+    assert cases > 700 and ties > 100 and short > 100
+    big = torch.softmax(torch.from_numpy(rng.normal(size=(3, 4096))), dim=-1)
+    big[1, 17] = big[1, 9] = big[1].max()  # a tie at the top of a 4096 row
+    idx, _ = ranked_tokens(big, 3)
+    assert idx[1, :2].tolist() == [9, 17]
+    assert idx.tolist() == [top_tokens(r, 3) for r in big.numpy()]
+
+
 def test_categorical_draw_equals_the_host_rule_row_by_row() -> None:
     """:func:`spec.llm.sampling.categorical_draw` on one row and on a batch of rows gives
     :func:`tmc.noise.categorical`'s index for each (zero weights, u = 0 and u just below 1 included)."""
