@@ -94,6 +94,25 @@ def test_device_tree_on_cuda(pairs: tuple[tuple[object, object], tuple[object, o
     assert same >= 9
 
 
+def test_device_topk_tree_on_cuda(pairs: tuple[tuple[object, object], tuple[object, object]]) -> None:
+    """A fixed top-k tree drafted on the GPU (ranked tokens) under a greedy target with the draft at 1:
+    greedy decoding equals the CPU's, and the host-drafted run on the same GPU gives the same tokens and
+    accepted counts (ranking draws no uniform; a near-tie between two draft tokens could still rank
+    differently on the device, so 4 of 5 prompts must agree step by step)."""
+    (t_cpu, _), (t_gpu, d_gpu) = pairs
+    topk = {"draw": "topk", "width": 2}
+    same = 0
+    for i in range(5):
+        prompt = [2 + i, 7, 1, 8, 2, 8]
+        ref = ar_generate(t_cpu, prompt, temperature=0, max_new_tokens=16).tokens
+        runs = [generate(t_gpu, d_gpu, prompt, "fixed", "traversal", budget=6, builder_params=topk, temperature=0,
+                         draft_temperature=1.0, max_new_tokens=16, seed=i, chain_on_device=on_device)
+                for on_device in (False, True)]
+        assert runs[0].tokens == runs[1].tokens == ref
+        same += [s.accepted for s in runs[0].steps] == [s.accepted for s in runs[1].steps]
+    assert same >= 4
+
+
 def test_bench_runs_on_cuda(pairs: tuple[tuple[object, object], tuple[object, object]]) -> None:
     _, (t_gpu, d_gpu) = pairs
     methods = [parse_method(m, 8, 3) for m in ("ar", "hf-assisted", "chain:sps", "dyspec:traversal")]
