@@ -54,17 +54,23 @@ def test_temperature_zero_every_builder_and_verifier_is_greedy(pair: tuple[objec
     prompt = [3, 1, 4, 1, 5]
     ref = _greedy(target, prompt, 16)
     assert ar_generate(target, prompt, temperature=0, max_new_tokens=16).tokens == ref
+    _assert_every_builder_and_verifier_is_greedy(target, draft, prompt, ref)
+
+
+def _assert_every_builder_and_verifier_is_greedy(target: object, draft: object, prompt: list[int], ref: list[int],
+                                                 **kw: Any) -> None:
+    """``generate`` at temperature 0 (with ``kw``) gives ``ref`` for every builder x lossless verifier x backend."""
     ran = 0
     for name, verifier, backend in itertools.product(BUILDERS, VERIFIERS, ("torch", "numpy")):
         if verifier in CHAIN and name != "chain":
             continue
         try:
             out = generate(target, draft, prompt, name, verifier, temperature=0, max_new_tokens=16, budget=6, seed=1,
-                           verify_backend=backend)
+                           verify_backend=backend, **kw)
         except ValueError as err:  # not lossless on this builder's trees: refused, never run
             assert "verif" in str(err)
             continue
-        assert out.tokens == ref, (name, verifier, backend)
+        assert out.tokens == ref, (name, verifier, backend, kw)
         ran += 1
     assert ran >= 40
 
@@ -83,19 +89,8 @@ def test_temperature_zero_with_a_warm_draft_is_greedy(pair: tuple[object, object
     target, draft = pair
     prompt = [3, 1, 4, 1, 5]
     ref = _greedy(target, prompt, 16)
-    ran = 0
-    for name, verifier, backend in itertools.product(BUILDERS, VERIFIERS, ("torch", "numpy")):
-        if verifier in CHAIN and name != "chain":
-            continue
-        try:
-            out = generate(target, draft, prompt, name, verifier, temperature=0, top_k=top_k, max_new_tokens=16,
-                           budget=6, seed=1, verify_backend=backend, draft_temperature=draft_temperature)
-        except ValueError as err:  # not lossless on this builder's trees: refused, never run
-            assert "verif" in str(err)
-            continue
-        assert out.tokens == ref, (name, verifier, backend)
-        ran += 1
-    assert ran >= 40
+    _assert_every_builder_and_verifier_is_greedy(target, draft, prompt, ref, top_k=top_k,
+                                                 draft_temperature=draft_temperature)
     for name, params in (("fixed", {"draw": "topk"}), ("fixed", {}), ("dyspec", {})):
         forwards = [sum(s.draft_forwards for s in generate(
             target, draft, prompt, name, "multidraft", temperature=0, top_k=top_k, max_new_tokens=16, budget=6,
