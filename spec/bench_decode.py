@@ -78,6 +78,7 @@ DEFAULT_METHODS = (
     "fixed:multidraft", "fixed:traversal",
     "dyspec:traversal", "dyspec:multidraft",
     "dynatree:traversal", "wetap:traversal",
+    "fixed/draw=topk:traversal:dtemp=1@6",  # a top-k tree of the draft at 1: at T = 0 it branches (README)
 )
 
 
