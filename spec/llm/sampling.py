@@ -130,8 +130,8 @@ def ranked_tokens(rows: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tenso
     has fewer than ``k`` positive entries (the caller checks).  ``torch.topk`` gives the ``k``
     largest values exactly but leaves the order of equal values open, so the index of rank ``r``
     is found again as the ``(j + 1)``-th index holding its value, ``j`` the earlier ranks with the
-    same value (one cumulative count over ``(M, k, L)``; a full stable sort of ``L = 4096``
-    float64 entries costs about 30x more on the CPU).
+    same value (one cumulative count over ``(M, k, L)``; a full stable sort of three ``L = 4096``
+    float64 rows took 0.8 ms on the CPU against 0.13 ms this way).
     """
     values = torch.topk(rows, k, dim=-1).values  # (M, k), largest first
     same = values.unsqueeze(-1) == values.unsqueeze(-2)  # (M, k, k)
