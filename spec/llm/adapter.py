@@ -52,7 +52,8 @@ draws a whole chain on the device (the inverse-CDF rule of the host builders,
 with the same uniforms), and the decode loop waits for the device a fixed
 number of times per step (three) instead of once per drafted token.
 :meth:`LLMDraft.draft_tree` does the same for any tree whose shape is fixed
-before the draws (a fixed i.i.d. tree), one forward per layer.
+before the draws (a fixed i.i.d. tree, or a fixed top-k tree on rows with
+full support), one forward per layer.
 Notation: ``p`` target, ``q`` draft (DESIGN.md §3).
 """
 
@@ -596,25 +597,26 @@ class LLMDraft:
         raw = [root.reshape(1, self._vocab)]  # the logits of every row drawn from
         fed: list[tuple[int, int, torch.Tensor]] = []  # (node, slot, logits)
         for d, layer in enumerate(layers, start=1):
-            local = {node: j for j, node in enumerate(prev_nodes)}
             drawn_from = list(dict.fromkeys(par[i] for i in layer))  # each parent once, in node order
             rows_of += drawn_from
-            if len(prev_nodes) == 1:  # one parent (a chain, a tree's first layer): views, no index upload
-                q_rows.append(prev_rows)
-                rows = prev_rows.expand(len(layer), -1)
+            if len(prev_nodes) == 1:  # one parent (a chain, a tree's first layer): no index upload
+                parent_rows = prev_rows
             else:
-                q_rows.append(prev_rows[[local[p] for p in drawn_from]])
-                rows = prev_rows[[local[par[i]] for i in layer]]
+                local = {node: j for j, node in enumerate(prev_nodes)}
+                parent_rows = prev_rows[[local[p] for p in drawn_from]]
+            q_rows.append(parent_rows)
+            where = {p: j for j, p in enumerate(drawn_from)}
+            of_node = [where[par[i]] for i in layer]  # each node's row in parent_rows
             deepest = max(rank[i] for i in layer)
-            if u is not None:
+            if u is not None:  # each node drawn from its parent's row
+                rows = parent_rows.expand(len(layer), -1) if len(drawn_from) == 1 else parent_rows[of_node]
                 tok = categorical_draw(rows, u[layer[0] : layer[-1] + 1])
-            elif deepest == 0:  # one child per parent: the argmax (the first maximum: the lowest id on ties)
-                tok = rows.argmax(dim=-1)
+            elif deepest == 0:  # one child per parent, in the parents' order: each row's argmax (lowest id on ties)
+                tok = parent_rows.argmax(dim=-1)
             else:  # siblings: each parent's ranked tokens, computed once per parent
                 top = min(deepest + 1, self._vocab)
-                ranked, values = ranked_tokens(q_rows[-1], top)
-                where = {p: j for j, p in enumerate(drawn_from)}
-                at = ([where[par[i]] for i in layer], [min(rank[i], top - 1) for i in layer])
+                ranked, values = ranked_tokens(parent_rows, top)
+                at = (of_node, [min(rank[i], top - 1) for i in layer])
                 tok, got = ranked[at], values[at]
                 short.append((got <= 0.0).any() if deepest < self._vocab else torch.ones((), dtype=torch.bool,
                                                                                           device=root.device))

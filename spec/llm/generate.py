@@ -300,7 +300,7 @@ def _tree_step(
 
     The tokens go to the target's forward as a device tensor, laid out as
     :func:`~spec.llm.adapter.tree_logits` lays out the host-built tree; the
-    fault flag and the tokens come to the host in one transfer, then the
+    fault and ``short`` flags and the tokens come to the host in one transfer, then the
     rows for the verifier, which gets the :class:`DraftTree` the host builder
     would have built.  The uniforms come from ``rng`` in the host path's
     order (one per ``iid`` node, then the verifier's), so the tokens are those
