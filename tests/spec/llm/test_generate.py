@@ -404,6 +404,10 @@ def test_decode_command_on_a_saved_pair(saved_pair: SavedPair, capsys: pytest.Ca
     assert device["steps"] == host["steps"]
     wide = run("--builder", "fixed", "--param", "width=3", "--param", "depth=1", "--budget", "8", "--temperature", "1")
     assert wide["mean_tree_size"] <= 3.0 and wide["new_tokens"] >= 1 and "speedup_vs_ar" in wide
+    for bad, said in (("-1", "draft_temperature must be >= 0"), ("nan", "draft_temperature must be a finite")):
+        assert main([*base, "--no-ar", "--draft-temperature", bad]) == 2
+        err = capsys.readouterr().err
+        assert said in err and "Traceback" not in err
 
 
 #: (builder, verifier, params, draft temperature) under the plain target law at T = 1: a cooler draft, a warmer
