@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from spec.builders.base import Growing, TreeBuilder, check_draw, top_tokens, without
+from spec.builders.base import Growing, TreeBuilder, check_draw, check_prob, top_tokens, without
 from spec.randomness import Sampler
 from tmc.multidraft import ROOT, Draw
 from tmc.validate import check_int
@@ -21,16 +21,29 @@ class ChainBuilder(TreeBuilder):
 
     ``draw``: ``iid`` samples each token from ``q`` (verified with the draft
     law, as SpS does), ``topk`` takes the draft's argmax (greedy drafting,
-    verified with the point-mass rule).  A chain stops early only if the draft
-    row has no positive entry left, which a valid row never has.
+    verified with the point-mass rule).
+
+    ``confidence``: when set, the chain ends after the first token whose
+    draft probability ``q(x)`` is below it, so ``budget`` is a maximum
+    (transformers' assisted generation stops its assistant by the same rule,
+    ``assistant_confidence_threshold``, 0.4 by default, with up to 20
+    tokens).  The stop depends only on the draft's own draws, and every
+    chain verifier stays lossless under such a stopping rule (exact
+    enumeration: ``tests/spec/test_confidence_chain.py``).  The probability
+    is the processed row's, the law the token was drawn from: a one-hot row
+    (temperature 0) never stops, so pair it with a draft temperature above 0
+    there.  ``None`` (the default): always ``budget`` tokens.
     """
 
     draw: Draw | str = Draw.IID
+    confidence: float | None = None
 
     name: ClassVar[str] = "chain"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "draw", check_draw("draw", self.draw, (Draw.IID, Draw.TOPK)))
+        if self.confidence is not None:
+            object.__setattr__(self, "confidence", check_prob("confidence", self.confidence))
 
     def _grow(self, grow: Growing, budget: int, sampler: Sampler, state: Any) -> None:
         node = ROOT
@@ -38,6 +51,8 @@ class ChainBuilder(TreeBuilder):
             row = grow.row(node)
             tok = sampler.draw(row) if self.draw == Draw.IID else top_tokens(row, 1)[0]
             node = grow.add(node, tok, Draw(self.draw))
+            if self.confidence is not None and row[tok] < self.confidence:
+                break
 
 
 @dataclass(frozen=True)

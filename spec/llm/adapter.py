@@ -69,6 +69,7 @@ import torch
 from numpy.typing import NDArray
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
+from spec.builders.base import check_prob
 from spec.draft import check_beam_args, select_beam
 from spec.llm.sampling import Sampling, categorical_draw, logits_fault, ranked_tokens
 from spec.llm.static_cache import StaticTreeCache
@@ -496,7 +497,7 @@ class LLMDraft:
             self._feed(list(new))
         return wanted
 
-    def draft_chain(self, k: int, uniforms: torch.Tensor | None) -> DeviceChain:
+    def draft_chain(self, k: int, uniforms: torch.Tensor | None, confidence: float | None = None) -> DeviceChain:
         """A chain of ``k`` draft tokens drawn on the model's device, with no host sync between tokens.
 
         Token ``i`` is drawn from the processed row ``q_i`` after the context
@@ -512,9 +513,16 @@ class LLMDraft:
         One synchronisation at the end puts the queued forwards' device time
         into ``forward_s``; nothing is copied to the host.  (The chain case of
         :meth:`draft_tree`.)
+
+        ``confidence``: the chain ends after the first token whose draft
+        probability is below it (:class:`spec.builders.ChainBuilder`'s rule),
+        so it may hold fewer than ``k`` tokens and only the first
+        ``len(tokens)`` uniforms are used.  Each token's probability is read
+        on the host before the next forward: one synchronisation per token,
+        as transformers' assisted generation pays for the same rule.
         """
         k = check_int("k", k, minimum=1)
-        tree = self.draft_tree(tuple(range(-1, k - 1)), uniforms)
+        tree = self.draft_tree(tuple(range(-1, k - 1)), uniforms, stop_below=confidence)
         return DeviceChain(tree.tokens, tree.q, tree.fault)
 
     def settle_chain(self, tokens: Sequence[int]) -> None:
@@ -526,7 +534,8 @@ class LLMDraft:
         row :meth:`draft_chain` met (call it when the chain's ``fault`` flag was set)."""
         self.tree_fault()
 
-    def draft_tree(self, parents: Sequence[int], uniforms: torch.Tensor | None) -> DeviceTree:
+    def draft_tree(self, parents: Sequence[int], uniforms: torch.Tensor | None, *,
+                   stop_below: float | None = None) -> DeviceTree:
         """A tree of a shape fixed in advance, drawn on the model's device with no host sync.
 
         ``parents`` numbers the nodes breadth first (a node's depth is never
@@ -551,6 +560,10 @@ class LLMDraft:
         Unlike the host path, i.i.d. siblings that drew the same token are
         fed as separate nodes (the host feeds one path once): their rows are
         the same computation, in a forward with more tokens.
+
+        ``stop_below`` (chains only, :meth:`draft_chain`'s ``confidence``):
+        the chain ends after the first token whose probability in its row is
+        below it; ``parents`` is then cut to the nodes drawn.
         """
         if self._ended:
             raise RuntimeError("this draft step has ended (end_step); use the draft it returned")
@@ -568,6 +581,10 @@ class LLMDraft:
             if i and depth[i] < depth[i - 1]:
                 raise ValueError(f"parents must number the nodes breadth first; node {i} is shallower than "
                                  f"node {i - 1}")
+        if stop_below is not None:
+            if par != list(range(-1, n - 1)):
+                raise ValueError("stop_below needs a chain: parents must be -1, 0, 1, ...")
+            stop_below = check_prob("confidence", stop_below)
         if uniforms is not None:
             shape_ok = isinstance(uniforms, torch.Tensor) and tuple(uniforms.shape) == (n,)
             if not shape_ok or not uniforms.is_floating_point():
@@ -622,6 +639,9 @@ class LLMDraft:
                                                                                           device=root.device))
             tok = tok.clamp(0, self._vocab - 1)  # a NaN row draws -1; the fault flag reports it
             tokens.append(tok)
+            if stop_below is not None and float(parent_rows[0, tok[0]]) < stop_below:  # a host read per token
+                par = par[:d]
+                break
             if d == len(layers):
                 break
             have = cache_length(self.cache)

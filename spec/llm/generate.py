@@ -246,8 +246,8 @@ def _device_shape(b: TreeBuilder, verifier: str, budget: int, drafting: Sampling
     subclass may grow otherwise.  Else ``None``."""
     if verifier not in TREE_METHODS:
         return None
-    if type(b) is ChainBuilder:
-        return tuple(range(-1, budget - 1)), Draw(b.draw)
+    if type(b) is ChainBuilder:  # a chain that may stop early has no fixed shape: the host path
+        return None if b.confidence is not None else (tuple(range(-1, budget - 1)), Draw(b.draw))
     if type(b) is not FixedBuilder:
         return None
     kind = Draw(b.draw)
@@ -353,20 +353,28 @@ def _tree_step(
 
 def _chain_step(
     d_step: LLMDraft, target: Any, t_cache: Any, t_past: int, root: int, k: int, iid: bool, verifier: str,
-    sampling: Sampling, rng: np.random.Generator, backend: str,
+    sampling: Sampling, rng: np.random.Generator, backend: str, confidence: float | None = None,
 ) -> tuple[Verified, int, tuple[float, float]]:
     """One chain step with the rows kept on the device: the draft tokens are drawn there
     (:meth:`LLMDraft.draft_chain`), fed to the target as a device tensor, and verified by
     :func:`verify_chain_on_device`, whose one transfer brings the step's result to the host
     (``backend == "torch"``), or by the numpy reference on host copies of the rows.
 
-    The uniforms come from ``rng`` in the host path's order (``k`` for an ``iid`` chain's
-    tokens, then the verifier's), so the tokens are those of ``ChainBuilder`` + :func:`_verify`.
+    The uniforms come from ``rng`` in the host path's order (one per token of an ``iid``
+    chain, then the verifier's), so the tokens are those of ``ChainBuilder`` + :func:`_verify`.
+    With ``confidence`` the chain may end before ``k`` tokens (one host read per token,
+    :meth:`LLMDraft.draft_chain`); ``rng`` is then rewound to just past the uniforms used.
     Returns the verification, the chain length and the times that end drafting and the target forward.
     """
     device = model_device(target)
+    before = rng.bit_generator.state if iid and confidence is not None else None
     u_draft = torch.from_numpy(rng.random(k)) if iid else None
-    chain = d_step.draft_chain(k, u_draft)
+    chain = d_step.draft_chain(k, u_draft, confidence)
+    drawn_k = int(chain.tokens.shape[0])
+    if before is not None and drawn_k < k:
+        rng.bit_generator.state = before  # the host builder drew one uniform per token it drew
+        rng.random(drawn_k)
+    k = drawn_k
     t1 = time.perf_counter()
     drawn = chain.tokens.to(device)  # a no-op when draft and target share the device
     ids = torch.cat([torch.full((1,), root, dtype=torch.long, device=device), drawn])
@@ -507,7 +515,7 @@ def generate(
         if on_device:
             assert isinstance(b, ChainBuilder)
             res, size, (t1, t2) = _chain_step(d_step, target, t_cache, t_past, root, budget, b.draw == Draw.IID,
-                                              verifier, sampling, rng, backend)
+                                              verifier, sampling, rng, backend, b.confidence)
             keep: Sequence[int] | NDArray[np.int64] = range(t_past + 1 + res.n_accepted)  # fed in order: a trim
         elif shape is not None and (got := _tree_step(d_step, target, t_cache, t_past, root, shape, verifier,
                                                        sampling, rng, backend)) is not None:

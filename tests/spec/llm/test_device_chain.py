@@ -72,6 +72,59 @@ def test_device_chain_equals_the_host_chain(pair: tuple[object, object], verifie
     assert runs == 20
 
 
+#: a stop that both cuts some chains and lets others reach the budget of 5 on this pair (the argmax is likelier
+#: than a sampled token)
+CONFIDENCE = {"iid": 0.05, "topk": 0.3}
+
+
+@pytest.mark.parametrize(("draw", "cache"), list(itertools.product(("iid", "topk"), ("dynamic", "static"))))
+def test_confidence_chain_on_the_device_equals_the_host_chain(pair: tuple[object, object], draw: str,
+                                                              cache: str) -> None:
+    """``ChainBuilder(confidence=c)``: the device path stops where the host builder stops, and leaves the
+    generator where the host path leaves it (the next step's uniforms are the same), for every verifier
+    (tree verifiers take the host path either way).  Some chains stop early and some run to the budget."""
+    target, draft = pair
+    sizes: set[int] = set()
+    for verifier in VERIFIERS:
+        if verifier == "kseq" and draw == "topk":
+            continue
+        for (temperature, top_k, dtemp), seed in itertools.product(SETTINGS[1:], range(2)):
+            kw = dict(temperature=temperature, max_new_tokens=14, budget=5, seed=seed, cache=cache, top_k=top_k,
+                      builder_params={"draw": draw, "confidence": CONFIDENCE[draw]},
+                      draft_temperature=dtemp)
+            host = generate(target, draft, [5, 3, 5], "chain", verifier, chain_on_device=False, **kw)
+            dev = generate(target, draft, [5, 3, 5], "chain", verifier, chain_on_device=True, **kw)
+            assert dev.tokens == host.tokens, (verifier, temperature, dtemp, seed)
+            assert [(s.accepted, s.emitted, s.tree_size, s.draft_forwards) for s in dev.steps] == \
+                [(s.accepted, s.emitted, s.tree_size, s.draft_forwards) for s in host.steps]
+            sizes |= {s.tree_size for s in host.steps}
+    assert 5 in sizes and min(sizes) < 5, sizes
+
+
+def test_draft_chain_stops_after_the_first_unconfident_token(pair: tuple[object, object]) -> None:
+    """``draft_chain(k, u, confidence)`` against the host builder on the same uniforms: the same tokens and
+    rows, fewer forwards when it stops, and a chain-only, in-range ``confidence``."""
+    _, model = pair
+    stopped = 0
+    for seed, c in itertools.product(range(6), (0.02, 0.05, 0.3)):
+        on_host, on_device = _drafts(model, [4, 8, 15, 16], Sampling(1.0))
+        tree = ChainBuilder(confidence=c).build(on_host, 5, RngSampler(np.random.default_rng(seed)))
+        chain = on_device.draft_chain(5, torch.from_numpy(np.random.default_rng(seed).random(5)), c)
+        assert chain.tokens.tolist() == list(tree.tokens)
+        n = len(tree.tokens)
+        np.testing.assert_allclose(chain.q.numpy(), [tree.q_rows[i - 1] for i in range(n)], rtol=1e-14, atol=1e-300)
+        assert on_device.forwards == on_host.forwards == n  # the pending tokens, then tokens 1..n-1
+        stopped += n < 5
+        on_device.settle_chain(chain.tokens.tolist())
+    assert 0 < stopped < 18
+    draft, _ = _drafts(model, [1, 2, 3], Sampling(1.0))
+    for bad in (0.0, 1.5, float("nan")):
+        with pytest.raises(ValueError, match="confidence"):
+            draft.draft_chain(3, None, bad)
+    with pytest.raises(ValueError, match="stop_below needs a chain"):
+        draft.draft_tree((-1, -1), None, stop_below=0.5)
+
+
 @pytest.mark.parametrize("verifier", ["sps", "traversal"])
 def test_device_chain_stops_at_eos_and_length(pair: tuple[object, object], verifier: str) -> None:
     target, draft = pair
