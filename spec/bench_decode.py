@@ -79,6 +79,8 @@ DEFAULT_METHODS = (
     "dyspec:traversal", "dyspec:multidraft",
     "dynatree:traversal", "wetap:traversal",
     "fixed/draw=topk:traversal:dtemp=1@6",  # a top-k tree of the draft at 1: at T = 0 it branches (README)
+    # assisted generation's own rule (up to 20 tokens, stop after q(x) < 0.4), as an argmax chain and a sampled one
+    "chain/draw=topk/confidence=0.4:sps:dtemp=1@20", "chain/confidence=0.4:block:dtemp=1@20",
 )
 
 

@@ -113,6 +113,26 @@ def test_device_topk_tree_on_cuda(pairs: tuple[tuple[object, object], tuple[obje
     assert same >= 4
 
 
+def test_confidence_chain_on_cuda(pairs: tuple[tuple[object, object], tuple[object, object]]) -> None:
+    """A chain that stops at its first token with ``q(x) < 0.3`` (one host read per token on the GPU) under a
+    greedy target with the draft at 1: greedy decoding equals the CPU's, and at T = 1 the device path follows
+    the host path on the same GPU on at least 9 of 10 seeds (a uniform within rounding of a boundary, or a
+    probability within rounding of the threshold, may part them)."""
+    (t_cpu, _), (t_gpu, d_gpu) = pairs
+    prompt = [2, 7, 1, 8, 2, 8]
+    ref = ar_generate(t_cpu, prompt, temperature=0, max_new_tokens=24).tokens
+    for draw in ("iid", "topk"):
+        assert generate(t_gpu, d_gpu, prompt, "chain", "sps", budget=8, temperature=0, draft_temperature=1.0,
+                        builder_params={"draw": draw, "confidence": 0.3}, max_new_tokens=24, seed=0).tokens == ref
+    same = 0
+    for seed in range(10):
+        runs = [generate(t_gpu, d_gpu, prompt, "chain", "sps", budget=8, builder_params={"confidence": 0.3},
+                         temperature=1.0, max_new_tokens=12, seed=seed, chain_on_device=on_device)
+                for on_device in (False, True)]
+        same += runs[0].tokens == runs[1].tokens
+    assert same >= 9
+
+
 def test_bench_runs_on_cuda(pairs: tuple[tuple[object, object], tuple[object, object]]) -> None:
     _, (t_gpu, d_gpu) = pairs
     methods = [parse_method(m, 8, 3) for m in ("ar", "hf-assisted", "chain:sps", "dyspec:traversal")]
