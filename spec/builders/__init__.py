@@ -3,7 +3,7 @@
 =====================  ==========================================  ======
 name                   builder                                     draws
 =====================  ==========================================  ======
-``chain``              :class:`ChainBuilder` (n tokens)            iid / topk
+``chain``              :class:`ChainBuilder` (n tokens, or fewer)  iid / topk
 ``fixed``              :class:`FixedBuilder` (depth × width)       iid / swor / topk
 ``dyspec``             :class:`DySpecBuilder` (Alg. 1, heap)       swor
 ``dyspec-threshold``   :class:`DySpecThresholdBuilder` (Alg. 2)    swor

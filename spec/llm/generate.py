@@ -238,9 +238,9 @@ def _device_chain(b: TreeBuilder, verifier: str) -> bool:
 def _device_shape(b: TreeBuilder, verifier: str, budget: int, drafting: Sampling,
                   vocab: int) -> tuple[tuple[int, ...], Draw] | None:
     """The parents of the trees ``b`` grows and how its nodes are drawn, when a tree verifier takes
-    them (:func:`_tree_step`) and the shape is known before any draw: a :class:`ChainBuilder`, a
-    :class:`FixedBuilder` drawing ``iid`` (no draw can change the shape), or one drawing ``topk``
-    from draft rows (processed by ``drafting``) that keep ``width`` tokens with ``q > 0``: a
+    them (:func:`_tree_step`) and the shape is known before any draw: a :class:`ChainBuilder` with
+    no ``confidence`` stop, a :class:`FixedBuilder` drawing ``iid`` (no draw can change the
+    shape), or one drawing ``topk`` from draft rows (processed by ``drafting``) that keep ``width`` tokens with ``q > 0``: a
     temperature above 0 with no top-p and no top-k below ``width`` (only an underflow to 0 can then
     cut a row short; the step sees it and takes the host path).  The classes themselves: a
     subclass may grow otherwise.  Else ``None``."""
@@ -451,7 +451,10 @@ def generate(
     models' device and, with a chain verifier, verifies there, synchronising
     once for the drafted chain, once after the target forward and once for
     the result (:func:`_chain_step`), instead of once per drafted token; a
-    tree verifier takes the drafted chain and the rows to the host once.
+    tree verifier takes the drafted chain and the rows to the host once.  A
+    chain with a ``confidence`` stop reads each token's probability on the
+    host (one synchronisation per token) and, with a tree verifier, takes
+    the host path.
     A ``fixed`` builder drawing ``iid`` with a tree verifier drafts its tree
     (whose shape no draw can change) on the device the same way, one forward
     per layer and no host sync until the tokens are drawn
