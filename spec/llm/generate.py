@@ -240,10 +240,10 @@ def _device_shape(b: TreeBuilder, verifier: str, budget: int, drafting: Sampling
     """The parents of the trees ``b`` grows and how its nodes are drawn, when a tree verifier takes
     them (:func:`_tree_step`) and the shape is known before any draw: a :class:`ChainBuilder` with
     no ``confidence`` stop, a :class:`FixedBuilder` drawing ``iid`` (no draw can change the
-    shape), or one drawing ``topk`` from draft rows (processed by ``drafting``) that keep ``width`` tokens with ``q > 0``: a
-    temperature above 0 with no top-p and no top-k below ``width`` (only an underflow to 0 can then
-    cut a row short; the step sees it and takes the host path).  The classes themselves: a
-    subclass may grow otherwise.  Else ``None``."""
+    shape), or one drawing ``topk`` from draft rows (processed by ``drafting``) that keep
+    ``width`` tokens with ``q > 0``: a temperature above 0 with no top-p and no top-k below
+    ``width`` (only an underflow to 0 can then cut a row short; the step sees it and takes the
+    host path).  The classes themselves: a subclass may grow otherwise.  Else ``None``."""
     if verifier not in TREE_METHODS:
         return None
     if type(b) is ChainBuilder:  # a chain that may stop early has no fixed shape: the host path

@@ -278,8 +278,8 @@ PROMPT = [1, 3]
 SAMPLES = 700
 # the block verifier on chains that stop at the first token with q(x) < 0.3: on this pair the first step's chain
 # has 1, 2 or 3 tokens (measured while writing the test: 68 / 80 / 52 of 200 seeds at T = 1)
-CONFIGS = [("chain", "sps", {}), ("chain", "asps", {}), ("chain", "block", {"confidence": 0.3}), ("dyspec", "traversal", {}),
-           ("fixed", "multidraft", {"width": 2})]
+CONFIGS = [("chain", "sps", {}), ("chain", "asps", {}), ("chain", "block", {"confidence": 0.3}),
+           ("dyspec", "traversal", {}), ("fixed", "multidraft", {"width": 2})]
 # (temperature, top_k, top_p): the plain law, and one that each setting changes on this pair (measured while
 # writing the test: leaving out top-k or top-p moves the two tokens' law by a total variation of 0.31, leaving
 # out the temperature by 0.12) and that leaves 4 of the 16 cells possible, so a filtered token that slips
