@@ -116,6 +116,46 @@ def test_temperature_zero_confidence_chains_are_greedy(pair: tuple[object, objec
     assert len(sizes) > 2 and max(sizes) <= 6, sizes
 
 
+def test_confidence_chain_is_transformers_assisted_generation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second implementation of the same algorithm: at temperature 0, transformers' assisted generation
+    drafts the assistant's argmax chain (up to ``num_assistant_tokens`` = 20) and stops after the first
+    token whose softmax probability is below ``assistant_confidence_threshold``.  Our argmax chain with
+    ``confidence`` and the draft's rows at temperature 1 must give the same tokens in the same number of
+    target forwards (one per step for both: transformers feeds the prompt with its first candidates).
+    The draft is a noisy copy of the target, so chains of several tokens are accepted; transformers'
+    threshold tuning (scikit-learn's ROC curve, when installed) is turned off so the threshold stays put.
+    """
+    import copy
+
+    import transformers.generation.candidate_generator as candidates
+
+    monkeypatch.setattr(candidates, "is_sklearn_available", lambda: False)
+    target = _tiny(29, 3, scale=12.0)
+    target.generation_config.eos_token_id = None  # type: ignore[attr-defined]  # token 2 is a token like any other
+    draft = copy.deepcopy(target)
+    with torch.no_grad():
+        w = draft.lm_head.weight  # type: ignore[attr-defined]
+        w.add_(torch.randn(w.shape, generator=torch.Generator().manual_seed(0)) * float(w.std()) * 0.5)
+    lengths: set[int] = set()
+    for confidence, prompt in itertools.product((0.4, 0.7), ([5, 3, 5], [1, 2, 3, 4], [7], [2, 2, 8, 1])):
+        draft.generation_config.assistant_confidence_threshold = confidence  # type: ignore[attr-defined]
+        ids = torch.tensor([prompt])
+        calls = [0]
+        hook = target.register_forward_pre_hook(  # type: ignore[attr-defined]
+            lambda *_: calls.__setitem__(0, calls[0] + 1))
+        try:
+            seq = target.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=draft,  # type: ignore[attr-defined]
+                                  do_sample=False, max_new_tokens=40, pad_token_id=0)
+        finally:
+            hook.remove()
+        ours = generate(target, draft, prompt, "chain", "sps", budget=20, temperature=0, draft_temperature=1.0,
+                        builder_params={"draw": "topk", "confidence": confidence}, max_new_tokens=40, seed=0)
+        assert ours.tokens == seq[0, len(prompt):].tolist(), (confidence, prompt)
+        assert len(ours.steps) == calls[0], (confidence, prompt)
+        lengths |= {s.tree_size for s in ours.steps}
+    assert max(lengths) >= 3, lengths
+
+
 def test_verify_backends_give_the_same_tokens(pair: tuple[object, object]) -> None:
     """The torch verifiers and their numpy references (``verify_backend``) in the whole loop, at temperature
     above 0: the same uniforms give the same tokens and the same accepted counts, step by step."""
