@@ -639,10 +639,10 @@ class LLMDraft:
                                                                                           device=root.device))
             tok = tok.clamp(0, self._vocab - 1)  # a NaN row draws -1; the fault flag reports it
             tokens.append(tok)
-            if stop_below is not None and float(parent_rows[0, tok[0]]) < stop_below:  # a host read per token
-                par = par[:d]
-                break
             if d == len(layers):
+                break
+            if stop_below is not None and float(parent_rows[0, tok[0]]) < stop_below:  # a host read per token
+                par = par[:d]  # but the last: the chain ends there anyway
                 break
             have = cache_length(self.cache)
             m = len(layer)
