@@ -56,7 +56,7 @@ def test_parse_method() -> None:
                 "chain:sps:torch:numpy", "dyspec:traversal:numpy:numpy", "chain:sps:host:host", "dyspec:traversal:",
                 "dyspec:traversal:dtemp=", "dyspec:traversal:dtemp=x", "dyspec:traversal:dtemp=-1",
                 "dyspec:traversal:dtemp=nan", "dyspec:traversal:dtemp=inf", "dyspec:traversal:dtemp=1:dtemp=1",
-                "dyspec:traversal:dtemp"):
+                "dyspec:traversal:dtemp", "chain/confidence=0:sps", "chain/confidence=1.5:sps@20"):
         with pytest.raises(ValueError, match="method"):
             parse_method(bad, 16, 4)
 

@@ -469,6 +469,13 @@ def test_decode_command_on_a_saved_pair(saved_pair: SavedPair, capsys: pytest.Ca
         assert main([*base, "--no-ar", "--draft-temperature", bad]) == 2
         err = capsys.readouterr().err
         assert said in err and "Traceback" not in err
+    stopped = run("--builder", "chain", "--param", "draw=topk", "--param", "confidence=0.4", "--budget", "20",
+                  "--verifier", "sps", "--temperature", "0", "--draft-temperature", "1", "--no-ar")
+    assert stopped["tokens"] == greedy and stopped["mean_tree_size"] <= 20
+    for bad in ("0", "2", "-0.5", "\"high\""):
+        assert main([*base, "--no-ar", "--builder", "chain", "--param", f"confidence={bad}"]) == 2
+        err = capsys.readouterr().err
+        assert "confidence must be" in err and "Traceback" not in err
 
 
 #: (builder, verifier, params, draft temperature) under the plain target law at T = 1: a cooler draft, a warmer
