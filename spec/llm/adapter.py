@@ -162,10 +162,16 @@ def select_cache(cache: Any, indices: Sequence[int] | NDArray[np.integer[Any]] |
     a slice; the rest is gathered with ``index_select`` on the sequence axis
     (dim ``-2`` of each layer's ``(B, H, S, D)`` keys and values).
     """
+    head = indices if isinstance(indices, range) and indices.start == 0 and indices.step == 1 else None
     if isinstance(cache, StaticTreeCache):
-        cache.select(_index_array(indices, cache.length))
+        if head is not None:  # the decode loop's chain steps: a trim, with no index array
+            cache.trim(_prefix_length(head, cache.length))
+        else:
+            cache.select(_index_array(indices, cache.length))
         return cache
     layers = _dynamic_layers(cache)
+    if head is not None:
+        return trim_cache(cache, _prefix_length(head, cache_length(cache)))
     have = cache_length(cache)
     idx = _index_array(indices, have)
     moved = np.flatnonzero(idx != np.arange(len(idx)))
@@ -183,6 +189,13 @@ def select_cache(cache: Any, indices: Sequence[int] | NDArray[np.integer[Any]] |
         layer.values = torch.cat([values[..., :prefix, :], values.index_select(-2, at)], dim=-2)
     assert cache_length(cache) == len(idx)
     return cache
+
+
+def _prefix_length(indices: range, have: int) -> int:
+    """Length of ``range(n)`` given as indices, refused as :func:`_index_array` refuses it when ``n > have``."""
+    if len(indices) > have:
+        raise ValueError(f"indices must lie in [0, {have}) (the cache length), got {indices}")
+    return len(indices)
 
 
 def _index_array(indices: object, have: int) -> NDArray[np.int64]:
@@ -206,13 +219,28 @@ def _vocab(model: Any) -> int:
     return int(model.config.vocab_size)
 
 
+#: Model dtypes numpy holds exactly, with the same smallest finite value: their masks are built on the host.
+_NUMPY_DTYPES: dict[torch.dtype, type[np.floating[Any]]] = {
+    torch.float16: np.float16, torch.float32: np.float32, torch.float64: np.float64}
+
+
 def additive_mask(allowed: BoolArray, dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
-    """``(1, 1, n, kv)`` float mask from an ``(n, kv)`` bool mask: 0 where allowed, the dtype's min elsewhere."""
-    allowed_t = torch.as_tensor(np.asarray(allowed, dtype=bool), device=device)
-    if allowed_t.ndim != 2:
-        raise ValueError(f"allowed must be a 2-D (n, kv) bool mask, got shape {tuple(allowed_t.shape)}")
-    bias = torch.zeros(allowed_t.shape, dtype=dtype, device=device)
-    return bias.masked_fill_(~allowed_t, torch.finfo(dtype).min)[None, None]
+    """``(1, 1, n, kv)`` float mask from an ``(n, kv)`` bool mask: 0 where allowed, the dtype's min elsewhere.
+
+    float16/32/64 masks are built by one numpy ``where`` and uploaded (a
+    single host operation: this runs before every forward of the decode
+    loop); others (bfloat16) by ``masked_fill`` on the device.
+    """
+    allowed = np.asarray(allowed, dtype=bool)
+    if allowed.ndim != 2:
+        raise ValueError(f"allowed must be a 2-D (n, kv) bool mask, got shape {allowed.shape}")
+    host = _NUMPY_DTYPES.get(dtype)
+    if host is not None:
+        bias = torch.from_numpy(np.where(allowed, host(0), host(np.finfo(host).min)))
+        return bias.to(device)[None, None]
+    allowed_t = torch.as_tensor(allowed, device=device)
+    masked = torch.zeros(allowed_t.shape, dtype=dtype, device=device)
+    return masked.masked_fill_(~allowed_t, torch.finfo(dtype).min)[None, None]
 
 
 def _token_ids(tokens: Sequence[int], vocab: int) -> list[int]:
@@ -233,13 +261,15 @@ def _token_ids(tokens: Sequence[int], vocab: int) -> list[int]:
 
 
 def forward_masked(
-    model: Any, cache: Any, tokens: Sequence[int], positions: Sequence[int] | NDArray[np.int64], allowed: BoolArray
+    model: Any, cache: Any, tokens: Sequence[int], positions: Sequence[int] | NDArray[np.int64], allowed: BoolArray,
+    *, where: tuple[torch.device, torch.dtype] | None = None,
 ) -> torch.Tensor:
     """Feed ``tokens`` after the cached positions in one forward; return their logits ``(n, V)``.
 
     ``positions`` are the rotary/absolute position ids and ``allowed`` the
     ``(n, cache_length + n)`` bool attention mask (True = may attend).  The
-    cache grows by ``n`` positions, in the order of ``tokens``.
+    cache grows by ``n`` positions, in the order of ``tokens``.  ``where``:
+    as in :func:`forward_unchecked`.
     """
     n, have, vocab = len(tokens), cache_length(cache), _vocab(model)
     allowed = np.asarray(allowed, dtype=bool)
@@ -247,31 +277,36 @@ def forward_masked(
         raise ValueError(f"allowed has shape {allowed.shape}; expected ({n}, {have + n}) for {n} tokens after {have}")
     if len(positions) != n:
         raise ValueError(f"positions has {len(positions)} entries for {n} tokens")
-    return forward_unchecked(model, cache, _token_ids(tokens, vocab), positions, allowed)
+    return forward_unchecked(model, cache, _token_ids(tokens, vocab), positions, allowed, where=where)
 
 
 def forward_unchecked(
     model: Any, cache: Any, tokens: list[int] | torch.Tensor, positions: Sequence[int] | NDArray[np.int64],
-    allowed: BoolArray,
+    allowed: BoolArray, *, where: tuple[torch.device, torch.dtype] | None = None,
 ) -> torch.Tensor:
     """:func:`forward_masked` without its checks, for callers that built the inputs themselves.
 
     ``tokens`` may be an int64 tensor on the model's device (ids in range:
-    the caller's duty, e.g. by clamping), fed with no host sync.
+    the caller's duty, e.g. by clamping), fed with no host sync.  ``where``:
+    the model's ``(device, dtype)`` when the caller knows them (the decode
+    loop asks once per call, not once per forward), else looked up.
     """
     n, have = len(tokens), cache_length(cache)
     if isinstance(cache, StaticTreeCache):
         if cache.model is not model:
             raise ValueError("this StaticTreeCache belongs to another model")
         return cache.forward(tokens, positions, allowed)
-    device = _device(model)
+    device, dtype = (_device(model), _dtype(model)) if where is None else where
     if isinstance(tokens, torch.Tensor):
         ids = tokens.reshape(1, n)
     else:
         ids = torch.as_tensor(tokens, dtype=torch.long, device=device)[None]  # (1, n)
     pos = torch.as_tensor(np.asarray(positions, dtype=np.int64), device=device)[None]  # (1, n)
-    mask = additive_mask(allowed, _dtype(model), device)  # (1, 1, n, have + n)
-    with torch.no_grad():
+    mask = additive_mask(allowed, dtype, device)  # (1, 1, n, have + n)
+    if torch.is_grad_enabled():
+        with torch.no_grad():
+            out = model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True)
+    else:  # the decode loop runs under no_grad already: no context to enter per forward
         out = model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True)
     assert cache_length(cache) == have + n, "the model did not extend the cache it was given"
     logits: torch.Tensor = out.logits[0]
@@ -285,6 +320,8 @@ def tree_logits(
     past_len: int,
     root_token: int | None = None,
     order: Sequence[int] | None = None,
+    *,
+    where: tuple[torch.device, torch.dtype] | None = None,
 ) -> torch.Tensor:
     """Logits ``(N (+1), V)`` of every tree node from ONE forward over the flattened tree.
 
@@ -297,6 +334,7 @@ def tree_logits(
     before :func:`spec.llm.sampling.process_logits`.  Afterwards the cache
     holds past (+ root) + the flattened tree: trim it with
     ``select_cache(cache, spec.tree.keep_indices(tree, path, past_len, order, with_root))``.
+    ``where``: as in :func:`forward_unchecked`.
     """
     if not isinstance(tree, DraftTree):
         raise ValueError(f"tree must be a tmc.DraftTree, got {type(tree).__name__}")
@@ -310,11 +348,11 @@ def tree_logits(
     if not tokens:
         return torch.zeros((0, _vocab(model)), dtype=_dtype(model), device=_device(model))
     allowed = attention_mask(tree, past_len, ordr, with_root)
-    logits = forward_masked(model, cache, tokens, position_ids(tree, past_len, ordr, with_root), allowed)
+    logits = forward_masked(model, cache, tokens, position_ids(tree, past_len, ordr, with_root), allowed, where=where)
     off = len(head)
-    where = np.empty(tree.size, dtype=np.int64)
-    where[list(ordr)] = np.arange(tree.size)  # flattened position of each node
-    rows = np.concatenate([np.arange(off), off + where])
+    flat = np.empty(tree.size, dtype=np.int64)
+    flat[list(ordr)] = np.arange(tree.size)  # flattened position of each node
+    rows = np.concatenate([np.arange(off), off + flat])
     return logits.index_select(0, torch.as_tensor(rows, device=logits.device))
 
 
@@ -411,12 +449,19 @@ class LLMDraft:
         # draft_tree's shape and fed nodes (node, slot, logits) until settle_tree
         self._drafted: tuple[list[int], list[tuple[int, int, torch.Tensor]]] | None = None
         self._ended = False
+        self._where: tuple[torch.device, torch.dtype] | None = None  # the model's (device, dtype), once asked
         self.forwards = 0
         self.forward_s = 0.0  # seconds in draft forwards (device synchronised)
 
     @property
     def vocab(self) -> int:
         return self._vocab
+
+    def _model_where(self) -> tuple[torch.device, torch.dtype]:
+        """The model's ``(device, dtype)``, looked up once for a whole decode (:meth:`end_step` hands it on)."""
+        if self._where is None:
+            self._where = (_device(self.model), _dtype(self.model))
+        return self._where
 
     @property
     def context_len(self) -> int:
@@ -656,7 +701,8 @@ class LLMDraft:
                 cc += seen[node]
             allowed[rr, cc] = True
             t1 = time.perf_counter()
-            logits = forward_unchecked(self.model, self.cache, tok, [context + d - 1] * m, allowed)
+            logits = forward_unchecked(self.model, self.cache, tok, [context + d - 1] * m, allowed,
+                                       where=self._model_where())
             self.forward_s += time.perf_counter() - t1
             self.forwards += 1
             fed += [(node, have + j, logits[j]) for j, node in enumerate(layer)]
@@ -733,7 +779,7 @@ class LLMDraft:
         positions = [self.past_len + j for j in range(len(pend))] + [context + len(node) - 1 for node in new]
         tokens = list(pend) + [node[-1] for node in new]
         t0 = time.perf_counter()
-        logits = forward_masked(self.model, self.cache, tokens, positions, allowed)
+        logits = forward_masked(self.model, self.cache, tokens, positions, allowed, where=self._model_where())
         if wait:
             sync(logits.device)
         self.forward_s += time.perf_counter() - t0
@@ -762,16 +808,20 @@ class LLMDraft:
         if not self._pending_fed:  # nothing fed: the cache still holds exactly the past
             self._ended = True
             rest = self.pending + toks
-            if rest:
-                return LLMDraft(self.model, self.cache, self.past_len, pending=rest, sampling=self.sampling)
-            return LLMDraft(self.model, self.cache, self.past_len, last_logits=self._logits[()], sampling=self.sampling)
+            return self._successor(self.past_len, rest, None if rest else self._logits[()])
         fed = 0
         while fed < len(toks) and toks[: fed + 1] in self._slot:
             fed += 1
-        keep = list(range(self.context_len)) + [self._slot[toks[:d]] for d in range(1, fed + 1)]
-        select_cache(self.cache, keep)
+        context = self.context_len
+        slots = [self._slot[toks[:d]] for d in range(1, fed + 1)]
+        # a path fed in order right after the context (a chain's, always) is a trim, not a gather
+        select_cache(self.cache, range(context + fed) if slots == list(range(context, context + fed))
+                     else list(range(context)) + slots)
         self._ended = True
-        past, rest = len(keep), toks[fed:]
-        if rest:
-            return LLMDraft(self.model, self.cache, past, pending=rest, sampling=self.sampling)
-        return LLMDraft(self.model, self.cache, past, last_logits=self._logits[toks], sampling=self.sampling)
+        rest = toks[fed:]
+        return self._successor(context + fed, rest, None if rest else self._logits[toks])
+
+    def _successor(self, past: int, pending: Path, last_logits: torch.Tensor | None) -> LLMDraft:
+        nxt = LLMDraft(self.model, self.cache, past, pending=pending, last_logits=last_logits, sampling=self.sampling)
+        nxt._where = self._where
+        return nxt

@@ -53,7 +53,7 @@ from spec.llm.adapter import (
 )
 from spec.llm.host_verify import verify_chain_numpy, verify_tree_numpy
 from spec.llm.sampling import Sampling, logits_fault
-from spec.llm.static_cache import model_device, shared_static_cache
+from spec.llm.static_cache import model_device, model_dtype, shared_static_cache
 from spec.llm.verify import (
     CHAIN_METHODS,
     TREE_METHODS,
@@ -292,7 +292,7 @@ class _Shape:
 
 def _tree_step(
     d_step: LLMDraft, target: Any, t_cache: Any, t_past: int, root: int, shape: _Shape, verifier: str,
-    sampling: Sampling, rng: np.random.Generator, backend: str,
+    sampling: Sampling, rng: np.random.Generator, backend: str, where: tuple[torch.device, torch.dtype],
 ) -> tuple[Verified, NDArray[np.int64], tuple[float, float]] | None:
     """One step of a fixed-shape tree drafted on the device (:meth:`LLMDraft.draft_tree`), drawn
     ``kind`` (``iid``, or ``topk``: ranked tokens, each row's argmax for a chain) and verified by a
@@ -311,14 +311,15 @@ def _tree_step(
     on a token with ``q = 0`` (``short``: the host builder grows another
     shape there), with both caches back where the step began and no
     uniform used: the caller then takes the host path for the step.
+    ``where``: the target's ``(device, dtype)``.
     """
-    device = model_device(target)
+    device = where[0]
     n, kind = len(shape.parents), shape.kind
     drafted = d_step.draft_tree(shape.parents, torch.from_numpy(rng.random(n)) if kind == Draw.IID else None)
     t1 = time.perf_counter()
     drawn = drafted.tokens.to(device)  # a no-op when draft and target share the device
     ids = torch.cat([torch.full((1,), root, dtype=torch.long, device=device), drawn.index_select(0, shape.ids)])
-    logits = forward_unchecked(target, t_cache, ids, shape.depths + t_past, shape.allowed(t_past))
+    logits = forward_unchecked(target, t_cache, ids, shape.depths + t_past, shape.allowed(t_past), where=where)
     p = sampling.probs_unchecked(logits.index_select(0, shape.rows))
     sync(device)
     t2 = time.perf_counter()
@@ -353,7 +354,8 @@ def _tree_step(
 
 def _chain_step(
     d_step: LLMDraft, target: Any, t_cache: Any, t_past: int, root: int, k: int, iid: bool, verifier: str,
-    sampling: Sampling, rng: np.random.Generator, backend: str, confidence: float | None = None,
+    sampling: Sampling, rng: np.random.Generator, backend: str, where: tuple[torch.device, torch.dtype],
+    confidence: float | None = None,
 ) -> tuple[Verified, int, tuple[float, float]]:
     """One chain step with the rows kept on the device: the draft tokens are drawn there
     (:meth:`LLMDraft.draft_chain`), fed to the target as a device tensor, and verified by
@@ -365,8 +367,9 @@ def _chain_step(
     With ``confidence`` the chain may end before ``k`` tokens (one host read per token,
     :meth:`LLMDraft.draft_chain`); ``rng`` is then rewound to just past the uniforms used.
     Returns the verification, the chain length and the times that end drafting and the target forward.
+    ``where``: the target's ``(device, dtype)``.
     """
-    device = model_device(target)
+    device = where[0]
     before = rng.bit_generator.state if iid and confidence is not None else None
     u_draft = torch.from_numpy(rng.random(k)) if iid else None
     chain = d_step.draft_chain(k, u_draft, confidence)
@@ -378,9 +381,8 @@ def _chain_step(
     t1 = time.perf_counter()
     drawn = chain.tokens.to(device)  # a no-op when draft and target share the device
     ids = torch.cat([torch.full((1,), root, dtype=torch.long, device=device), drawn])
-    allowed = np.ones((k + 1, t_past + k + 1), dtype=bool)
-    allowed[:, t_past:] = np.tril(allowed[:, t_past:])  # causal over root + chain
-    logits = forward_unchecked(target, t_cache, ids, np.arange(t_past, t_past + k + 1), allowed)
+    allowed = np.tri(k + 1, t_past + k + 1, t_past, dtype=bool)  # the past, then causal over root + chain
+    logits = forward_unchecked(target, t_cache, ids, np.arange(t_past, t_past + k + 1), allowed, where=where)
     p = sampling.probs_unchecked(logits)
     sync(device)
     t2 = time.perf_counter()
@@ -403,6 +405,7 @@ def _chain_step(
     return res, k, (t1, t2)
 
 
+@torch.no_grad()
 def generate(
     target: Any,
     draft: Any,
@@ -498,6 +501,7 @@ def generate(
     rng = np.random.default_rng(seed)
     sampler = RngSampler(rng)
     device = model_device(target)
+    where = (device, model_dtype(target))
 
     # Prefill: the target caches the prompt but its last token (fed as each step's root).
     capacity = len(prompt) + max_new_tokens + 4 * budget + 64  # a first guess: a static cache grows on demand
@@ -518,17 +522,17 @@ def generate(
         if on_device:
             assert isinstance(b, ChainBuilder)
             res, size, (t1, t2) = _chain_step(d_step, target, t_cache, t_past, root, budget, b.draw == Draw.IID,
-                                              verifier, sampling, rng, backend, b.confidence)
+                                              verifier, sampling, rng, backend, where, b.confidence)
             keep: Sequence[int] | NDArray[np.int64] = range(t_past + 1 + res.n_accepted)  # fed in order: a trim
         elif shape is not None and (got := _tree_step(d_step, target, t_cache, t_past, root, shape, verifier,
-                                                       sampling, rng, backend)) is not None:
+                                                       sampling, rng, backend, where)) is not None:
             res, keep, (t1, t2) = got
             size = len(shape.parents)
         else:  # the host builder (also for a device-drafted tree that came out short)
             tree = b.build(d_step, budget, sampler, state)
             t1 = time.perf_counter()
             ordr = _order(tree, order)
-            logits = tree_logits(target, t_cache, tree, t_past, root_token=root, order=ordr)
+            logits = tree_logits(target, t_cache, tree, t_past, root_token=root, order=ordr, where=where)
             p = sampling.probs(logits)
             sync(device)
             t2 = time.perf_counter()

@@ -158,11 +158,20 @@ def test_forward_masked_takes_integer_ids_in_the_vocabulary_only():
         trim_cache(cache, n)
 
 
-def test_additive_mask_is_zero_where_allowed_and_dtype_min_elsewhere():
-    allowed = np.array([[True, False], [True, True]])
-    mask = additive_mask(allowed, torch.float16)
-    assert mask.shape == (1, 1, 2, 2) and mask.dtype == torch.float16
-    assert mask[0, 0, 0, 0] == 0 and mask[0, 0, 0, 1] == torch.finfo(torch.float16).min
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_additive_mask_is_zero_where_allowed_and_dtype_min_elsewhere(dtype):
+    """Host-built (float16/32/64) and device-built (bfloat16) masks alike; the min is torch's, never -inf."""
+    allowed = np.array([[True, False, False], [True, True, False]])
+    mask = additive_mask(allowed, dtype)
+    assert mask.shape == (1, 1, 2, 3) and mask.dtype == dtype
+    low = torch.finfo(dtype).min
+    expected = torch.tensor([[0.0, low, low], [0.0, 0.0, low]], dtype=dtype)
+    assert torch.equal(mask[0, 0], expected) and bool(torch.isfinite(mask).all())
+
+
+def test_additive_mask_refuses_a_mask_that_is_not_2d():
+    with pytest.raises(ValueError, match="2-D"):
+        additive_mask(np.ones(3, dtype=bool), torch.float32)
 
 
 # --- trim_cache / select_cache ------------------------------------------------------------
@@ -238,6 +247,22 @@ def test_select_cache_of_a_prefix_is_a_trim_and_works_under_inference_mode():
     assert cache_length(cache) == 2
 
 
+def test_select_cache_of_a_range_trims_like_the_list_and_refuses_one_too_long():
+    """``range(n)``, the decode loop's chain case, takes a shortcut to a trim: same cache, same checks."""
+    model, ctx = tiny_model(), context()
+    by_range, _ = prefill(model, ctx)
+    by_list, _ = prefill(model, ctx)
+    select_cache(by_range, range(4))
+    select_cache(by_list, [0, 1, 2, 3])
+    for a, b in zip(by_range.layers, by_list.layers):
+        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+    with pytest.raises(ValueError, match=r"\[0, 4\)"):
+        select_cache(by_range, range(5))
+    assert cache_length(by_range) == 4
+    select_cache(by_range, range(0))
+    assert cache_length(by_range) == 0
+
+
 @pytest.mark.parametrize(
     "indices, match",
     [([0, 2, 2], "strictly increasing"), ([3, 1], "strictly increasing"), ([0, 7], r"\[0, 7\)"), ([-1, 0], r"\[0, 7\)"),
@@ -257,6 +282,8 @@ def test_select_cache_refuses_caches_it_cannot_gather():
     cache.layers[1] = DynamicSlidingWindowLayer(sliding_window=4)
     with pytest.raises(ValueError, match="DynamicSlidingWindowLayer"):
         select_cache(cache, [0, 1])
+    with pytest.raises(ValueError, match="DynamicSlidingWindowLayer"):  # a prefix range as well
+        select_cache(cache, range(2))
 
 
 # --- LLMDraft -----------------------------------------------------------------------------

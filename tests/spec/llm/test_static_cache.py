@@ -130,6 +130,9 @@ def test_trim_and_prefix_select(model: LlamaForCausalLM) -> None:
         trim_cache(cache, 9)
     with pytest.raises(ValueError, match="strictly increasing"):
         select_cache(cache, [0, 2, 1])
+    with pytest.raises(ValueError, match=r"\[0, 8\)"):
+        select_cache(cache, range(9))
+    assert cache.length == 8
 
 
 @pytest.mark.parametrize("sampling", [Sampling(1.0), Sampling(0.7, top_k=5)])
