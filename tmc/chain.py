@@ -287,6 +287,30 @@ def _block_step(toks: NDArray[np.int64], q: FloatArray, p: FloatArray, uu: Float
     return [int(t) for t in toks[:tau]] + [categorical(final, float(uu[n]))]
 
 
+_STEPS = {"sps": _sps_step, "asps": _asps_step, "block": _block_step}
+
+
+def chain_sample_trusted(
+    method: str, ref: NDArray[np.int64], q_rows: FloatArray, p_rows: FloatArray, u: FloatArray
+) -> list[int]:
+    """``{method}_sample_from_uniforms`` without its checks, for callers whose inputs are valid by construction.
+
+    ``method`` is ``"sps"``, ``"asps"`` or ``"block"``.  The caller vouches
+    for what :func:`~tmc.validate.check_chain` and
+    :func:`~tmc.noise.check_uniforms` would check: ``ref`` int64 ids in
+    ``[0, V)``, ``q_rows`` ``(n, V)`` and ``p_rows`` ``(n + 1, V)`` float64
+    rows that are finite, non-negative and sum to 1 within
+    :data:`~tmc.validate.ROW_SUM_TOL`, ``q > 0`` at every drafted token, and
+    ``u`` float64 uniforms in ``[0, 1)`` of the method's count.  The rows are
+    renormalised as ``check_chain`` renormalises them, so the tokens are
+    those of the checked sampler (tested); bad input gives garbage, not an
+    error.  The LLM decode loop calls it on softmax rows whose logits it
+    checked, where the checks cost more than the step.
+    """
+    step = _STEPS[method]
+    return step(ref, q_rows / q_rows.sum(axis=1)[:, None], p_rows / p_rows.sum(axis=1)[:, None], u)
+
+
 def block_sample(
     ref: ArrayLike | Sequence[int], q_rows: ArrayLike, p_rows: ArrayLike, rng: np.random.Generator | int
 ) -> list[int]:

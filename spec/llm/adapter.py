@@ -59,6 +59,7 @@ Notation: ``p`` target, ``q`` draft (DESIGN.md §3).
 
 from __future__ import annotations
 
+import functools
 import numbers
 import time
 from collections.abc import Sequence
@@ -189,6 +190,34 @@ def select_cache(cache: Any, indices: Sequence[int] | NDArray[np.integer[Any]] |
         layer.values = torch.cat([values[..., :prefix, :], values.index_select(-2, at)], dim=-2)
     assert cache_length(cache) == len(idx)
     return cache
+
+
+@functools.lru_cache(maxsize=128)
+def _tree_layout(parents: tuple[int, ...]) -> tuple[tuple[list[int], ...], tuple[int, ...]]:
+    """The layers of a breadth-first tree shape (node lists, by depth) and each node's count of earlier
+    siblings; ``ValueError`` for an empty or malformed shape.  Cached: the decode loop drafts the same
+    few shapes (a budget's chain, a fixed tree) every step.  Callers must not change the lists.
+    """
+    if not parents:
+        raise ValueError("parents must describe at least one node")
+    depth: list[int] = []
+    layers: list[list[int]] = []
+    rank: list[int] = []
+    siblings: dict[int, int] = {}
+    for i, p in enumerate(parents):
+        if p < ROOT:
+            raise ValueError(f"parents[{i}] must be >= -1, got {p}")
+        if p >= i:
+            raise ValueError(f"parents[{i}] = {p}; a parent must be -1 (root) or an earlier node")
+        depth.append(1 if p == ROOT else depth[p] + 1)
+        if i and depth[i] < depth[i - 1]:
+            raise ValueError(f"parents must number the nodes breadth first; node {i} is shallower than node {i - 1}")
+        if depth[i] > len(layers):
+            layers.append([])
+        layers[-1].append(i)
+        rank.append(siblings.get(p, 0))
+        siblings[p] = rank[-1] + 1
+    return tuple(layers), tuple(rank)
 
 
 def _prefix_length(indices: range, have: int) -> int:
@@ -614,18 +643,11 @@ class LLMDraft:
             raise RuntimeError("this draft step has ended (end_step); use the draft it returned")
         if self._slot or self._drafted is not None:
             raise RuntimeError("draft_tree needs a draft step with no node fed yet")
-        par = [check_int(f"parents[{i}]", p, minimum=-1) for i, p in enumerate(parents)]
-        n = len(par)
-        if n == 0:
-            raise ValueError("parents must describe at least one node")
-        depth: list[int] = []
-        for i, p in enumerate(par):
-            if p >= i:
-                raise ValueError(f"parents[{i}] = {p}; a parent must be -1 (root) or an earlier node")
-            depth.append(1 if p == ROOT else depth[p] + 1)
-            if i and depth[i] < depth[i - 1]:
-                raise ValueError(f"parents must number the nodes breadth first; node {i} is shallower than "
-                                 f"node {i - 1}")
+        given = tuple(parents)
+        if not all(type(p) is int for p in given):  # Python ints (the decode loop's) are checked by _tree_layout
+            given = tuple(check_int(f"parents[{i}]", p, minimum=-1) for i, p in enumerate(given))
+        layers, rank = _tree_layout(given)
+        par, n = list(given), len(given)
         if stop_below is not None:
             if par != list(range(-1, n - 1)):
                 raise ValueError("stop_below needs a chain: parents must be -1, 0, 1, ...")
@@ -634,22 +656,18 @@ class LLMDraft:
             shape_ok = isinstance(uniforms, torch.Tensor) and tuple(uniforms.shape) == (n,)
             if not shape_ok or not uniforms.is_floating_point():
                 raise ValueError(f"uniforms must be None or a floating-point tensor of shape ({n},)")
-            if not bool(((uniforms >= 0.0) & (uniforms < 1.0)).all()):  # host tensors in the decode loop: no device wait
+            if uniforms.device.type == "cpu" and uniforms.dtype in (torch.float32, torch.float64):
+                host = uniforms.detach().numpy()  # the decode loop's case: one numpy test, not four torch ops
+                inside = bool(np.all((host >= 0.0) & (host < 1.0)))
+            else:
+                inside = bool(((uniforms >= 0.0) & (uniforms < 1.0)).all())
+            if not inside:
                 raise ValueError(f"uniforms must lie in [0, 1), got {uniforms.tolist()}")
         if not self._pending_fed:
             self._feed([], wait=False)
         root = self._logits[()]
         u = None if uniforms is None else uniforms.to(device=root.device, dtype=torch.float64)
         context = self.context_len
-        layers: list[list[int]] = []
-        rank: list[int] = []  # earlier siblings of each node
-        siblings: dict[int, int] = {}
-        for i, d in enumerate(depth):
-            if d > len(layers):
-                layers.append([])
-            layers[-1].append(i)
-            rank.append(siblings.get(par[i], 0))
-            siblings[par[i]] = rank[-1] + 1
         short = [torch.zeros((), dtype=torch.bool, device=root.device)]
         prev_nodes, prev_rows = [ROOT], self.sampling.probs_unchecked(root).reshape(1, self._vocab)
         seen: dict[int, tuple[int, ...]] = {ROOT: ()}

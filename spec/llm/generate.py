@@ -201,8 +201,9 @@ def _verify(method: str, tree: DraftTree, p: torch.Tensor, rng: np.random.Genera
         q = _draft_probs(tree, vocab)
         q_chain = None if q is None else q[: tree.size]  # row i: law of token i
         if backend == "numpy":
+            # trusted: p from checked logits, the rows of a validated DraftTree, tokens drawn from them
             return verify_chain_numpy(method, tree.tokens, None if q_chain is None else q_chain.numpy(),
-                                      p.cpu().numpy(), u_np)
+                                      p.cpu().numpy(), u_np, trusted=True)
         u = torch.from_numpy(u_np).to(p.device)
         return verify_chain(method, torch.tensor(tree.tokens, dtype=torch.long),
                             None if q_chain is None else q_chain.to(p.device), p, u)
@@ -392,8 +393,8 @@ def _chain_step(
     if backend == "numpy":  # the flag and the tokens in one transfer, then the rows for the numpy reference
         got = torch.cat([fault.to(torch.int64).reshape(1), chain.tokens]).tolist()
         drafted = got[1:]
-        res = None if got[0] else verify_chain_numpy(
-            verifier, drafted, chain.q.cpu().numpy() if iid else None, p.cpu().numpy(), u)
+        res = None if got[0] else verify_chain_numpy(  # trusted: no fault, tokens drawn from these rows
+            verifier, drafted, chain.q.cpu().numpy() if iid else None, p.cpu().numpy(), u, trusted=True)
     else:
         res, drafted = verify_chain_on_device(verifier, drawn, chain.q.to(device) if iid else None,
                                               p, torch.from_numpy(u).to(device), fault)

@@ -34,7 +34,7 @@ from numpy.typing import NDArray
 
 from spec.llm.verify import CHAIN_METHODS, TREE_METHODS, Verified, _check_method, check_swor_enumeration
 from spec.tree import accepted_nodes
-from tmc.chain import asps_sample_from_uniforms, block_sample_from_uniforms, sps_sample_from_uniforms
+from tmc.chain import asps_sample_from_uniforms, block_sample_from_uniforms, chain_sample_trusted, sps_sample_from_uniforms
 from tmc.kseq import kseq_sample_from_uniforms
 from tmc.multidraft import DraftTree, multidraft_sample_from_uniforms
 from tmc.ordered_traversal import ordered_traversal_sample_from_uniforms
@@ -61,12 +61,17 @@ assert tuple(NUMPY_CHAIN_SAMPLERS) == CHAIN_METHODS and tuple(NUMPY_TREE_SAMPLER
 
 
 def verify_chain_numpy(
-    method: str, draft_tokens: Sequence[int], draft_probs: FloatArray | None, target_probs: FloatArray, uniforms: FloatArray
+    method: str, draft_tokens: Sequence[int], draft_probs: FloatArray | None, target_probs: FloatArray,
+    uniforms: FloatArray, *, trusted: bool = False,
 ) -> Verified:
     """:func:`spec.llm.verify.verify_chain` by its numpy reference (same arrays; ``None`` = point masses).
 
     The reference validates the arrays and raises its own ``ValueError``.
     ASpS takes one uniform or ``n + 1`` and then reads the first, as the torch port does.
+    ``trusted``: skip those checks (:func:`tmc.chain.chain_sample_trusted`:
+    same tokens on valid input, garbage on bad input), for the decode loop,
+    whose rows are softmax rows of logits it checked and whose draft tokens
+    were drawn from ``draft_probs``.
     """
     sampler = NUMPY_CHAIN_SAMPLERS[_check_method(method, CHAIN_METHODS)]
     tokens = list(draft_tokens)
@@ -81,7 +86,11 @@ def verify_chain_numpy(
             if not 0 <= tok < p.shape[1]:
                 raise ValueError(f"draft_tokens[{i}] = {tok} is outside the vocabulary [0, {p.shape[1]})")
             draft_probs[i, tok] = 1.0
-    out = sampler(tokens, draft_probs, target_probs, uniforms)
+    if trusted:
+        out = chain_sample_trusted(method, np.asarray(tokens, dtype=np.int64), np.asarray(draft_probs, dtype=np.float64),
+                                   np.asarray(target_probs, dtype=np.float64), np.asarray(uniforms, dtype=np.float64))
+    else:
+        out = sampler(tokens, draft_probs, target_probs, uniforms)
     n_acc = len(out) - 1
     return Verified(torch.tensor(out, dtype=torch.int64), n_acc, tuple(range(n_acc)))
 

@@ -112,13 +112,13 @@ def categorical_draw(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     The cumulative sums are ``torch.cumsum`` along the row (sequential on the
     CPU, like ``numpy.cumsum``).
     """
-    length = weights.shape[-1]
     cdf = torch.cumsum(weights, dim=-1)
-    i = torch.searchsorted(cdf, (u * cdf[..., -1]).unsqueeze(-1), right=True).squeeze(-1)
-    # u * total rounded up to total: the last index with positive weight.
-    index = torch.arange(length, device=weights.device)
-    last = torch.where(weights > 0.0, index, -1).amax(dim=-1)
-    return torch.where(i >= length, last, i)
+    i = torch.searchsorted(cdf, u.unsqueeze(-1) * cdf[..., -1:], right=True).squeeze(-1)
+    # u * total rounded up to total (i == L) takes the last index with positive weight: the first
+    # index where the count of positive weights reaches its maximum (argmax returns the first).
+    # Every other i has cdf[i] > u * total, so i <= that index and the minimum leaves it alone.
+    last = (weights > 0.0).cumsum(dim=-1).argmax(dim=-1)
+    return torch.minimum(i, last)
 
 
 def ranked_tokens(rows: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -126,6 +126,40 @@ def test_rng_entry_point_is_replay_of_its_uniforms(sample, replay, width):
         assert got == want
 
 
+# ------------------------------------------------- the unchecked entry point
+
+CHECKED = {"sps": sps_sample_from_uniforms, "asps": asps_sample_from_uniforms, "block": block_sample_from_uniforms}
+
+
+def _random_chain(rng, n, vocab):
+    """A chain whose rows sum to 1 only within ROW_SUM_TOL (so renormalising matters), with exact zeros."""
+    q = rng.dirichlet(np.full(vocab, 0.5), size=n) * (1 + rng.uniform(-5e-7, 5e-7, size=(n, 1)))
+    p = rng.dirichlet(np.full(vocab, 0.5), size=n + 1)
+    p[p < 0.05] = 0.0
+    p = p / p.sum(axis=1, keepdims=True) * (1 + rng.uniform(-5e-7, 5e-7, size=(n + 1, 1)))
+    ref = np.array([rng.choice(vocab, p=row / row.sum()) for row in q], dtype=np.int64)
+    return ref, q, p
+
+
+@pytest.mark.parametrize("method", ["sps", "asps", "block"])
+def test_trusted_entry_point_gives_the_checked_samplers_tokens(method):
+    """``chain_sample_trusted`` on valid input is the checked sampler, uniform by uniform; among the
+    uniforms are the accept thresholds of the renormalised rows, where rows used as given would flip."""
+    from tmc.chain import chain_sample_trusted
+
+    rng = np.random.default_rng(7)
+    for _ in range(300):
+        n, vocab = int(rng.integers(0, 5)), int(rng.integers(1, 6))
+        ref, q, p = _random_chain(rng, n, vocab)
+        width = 1 if method == "asps" else n + 1
+        u = rng.random(width)
+        if n and method == "sps":  # the first accept test exactly at its threshold p(ref) / q(ref)
+            u[0] = min((p[0, ref[0]] / p[0].sum()) / (q[0, ref[0]] / q[0].sum()), 0.999)
+        for uu in (u, np.zeros(width), np.full(width, np.nextafter(1.0, 0.0))):
+            want = CHECKED[method](ref, q, p, uu)
+            assert chain_sample_trusted(method, ref, q, p, uu) == want, (method, ref.tolist(), uu.tolist())
+
+
 # ------------------------------------------------------- calibrated tests
 
 # Each check below states its false-fail rate: the CI budget of 1e-9 split

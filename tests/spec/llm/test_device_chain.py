@@ -330,6 +330,15 @@ def test_draft_tree_misuse_is_refused(pair: tuple[object, object]) -> None:
         draft.draft_tree((-1, 1), None)
     with pytest.raises(ValueError, match="breadth first"):
         draft.draft_tree((-1, 0, -1), None)
+    for bad, match in (((-1, -2), r"parents\[1\] must be >= -1"), ((-1, np.int64(-2)), r"parents\[1\] must be >= -1"),
+                       ((-1, True), r"parents\[1\] must be an integer")):
+        for _ in range(2):  # the second call would meet a cached layout
+            with pytest.raises(ValueError, match=match):
+                draft.draft_tree(bad, None)
+    for u in (torch.tensor([0.5, 1.0], dtype=torch.float64), torch.tensor([-0.1, 0.5], dtype=torch.float32),
+              torch.tensor([0.5, 1.0], dtype=torch.bfloat16)):  # the numpy test, and torch's for bfloat16
+        with pytest.raises(ValueError, match=r"uniforms must lie in \[0, 1\)"):
+            draft.draft_tree((-1, 0), u)
     with pytest.raises(ValueError, match=r"shape \(3,\)"):
         draft.draft_tree((-1, -1, 0), torch.zeros(2, dtype=torch.float64))
     with pytest.raises(RuntimeError, match="follows draft_tree"):

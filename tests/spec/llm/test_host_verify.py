@@ -40,6 +40,19 @@ def test_chain_numpy_equals_the_torch_verifier() -> None:
                 assert got.nodes == want.nodes == tuple(range(got.n_accepted))
 
 
+def test_trusted_chain_verification_equals_the_checked_one() -> None:
+    """``trusted=True`` (the decode loop's call) skips the reference's checks and keeps its tokens."""
+    rng = np.random.default_rng(13)
+    for _ in range(200):
+        ref, q, p = chain_case(rng)
+        u = uniforms(rng, len(ref) + 1)
+        for method in CHAIN_METHODS:
+            for rows in (q, None):
+                want = verify_chain_numpy(method, ref, rows, p, u)
+                got = verify_chain_numpy(method, ref, rows, p, u, trusted=True)
+                assert torch.equal(got.tokens, want.tokens) and got.n_accepted == want.n_accepted, (method, ref)
+
+
 def test_tree_numpy_equals_the_torch_verifier_up_to_iid_twins() -> None:
     checked = twins = 0
     for tree, p, q, u in tree_cases(seed=12, count=240):

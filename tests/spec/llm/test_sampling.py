@@ -200,3 +200,9 @@ def test_categorical_draw_equals_the_host_rule_row_by_row() -> None:
             one = categorical_draw(torch.from_numpy(r), torch.tensor(x, dtype=torch.float64))
             assert one.shape == () and int(one) == w
             assert r[w] > 0.0
+    # denormal weights: u * total rounds up to total, and the host rule falls back to the last positive weight
+    tiny = np.array([0.0, 3 * 5e-324, 0.0, 2 * 5e-324, 0.0])
+    u_top = float(np.nextafter(1.0, 0.0))
+    assert u_top * float(np.cumsum(tiny)[-1]) == float(np.cumsum(tiny)[-1])  # the case is the fallback's
+    assert int(categorical_draw(torch.from_numpy(tiny), torch.tensor(u_top, dtype=torch.float64))) \
+        == categorical(tiny, u_top) == 3
