@@ -193,10 +193,10 @@ def select_cache(cache: Any, indices: Sequence[int] | NDArray[np.integer[Any]] |
 
 
 @functools.lru_cache(maxsize=128)
-def _tree_layout(parents: tuple[int, ...]) -> tuple[tuple[list[int], ...], tuple[int, ...]]:
-    """The layers of a breadth-first tree shape (node lists, by depth) and each node's count of earlier
+def _tree_layout(parents: tuple[int, ...]) -> tuple[tuple[tuple[int, ...], ...], tuple[int, ...]]:
+    """The layers of a breadth-first tree shape (its nodes, by depth) and each node's count of earlier
     siblings; ``ValueError`` for an empty or malformed shape.  Cached: the decode loop drafts the same
-    few shapes (a budget's chain, a fixed tree) every step.  Callers must not change the lists.
+    few shapes (a budget's chain, a fixed tree) every step.
     """
     if not parents:
         raise ValueError("parents must describe at least one node")
@@ -217,7 +217,7 @@ def _tree_layout(parents: tuple[int, ...]) -> tuple[tuple[list[int], ...], tuple
         layers[-1].append(i)
         rank.append(siblings.get(p, 0))
         siblings[p] = rank[-1] + 1
-    return tuple(layers), tuple(rank)
+    return tuple(tuple(layer) for layer in layers), tuple(rank)
 
 
 def _prefix_length(indices: range, have: int) -> int:
@@ -256,17 +256,17 @@ _NUMPY_DTYPES: dict[torch.dtype, type[np.floating[Any]]] = {
 def additive_mask(allowed: BoolArray, dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
     """``(1, 1, n, kv)`` float mask from an ``(n, kv)`` bool mask: 0 where allowed, the dtype's min elsewhere.
 
-    float16/32/64 masks are built by one numpy ``where`` and uploaded (a
-    single host operation: this runs before every forward of the decode
-    loop); others (bfloat16) by ``masked_fill`` on the device.
+    On the CPU, float16/32/64 masks come from one numpy ``where`` (this runs
+    before every forward of the decode loop, where torch's four small
+    operations cost more); others (bfloat16, any dtype on a GPU) from
+    ``masked_fill`` on the device.
     """
     allowed = np.asarray(allowed, dtype=bool)
     if allowed.ndim != 2:
         raise ValueError(f"allowed must be a 2-D (n, kv) bool mask, got shape {allowed.shape}")
     host = _NUMPY_DTYPES.get(dtype)
-    if host is not None:
-        bias = torch.from_numpy(np.where(allowed, host(0), host(np.finfo(host).min)))
-        return bias.to(device)[None, None]
+    if host is not None and torch.device(device).type == "cpu":
+        return torch.from_numpy(np.where(allowed, host(0), host(np.finfo(host).min)))[None, None]
     allowed_t = torch.as_tensor(allowed, device=device)
     masked = torch.zeros(allowed_t.shape, dtype=dtype, device=device)
     return masked.masked_fill_(~allowed_t, torch.finfo(dtype).min)[None, None]
@@ -669,7 +669,7 @@ class LLMDraft:
         u = None if uniforms is None else uniforms.to(device=root.device, dtype=torch.float64)
         context = self.context_len
         short = [torch.zeros((), dtype=torch.bool, device=root.device)]
-        prev_nodes, prev_rows = [ROOT], self.sampling.probs_unchecked(root).reshape(1, self._vocab)
+        prev_nodes, prev_rows = (ROOT,), self.sampling.probs_unchecked(root).reshape(1, self._vocab)
         seen: dict[int, tuple[int, ...]] = {ROOT: ()}
         tokens: list[torch.Tensor] = []
         q_rows: list[torch.Tensor] = []
