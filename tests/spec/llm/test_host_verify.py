@@ -38,19 +38,9 @@ def test_chain_numpy_equals_the_torch_verifier() -> None:
                 got = verify_chain_numpy(method, ref, rows, p, u)
                 assert check_verified(got, "cpu") == check_verified(want, "cpu"), (method, ref, p.tolist(), u.tolist())
                 assert got.nodes == want.nodes == tuple(range(got.n_accepted))
-
-
-def test_trusted_chain_verification_equals_the_checked_one() -> None:
-    """``trusted=True`` (the decode loop's call) skips the reference's checks and keeps its tokens."""
-    rng = np.random.default_rng(13)
-    for _ in range(200):
-        ref, q, p = chain_case(rng)
-        u = uniforms(rng, len(ref) + 1)
-        for method in CHAIN_METHODS:
-            for rows in (q, None):
-                want = verify_chain_numpy(method, ref, rows, p, u)
-                got = verify_chain_numpy(method, ref, rows, p, u, trusted=True)
-                assert torch.equal(got.tokens, want.tokens) and got.n_accepted == want.n_accepted, (method, ref)
+                # trusted=True (the decode loop's call) skips the reference's checks and keeps its tokens
+                fast = verify_chain_numpy(method, ref, rows, p, u, trusted=True)
+                assert torch.equal(fast.tokens, got.tokens) and fast.n_accepted == got.n_accepted, (method, ref)
 
 
 def test_tree_numpy_equals_the_torch_verifier_up_to_iid_twins() -> None:
