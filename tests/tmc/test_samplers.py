@@ -26,6 +26,7 @@ from tmc import (
     sps_sample,
     sps_sample_from_uniforms,
 )
+from tmc.chain import chain_sample_trusted
 from tmc.toy import ToyModel
 from verification.calibrated import chi_square_check, detectable_tv, required_samples
 
@@ -145,8 +146,6 @@ def _random_chain(rng, n, vocab):
 def test_trusted_entry_point_gives_the_checked_samplers_tokens(method):
     """``chain_sample_trusted`` on valid input is the checked sampler, uniform by uniform; among the
     uniforms are the accept thresholds of the renormalised rows, where rows used as given would flip."""
-    from tmc.chain import chain_sample_trusted
-
     rng = np.random.default_rng(7)
     for _ in range(300):
         n, vocab = int(rng.integers(0, 5)), int(rng.integers(1, 6))
