@@ -295,7 +295,7 @@ def chain_sample_trusted(
 ) -> list[int]:
     """``{method}_sample_from_uniforms`` without its checks, for callers whose inputs are valid by construction.
 
-    ``method`` is ``"sps"``, ``"asps"`` or ``"block"``.  The caller vouches
+    ``method`` is ``"sps"``, ``"asps"`` or ``"block"`` (else ``ValueError``).  The caller vouches
     for what :func:`~tmc.validate.check_chain` and
     :func:`~tmc.noise.check_uniforms` would check: ``ref`` int64 ids in
     ``[0, V)``, ``q_rows`` ``(n, V)`` and ``p_rows`` ``(n + 1, V)`` float64
@@ -307,7 +307,9 @@ def chain_sample_trusted(
     error.  The LLM decode loop calls it on softmax rows whose logits it
     checked, where the checks cost more than the step.
     """
-    step = _STEPS[method]
+    step = _STEPS.get(method)
+    if step is None:
+        raise ValueError(f"method must be one of {', '.join(_STEPS)}, got {method!r}")
     return step(ref, q_rows / q_rows.sum(axis=1)[:, None], p_rows / p_rows.sum(axis=1)[:, None], u)
 
 

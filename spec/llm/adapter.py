@@ -59,6 +59,7 @@ Notation: ``p`` target, ``q`` draft (DESIGN.md §3).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import numbers
 import time
@@ -332,10 +333,8 @@ def forward_unchecked(
         ids = torch.as_tensor(tokens, dtype=torch.long, device=device)[None]  # (1, n)
     pos = torch.as_tensor(np.asarray(positions, dtype=np.int64), device=device)[None]  # (1, n)
     mask = additive_mask(allowed, dtype, device)  # (1, 1, n, have + n)
-    if torch.is_grad_enabled():
-        with torch.no_grad():
-            out = model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True)
-    else:  # the decode loop runs under no_grad already: no context to enter per forward
+    # the decode loop runs under no_grad already: no context to enter per forward
+    with torch.no_grad() if torch.is_grad_enabled() else contextlib.nullcontext():
         out = model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True)
     assert cache_length(cache) == have + n, "the model did not extend the cache it was given"
     logits: torch.Tensor = out.logits[0]

@@ -159,6 +159,11 @@ def test_trusted_entry_point_gives_the_checked_samplers_tokens(method):
             assert chain_sample_trusted(method, ref, q, p, uu) == want, (method, ref.tolist(), uu.tolist())
 
 
+def test_trusted_entry_point_refuses_an_unknown_method():
+    with pytest.raises(ValueError, match="method must be one of sps, asps, block, got 'kseq'"):
+        chain_sample_trusted("kseq", np.array([1]), Q[:1], P[:2], np.zeros(2))
+
+
 # ------------------------------------------------------- calibrated tests
 
 # Each check below states its false-fail rate: the CI budget of 1e-9 split
