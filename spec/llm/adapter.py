@@ -307,6 +307,9 @@ def forward_masked(
         raise ValueError(f"allowed has shape {allowed.shape}; expected ({n}, {have + n}) for {n} tokens after {have}")
     if len(positions) != n:
         raise ValueError(f"positions has {len(positions)} entries for {n} tokens")
+    if where is not None and not (isinstance(where, tuple) and len(where) == 2 and isinstance(where[0], torch.device)
+                                  and isinstance(where[1], torch.dtype)):
+        raise ValueError(f"where must be None or a (torch.device, torch.dtype) pair, got {where!r}")
     return forward_unchecked(model, cache, _token_ids(tokens, vocab), positions, allowed, where=where)
 
 

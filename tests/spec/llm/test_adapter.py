@@ -237,6 +237,22 @@ def test_select_cache_after_a_tree_forward_continues_like_plain_decoding(with_ro
         torch.testing.assert_close(out[-1], plain(model, accepted + [17, 4]), rtol=0, atol=ATOL)
 
 
+def test_forward_masked_takes_the_models_where_and_refuses_a_malformed_one():
+    model, ctx = tiny_model(), context()
+    cache, _ = prefill(model, ctx)
+    n = cache_length(cache)
+    allowed = np.ones((1, n + 1), dtype=bool)
+    looked_up = forward_masked(model, cache, [3], [n], allowed)
+    trim_cache(cache, n)
+    given = forward_masked(model, cache, [3], [n], allowed, where=(torch.device("cpu"), torch.float32))
+    assert torch.equal(looked_up, given)
+    trim_cache(cache, n)
+    for bad in (("cpu", torch.float32), (torch.device("cpu"),), [torch.device("cpu"), torch.float32]):
+        with pytest.raises(ValueError, match=r"where must be None or a \(torch.device, torch.dtype\) pair"):
+            forward_masked(model, cache, [3], [n], allowed, where=bad)
+    assert cache_length(cache) == n
+
+
 def test_select_cache_of_a_prefix_is_a_trim_and_works_under_inference_mode():
     model, ctx = tiny_model(), context()
     with torch.inference_mode():
