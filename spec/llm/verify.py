@@ -747,14 +747,20 @@ def _draw(row: Tensor, u: float) -> int:
     return int(_categorical(row, torch.tensor(u, dtype=F64)))
 
 
-def _multidraft_walk(tree: _Tree) -> tuple[int, int]:
-    """Recursive residual verification (:func:`tmc.multidraft.multidraft_sample_from_uniforms`): ``(node, token)``."""
+def _descend(tree: _Tree, step: Callable[[_Tree, int], int | Tensor]) -> tuple[int, int]:
+    """From the root, move to the child ``step`` accepts until it returns a row instead:
+    ``(last accepted node, token drawn from that row with the last uniform)``."""
     node = ROOT
     while True:
-        got = _residual_walk_step(tree, node)
+        got = step(tree, node)
         if not isinstance(got, int):
             return node, _draw(got, tree.u[tree.size])
         node = got
+
+
+def _multidraft_walk(tree: _Tree) -> tuple[int, int]:
+    """Recursive residual verification (:func:`tmc.multidraft.multidraft_sample_from_uniforms`): ``(node, token)``."""
+    return _descend(tree, _residual_walk_step)
 
 
 def _residual_walk_step(tree: _Tree, node: int) -> int | Tensor:
@@ -1044,12 +1050,7 @@ def _kseq_accepted_child(tree: _Tree, node: int) -> int | Tensor:
 
 def _kseq_walk(tree: _Tree) -> tuple[int, int]:
     """K-SEQ tree verification (:func:`tmc.kseq.kseq_sample_from_uniforms`): ``(node, token)``."""
-    node = ROOT
-    while True:
-        got = _kseq_accepted_child(tree, node)
-        if not isinstance(got, int):
-            return node, _draw(got, tree.u[tree.size])
-        node = got
+    return _descend(tree, _kseq_accepted_child)
 
 
 _TREE_WALKS: Mapping[str, Callable[[_Tree], tuple[int, int]]] = MappingProxyType(
