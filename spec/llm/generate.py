@@ -397,7 +397,7 @@ def _chain_step(
             verifier, drafted, chain.q.cpu().numpy() if iid else None, p.cpu().numpy(), u, trusted=True)
     else:
         res, drafted = verify_chain_on_device(verifier, drawn, chain.q.to(device) if iid else None,
-                                              p, torch.from_numpy(u).to(device), fault)
+                                              p, torch.from_numpy(u).to(device), fault, trusted=True)
     if res is None:  # name the fault: the draft's logits first, then the target's
         d_step.chain_fault()
         sampling.probs(logits)

@@ -386,9 +386,11 @@ class _Chain:
 
 
 def _prepare_chain(
-    method: str, draft_tokens: TensorLike, draft_probs: TensorLike | None, target_probs: TensorLike, uniforms: TensorLike
+    method: str, draft_tokens: TensorLike, draft_probs: TensorLike | None, target_probs: TensorLike, uniforms: TensorLike,
+    trusted: bool = False,
 ) -> _Chain:
-    """Shapes checked on the host (no sync); values flagged on the device."""
+    """Shapes checked on the host (no sync); values flagged on the device, unless ``trusted``
+    (:func:`verify_chain_on_device`): then ``bad`` is a constant False and no value is checked."""
     device = _device_of(target_probs)
     p_raw = _float_tensor("target_probs", target_probs, device)
     tok_raw = _long_tensor("draft_tokens", draft_tokens, device)
@@ -399,15 +401,19 @@ def _prepare_chain(
     _check_matrix("target_probs", p_raw, (n + 1, vocab), "(n + 1, V)")
     u = _float_tensor("uniforms", uniforms, device)
     _check_vector("uniforms", u, (1, n + 1) if method == "asps" else (n + 1,))
-    tok = tok_raw.clamp(0, vocab - 1)
-    bad = _rows_bad(p_raw) | ((tok_raw < 0) | (tok_raw >= vocab)).any() | ~((u >= 0.0) & (u < 1.0)).all()
+    if trusted:  # ids in range by the caller's word: no clamp, no flag
+        tok, bad = tok_raw, torch.zeros((), dtype=torch.bool, device=device)
+    else:
+        tok = tok_raw.clamp(0, vocab - 1)
+        bad = _rows_bad(p_raw) | ((tok_raw < 0) | (tok_raw >= vocab)).any() | ~((u >= 0.0) & (u < 1.0)).all()
     q_raw: Tensor | None = None
     if draft_probs is None:
         q = torch.zeros(n, vocab, dtype=F64, device=device).scatter_(1, tok[:, None], 1.0)
     else:
         q_raw = _float_tensor("draft_probs", draft_probs, device)
         _check_matrix("draft_probs", q_raw, (n, vocab), "(n, V)")
-        bad = bad | _rows_bad(q_raw) | (q_raw.gather(1, tok[:, None]) <= 0.0).any()
+        if not trusted:
+            bad = bad | _rows_bad(q_raw) | (q_raw.gather(1, tok[:, None]) <= 0.0).any()
         q = _normalised_rows(q_raw)
     return _Chain(tok, q, _normalised_rows(p_raw), u, bad, (tok_raw, q_raw, p_raw, u))
 
@@ -526,18 +532,19 @@ def verify_chain(
 
 
 def _chain_head(
-    method: str, draft_tokens: TensorLike, draft_probs: TensorLike | None, target_probs: TensorLike, uniforms: TensorLike
+    method: str, draft_tokens: TensorLike, draft_probs: TensorLike | None, target_probs: TensorLike, uniforms: TensorLike,
+    trusted: bool = False,
 ) -> tuple[_Chain, Tensor]:
     """The prepared chain and ``(bad, k, b)`` as one int64 ``(3,)`` device tensor (not synchronised yet)."""
     step = _CHAIN_STEPS[_check_method(method, CHAIN_METHODS)]
-    chain = _prepare_chain(method, draft_tokens, draft_probs, target_probs, uniforms)
+    chain = _prepare_chain(method, draft_tokens, draft_probs, target_probs, uniforms, trusted)
     k, b = step(chain)
     return chain, torch.stack([chain.bad.to(torch.int64), k, b])
 
 
 def verify_chain_on_device(
     method: str, draft_tokens: Tensor, draft_probs: Tensor | None, target_probs: Tensor, uniforms: Tensor,
-    fault: Tensor,
+    fault: Tensor, *, trusted: bool = False,
 ) -> tuple[Verified | None, list[int]]:
     """:func:`verify_chain` for a chain drafted on the device, with ONE host transfer for the step.
 
@@ -548,8 +555,18 @@ def verify_chain_on_device(
     result (its tokens a host tensor) and the draft tokens as host ints, or
     ``(None, [])`` when ``fault`` is set: the caller then names the fault.
     The verifier's own faults raise as in :func:`verify_chain`.
+
+    ``trusted``: skip the value checks (the flag of :func:`verify_chain` is
+    then always clear), the torch twin of
+    :func:`tmc.chain.chain_sample_trusted`: the rows are still renormalised,
+    so valid input gives the same tokens, and bad input gives garbage, not an
+    error.  For the decode loop (:func:`spec.llm.generate._chain_step`), whose
+    rows are softmax rows of logits that ``fault`` vouches for, whose tokens
+    were drawn from ``draft_probs`` (never at ``q = 0``) and whose uniforms
+    come from ``numpy``'s ``random()``: the checks are about 30 of a step's
+    100-odd device operations, and on a GPU each costs a kernel launch.
     """
-    chain, head = _chain_head(method, draft_tokens, draft_probs, target_probs, uniforms)
+    chain, head = _chain_head(method, draft_tokens, draft_probs, target_probs, uniforms, trusted)
     got = torch.cat([fault.to(torch.int64).reshape(1), head, chain.tok]).tolist()
     if got[0]:
         return None, []

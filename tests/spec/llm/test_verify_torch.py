@@ -41,6 +41,7 @@ from spec.llm.verify import (  # noqa: E402
     Verified,
     noise_size,
     verify_chain,
+    verify_chain_on_device,
     verify_tree,
 )
 
@@ -227,6 +228,42 @@ def test_chain_verifiers_with_a_deterministic_draft_equal_numpy_with_point_masse
             want = NUMPY_CHAIN[method](ref, q_point, p, u)
             got = check_verified(verify_chain(method, ref, None, as_tensor(p, device), as_tensor(u, device)), device)
             assert got == want, (method, ref, p.tolist(), u.tolist())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_on_device_chain_verifier_equals_numpy_trusted_or_not(device):
+    """The decode loop's entry (one transfer, with the caller's fault flag): the same tokens as the
+    numpy reference with and without its value checks, sampled and deterministic drafts."""
+    rng = np.random.default_rng(11)
+    clear = torch.zeros((), dtype=torch.bool, device=device)
+    for _ in range(150 if device == "cpu" else 60):
+        ref, q, p = chain_case(rng)
+        u = uniforms(rng, len(ref) + 1)
+        q_point = np.eye(p.shape[1])[ref].reshape(len(ref), p.shape[1])
+        tok = torch.tensor(ref, dtype=torch.int64, device=device)
+        for method in CHAIN_METHODS:
+            for q_rows, q_ref in ((q, q), (None, q_point)):
+                want = NUMPY_CHAIN[method](ref, q_ref, p, u)
+                for trusted in (False, True):
+                    out, drafted = verify_chain_on_device(method, tok, as_tensor(q_rows, device), as_tensor(p, device),
+                                                          as_tensor(u, device), clear, trusted=trusted)
+                    assert out is not None and drafted == ref
+                    assert check_verified(out, "cpu") == want, (method, trusted, ref, p.tolist(), u.tolist())
+
+
+def test_on_device_chain_verifier_checks_unless_trusted():
+    """A bad row raises on the checked path; the trusted path skips the checks (garbage, no error),
+    and a raised fault flag returns ``None`` before anything is read."""
+    p = torch.tensor([[0.5, 0.5], [0.9, 0.3]], dtype=torch.float64)  # row 1 sums to 1.2
+    q = torch.tensor([[0.5, 0.5]], dtype=torch.float64)
+    tok, u = torch.tensor([1]), torch.tensor([0.3, 0.6], dtype=torch.float64)
+    clear, raised = torch.tensor(False), torch.tensor(True)
+    with pytest.raises(ValueError, match="target_probs row 1 sums to"):
+        verify_chain_on_device("sps", tok, q, p, u, clear)
+    out, _ = verify_chain_on_device("sps", tok, q, p, u, clear, trusted=True)
+    assert out is not None
+    assert verify_chain_on_device("sps", tok, q, p, u, raised) == (None, [])
+    assert verify_chain_on_device("sps", tok, q, p, u, raised, trusted=True) == (None, [])
 
 
 def test_asps_takes_one_uniform_or_n_plus_one():
