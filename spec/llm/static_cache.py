@@ -20,7 +20,8 @@ work, not arithmetic.  :class:`StaticTreeCache` removes both where a
   computed with the attention set and position plain decoding of its path
   uses, and RoPE is already applied to the stored keys.
 * **CUDA graphs.**  Every input of a forward lives in a per-size static
-  buffer (token ids, position ids, write slots, mask), so the forward of
+  buffer (token ids, position ids, write slots and the bool mask, uploaded in
+  one copy; the graph turns the bool mask into the additive one), so the forward of
   ``n`` tokens is padded to the next power of two ``B ≥ n`` and replays a
   graph captured once for ``(model, B)``.  Padding rows write to slots no
   real row attends to and their logits are dropped.  The first forward of a
@@ -93,14 +94,31 @@ def _round_capacity(n: int) -> int:
 
 @dataclass
 class _Size:
-    """Static inputs (and, once captured, the graph and its output) of forwards padded to ``size`` tokens."""
+    """Static inputs (and, once captured, the graph and its output) of forwards padded to ``size`` tokens.
+
+    ``index`` and ``allowed`` are views of one byte buffer ``staged``, so a
+    forward uploads its host inputs in one copy (:meth:`StaticTreeCache._upload`).
+    """
 
     size: int
-    index: torch.Tensor  # (3, size) int64: token ids, position ids, write slots
-    allowed: torch.Tensor  # (size, capacity) bool
+    staged: torch.Tensor  # (24 size + size capacity,) uint8: index's bytes, then allowed's
+    index: torch.Tensor  # (3, size) int64 view of staged: token ids, position ids, write slots
+    allowed: torch.Tensor  # (size, capacity) bool view of staged: the slots each row may see
     mask: torch.Tensor  # (1, 1, size, capacity) additive, model dtype
     graph: Any = None  # torch.cuda.CUDAGraph once captured
     logits: torch.Tensor | None = None  # the captured forward's output (1, size, V)
+
+
+def _index_view(staged: Any, size: int) -> Any:
+    """The ``(3, size)`` int64 head of a staging buffer (a torch tensor or its numpy twin)."""
+    head = staged[: 24 * size]
+    return (head.view(torch.int64) if isinstance(head, torch.Tensor) else head.view(np.int64)).reshape(3, size)
+
+
+def _allowed_view(staged: Any, size: int) -> Any:
+    """The ``(size, capacity)`` bool tail of a staging buffer."""
+    tail = staged[24 * size :]
+    return (tail.view(torch.bool) if isinstance(tail, torch.Tensor) else tail.view(np.bool_)).reshape(size, -1)
 
 
 class StaticTreeCache:
@@ -184,20 +202,18 @@ class StaticTreeCache:
             if padded:
                 self._sizes[size] = buf
         graphed = padded and self.graphs
-        index = np.zeros((3, size), dtype=np.int64)
+        staged = np.zeros(buf.staged.shape[0], dtype=np.uint8)
+        index, mask = _index_view(staged, size), _allowed_view(staged, size)
         if not isinstance(tokens, torch.Tensor):
             index[0, :n] = np.asarray(tokens, dtype=np.int64)
         index[1, :n] = np.asarray(positions, dtype=np.int64)
         index[2] = np.arange(have, have + size)
-        mask = np.zeros((size, self.capacity), dtype=bool)
         mask[:n, : have + n] = allowed
         mask[n:, 0] = True  # padding rows: any one open slot keeps their softmax finite
-        self._upload(buf.index, index)
+        self._upload(buf.staged, staged)
         if isinstance(tokens, torch.Tensor):
             buf.index[0, :n].copy_(tokens)
-        self._upload(buf.allowed, mask)
         with torch.no_grad():
-            torch.where(buf.allowed, self._open, self._closed, out=buf.mask[0, 0])
             if graphed:
                 if buf.graph is None:
                     self._capture(buf)
@@ -224,6 +240,8 @@ class StaticTreeCache:
             dst.copy_(src)
 
     def _eager(self, buf: _Size) -> torch.Tensor:
+        """The forward of ``buf``'s inputs; a graph captures it whole, the additive mask's conversion included."""
+        torch.where(buf.allowed, self._open, self._closed, out=buf.mask[0, 0])
         self._slots = buf.index[2]
         try:
             out = self.model(input_ids=buf.index[0:1], attention_mask=buf.mask, position_ids=buf.index[1:2],
@@ -294,8 +312,8 @@ class StaticTreeCache:
     def _new_size(self, size: int) -> _Size:
         dev = self.device
         with torch.inference_mode(False):
-                return _Size(size, torch.zeros((3, size), dtype=torch.long, device=dev),
-                         torch.zeros((size, self.capacity), dtype=torch.bool, device=dev),
+            staged = torch.zeros(24 * size + size * self.capacity, dtype=torch.uint8, device=dev)
+            return _Size(size, staged, _index_view(staged, size), _allowed_view(staged, size),
                          torch.zeros((1, 1, size, self.capacity), dtype=self.dtype, device=dev))
 
 
