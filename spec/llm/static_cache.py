@@ -196,10 +196,11 @@ class StaticTreeCache:
         padded = self.pad and size <= self.max_graph_tokens and have + size <= self.capacity
         if not padded:
             size = n
-        buf = self._sizes.get(size) if padded else None
+        kept = size <= self.max_graph_tokens  # small forwards keep their buffers, padded or not
+        buf = self._sizes.get(size) if kept else None
         if buf is None:
             buf = self._new_size(size)
-            if padded:
+            if kept:
                 self._sizes[size] = buf
         graphed = padded and self.graphs
         staged = np.zeros(buf.staged.shape[0], dtype=np.uint8)
