@@ -44,7 +44,10 @@ The methods take turns prompt by prompt (interleaved, the order rotated from
 one prompt to the next) rather than one after another, so that a slow spell
 of a shared machine does not fall on a few methods only (``--order
 sequential`` runs them one after another); ``--rounds R`` repeats the set
-and reports each speedup's range over the rounds.
+and reports each speedup's range over the rounds.  ``--count-ops`` adds the
+torch operations each of our loops dispatches outside the model forwards per
+step (:mod:`spec.llm.opcount`: on a GPU each is host work, most of them a
+kernel launch).
 """
 
 from __future__ import annotations
@@ -268,6 +271,16 @@ def _run_one(method: Method, target: Any, draft: Any, prompt: list[int], tempera
             "build_s": None, "draft_s": None, "target_s": None, "verify_s": None}
 
 
+def _ops_per_step(method: Method, target: Any, draft: Any, prompt: list[int], temperature: float, new_tokens: int,
+                  seed: int, cache: str) -> float:
+    """Torch operations dispatched outside the models' forwards per step, over one untimed decode."""
+    from spec.llm.opcount import count_ops
+
+    run, count = count_ops(lambda: _run_one(method, target, draft, prompt, temperature, new_tokens, seed, cache),
+                           (target, draft))
+    return count.per(max(1, run["steps"]))
+
+
 def _pct(part: float | None, whole: float | None) -> float | None:
     return None if part is None or not whole else 100.0 * part / whole
 
@@ -322,6 +335,7 @@ def run_decode_bench(
     progress: Callable[[str], None] | None = None,
     rounds: int = 1,
     order: str = "interleaved",
+    count_ops: bool = False,
 ) -> dict[str, Any]:
     """Every method × temperature on every prompt (module doc); a JSON-able report.
 
@@ -335,7 +349,11 @@ def run_decode_bench(
     (same prompts and seeds, so the same tokens); with ``rounds > 1`` each
     row also gets its tok/s per round and the range over rounds of its
     speedups (``speedup_ar_range``, ...), each round's ratio taken within
-    that round.
+    that round.  ``count_ops``: after the timed rounds, each of our loops
+    (not the HF baselines, whose compiled forwards a dispatch mode would
+    disturb) decodes the first prompt once more, untimed, under
+    :func:`spec.llm.opcount.count_ops`; the row gets ``ops_per_step``, the
+    torch operations dispatched outside the two models' forwards per step.
     """
     import torch
     import transformers
@@ -375,6 +393,9 @@ def run_decode_bench(
             ref = next(([r["tokens"] for r in runs[k][0]] for k, m in enumerate(methods) if m.name == "ar"), None)
             for method, per_round in zip(methods, runs):
                 row = {"prompts": len(prompts), **_row(method, temp, [r for rr in per_round for r in rr])}
+                if count_ops and (method.builder is not None or method.name == "ar-loop"):
+                    row["ops_per_step"] = _ops_per_step(method, target, draft, list(prompts[0]), temp, new_tokens,
+                                                        seed, cache)
                 if rounds > 1:
                     row["tokens_per_s_rounds"] = [_row(method, temp, rr)["tokens_per_s"] for rr in per_round]
                 if temp == 0 and ref is not None:
@@ -418,6 +439,7 @@ def render(report: dict[str, Any]) -> str:
 
     env = report["environment"]
     rounds = report.get("rounds", 1)
+    ops = any("ops_per_step" in r for r in report["rows"])
     out = []
     for temp in report["temperatures"]:
         table = []
@@ -429,11 +451,12 @@ def render(report: dict[str, Any]) -> str:
                           _fmt(r["speedup_ar"], ".2f"), _fmt(r["speedup_ar_static"], ".2f"),
                           _fmt(r["speedup_assisted"], ".2f"), *spread, _fmt(r.get("overhead_pct"), ".1f"),
                           _fmt(r.get("builder_pct"), ".1f"), _fmt(r.get("verify_pct"), ".1f"),
-                          _fmt(r.get("draft_pct"), ".1f"), _fmt(r.get("agree_ar"), ".2f") if temp == 0 else "-"])
+                          _fmt(r.get("draft_pct"), ".1f"), _fmt(r.get("agree_ar"), ".2f") if temp == 0 else "-",
+                          *([_fmt(r.get("ops_per_step"), ".0f")] if ops else [])])
         ranges = ["×ar per round", "×assisted per round"] if rounds > 1 else []
         out.append(format_table(
             ["method", "tok/step", "tok/s", "×ar", "×ar-static", "×assisted", *ranges, "bld+ver %", "builder %",
-             "verifier %", "draft fwd %", "=ar"], table,
+             "verifier %", "draft fwd %", "=ar", *(["ops/step"] if ops else [])], table,
             title=f"T = {temp:g}: {report['prompts']} prompts × {report['new_tokens']} new tokens"
                   f"{f', {rounds} rounds' if rounds > 1 else ''}, methods {report.get('order', 'sequential')}, {env['device']}, "
                   f"{env['dtype']}, our cache {env.get('cache', 'dynamic')}, torch {env['torch']} ({env['threads']} CPU threads"
@@ -504,6 +527,9 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                    help="decode: interleaved (default: every method on a prompt before the next prompt, the order "
                         "rotated) or sequential (every prompt of a method before the next method)")
     g.add_argument("--save", metavar="DIR", help="decode: write decode.json and decode.png into DIR")
+    g.add_argument("--count-ops", action="store_true",
+                   help="decode: after the timed rounds, count the torch operations each of our loops dispatches "
+                        "outside the model forwards per step (one untimed decode of the first prompt)")
 
 
 def _floats(text: str) -> list[float]:
@@ -565,7 +591,7 @@ def bench(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         print(PASSIVE_WARNING, file=sys.stderr)
     report = run_decode_bench(target, draft, prompts, methods, temps, args.new_tokens, seed=args.seed,
                               cache=args.cache, progress=lambda m: print(m, file=sys.stderr, flush=True),
-                              rounds=args.rounds, order=args.order)
+                              rounds=args.rounds, order=args.order, count_ops=args.count_ops)
     report["pair"] = {"target": target_dir, "draft": draft_dir}
     text = render(report)
     if args.save:

@@ -1,0 +1,94 @@
+"""Count the torch operations a decode loop dispatches outside its models' forwards.
+
+On a GPU the forwards of :mod:`spec.llm.static_cache` replay captured CUDA
+graphs: one launch each, whatever the model.  Every other torch operation of a
+step (drawing the draft tokens, processing rows, the verifier, the caches'
+inputs) is dispatched from Python and, unless it only makes a view, launches
+its own kernel.  For steps of a few milliseconds that host work, not the
+arithmetic, is what a builder and a verifier cost, so the number of such
+operations per step measures it on any machine: the same code dispatches the
+same operations on the CPU as on CUDA (with the static cache padded as on
+CUDA, :class:`~spec.llm.static_cache.StaticTreeCache` ``pad=True``), and the
+count needs no GPU and no timer.
+
+:func:`count_ops` runs a callable under a ``TorchDispatchMode`` that counts
+every aten operation, split into those dispatched inside a forward of one of
+the given models (their ``forward`` hooks bracket it) and all others.  View
+operations (``select``, ``slice``, ``view``…) are counted too: they launch
+nothing but cost a dispatch.  A CUDA graph replay dispatches no aten operation,
+so on CUDA the replayed forwards count nothing, inside or out.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+__all__ = ["OpCount", "count_ops"]
+
+R = TypeVar("R")
+
+
+@dataclass
+class OpCount:
+    """Operations dispatched while :func:`count_ops` ran its callable."""
+
+    outside: int = 0  # outside every forward of the given models
+    inside: int = 0  # inside one
+    by_name: Counter[str] = field(default_factory=Counter)  # the outside ones, by aten name
+
+    def per(self, steps: int) -> float:
+        """``outside`` per step (``steps`` ≥ 1)."""
+        if steps < 1:
+            raise ValueError(f"steps must be >= 1, got {steps}")
+        return self.outside / steps
+
+
+class _Counting(TorchDispatchMode):
+    def __init__(self, count: OpCount, depth: list[int]) -> None:
+        super().__init__()
+        self.count, self.depth = count, depth
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if self.depth[0]:
+            self.count.inside += 1
+        else:
+            self.count.outside += 1
+            self.count.by_name[str(func)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def count_ops(fn: Callable[[], R], models: Sequence[torch.nn.Module] = ()) -> tuple[R, OpCount]:
+    """``fn()`` and the operations it dispatched, those inside a forward of ``models`` apart.
+
+    A forward that calls another model (or itself, nested) counts as inside
+    until the outermost one returns.  The hooks are removed afterwards, also
+    when ``fn`` raises.
+    """
+    for m in models:
+        if not isinstance(m, torch.nn.Module):
+            raise ValueError(f"models must be torch modules, got {type(m).__name__}")
+    count, depth = OpCount(), [0]
+
+    def enter(*_: Any) -> None:
+        depth[0] += 1
+
+    def leave(*_: Any) -> None:
+        depth[0] -= 1
+
+    handles = []
+    try:
+        for m in models:
+            handles.append(m.register_forward_pre_hook(enter))
+            handles.append(m.register_forward_hook(leave, always_call=True))
+        with _Counting(count, depth):
+            result = fn()
+    finally:
+        for h in handles:
+            h.remove()
+    return result, count
