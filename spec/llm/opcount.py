@@ -6,10 +6,11 @@ step (drawing the draft tokens, processing rows, the verifier, the caches'
 inputs) is dispatched from Python and, unless it only makes a view, launches
 its own kernel.  For steps of a few milliseconds that host work, not the
 arithmetic, is what a builder and a verifier cost, so the number of such
-operations per step measures it on any machine: the same code dispatches the
-same operations on the CPU as on CUDA (with the static cache padded as on
-CUDA, :class:`~spec.llm.static_cache.StaticTreeCache` ``pad=True``), and the
-count needs no GPU and no timer.
+operations per step measures it on any machine: the same code dispatches
+nearly the same operations on the CPU as on CUDA with the static cache (CUDA
+adds the copies of host-made tensors, e.g. the uniforms, to the device, which
+are no-ops on the CPU, and the pinning of each upload), and the count needs
+no GPU and no timer.
 
 :func:`count_ops` runs a callable under a ``TorchDispatchMode`` that counts
 every aten operation, split into those dispatched inside a forward of one of
