@@ -559,12 +559,15 @@ def verify_chain_on_device(
     ``trusted``: skip the value checks (the flag of :func:`verify_chain` is
     then always clear), the torch twin of
     :func:`tmc.chain.chain_sample_trusted`: the rows are still renormalised,
-    so valid input gives the same tokens, and bad input gives garbage, not an
-    error.  For the decode loop (:func:`spec.llm.generate._chain_step`), whose
-    rows are softmax rows of logits that ``fault`` vouches for, whose tokens
-    were drawn from ``draft_probs`` (never at ``q = 0``) and whose uniforms
-    come from ``numpy``'s ``random()``: the checks are about 30 of a step's
-    100-odd device operations, and on a GPU each costs a kernel launch.
+    so valid input gives the same tokens, and bad rows or uniforms give
+    garbage, not an error.  Token ids must then lie in ``[0, V)``: they are
+    not clamped (an id outside indexes out of range).  For the decode loop
+    (:func:`spec.llm.generate._chain_step`), whose rows are softmax rows of
+    logits that ``fault`` vouches for, whose tokens were drawn from
+    ``draft_probs`` (never at ``q = 0``) and clamped by the draft, and whose
+    uniforms come from ``numpy``'s ``random()``: the checks are 45 of the
+    verifier's 110–155 dispatched operations (``tests/spec/llm/test_opcount.py``),
+    and on a GPU each costs a kernel launch.
     """
     chain, head = _chain_head(method, draft_tokens, draft_probs, target_probs, uniforms, trusted)
     got = torch.cat([fault.to(torch.int64).reshape(1), head, chain.tok]).tolist()
