@@ -232,11 +232,14 @@ def test_command_on_a_saved_pair(saved_pair: SavedPair, tmp_path: Path, capsys: 
     pytest.importorskip("matplotlib")
     argv = ["--pair", str(saved_pair.path), "--prompts", "2", "--prompt-tokens", "8", "--new-tokens", "4",
             "--methods", "ar,chain:sps@2,dyspec:traversal@4", "--device", "cpu", "--threads", "1", "--save", str(tmp_path / "out")]
-    code = tmc_main(["bench", "decode", *argv]) if entry == "tmc" else main(argv)
+    counted = entry == "tmc"  # --count-ops through one entry point
+    code = tmc_main(["bench", "decode", *argv, "--count-ops"]) if counted else main(argv)
     out = capsys.readouterr()
     assert code == 0
     assert "dyspec+traversal@4" in out.out and "tok/s" in out.out
+    assert ("ops/step" in out.out) == counted
     report = json.loads((tmp_path / "out" / "decode.json").read_text())
+    assert [("ops_per_step" in r) for r in report["rows"]] == [False, counted, counted] * 2  # T = 0, then 1
     assert {r["method"] for r in report["rows"]} == {"ar", "chain+sps@2", "dyspec+traversal@4"}
     assert report["prompt_tokens"] == [8, 8]
     assert report["environment"]["threads"] == 1
