@@ -4,9 +4,10 @@ On a GPU the forwards of :mod:`spec.llm.static_cache` replay captured CUDA
 graphs: one launch each, whatever the model.  Every other torch operation of a
 step (drawing the draft tokens, processing rows, the verifier, the caches'
 inputs) is dispatched from Python and, unless it only makes a view, launches
-its own kernel.  For steps of a few milliseconds that host work, not the
-arithmetic, is what a builder and a verifier cost, so the number of such
-operations per step measures it on any machine: the same code dispatches
+its own kernel.  When a step's rows stay on the device, that host work, not
+the arithmetic, is what its builder and verifier cost, so the number of such
+operations per step measures it on any machine (a host builder's numpy work
+is not counted; time it instead): the same code dispatches
 nearly the same operations on the CPU as on CUDA with the static cache (CUDA
 adds the copies of host-made tensors, e.g. the uniforms, to the device, which
 are no-ops on the CPU, and the pinning of each upload), and the count needs
