@@ -5,7 +5,7 @@ One verification forward pass feeds the whole flattened token tree
 
 * a **4D additive mask** ``(1, 1, n, past + n)``: ``0`` where a node may
   attend (the past, its ancestors, itself), the dtype's minimum elsewhere.
-  transformers 5.17 and 5.23 hand a 4D mask to the attention kernel as given
+  transformers 5.17 to 5.24 hand a 4D mask to the attention kernel as given
   (``masking_utils._preprocess_mask_arguments`` returns early); ``sdpa``
   takes a bool or an additive mask, ``eager`` *adds* the mask to the scores,
   so a bool mask would be silently wrong there: the additive form is the one
@@ -21,7 +21,7 @@ for the cache class in use").  After the forward the ``DynamicCache`` holds
 past + the whole flattened tree; :func:`select_cache` keeps the past and the
 accepted path by **gathering** each layer's keys/values along the sequence
 axis.  For ``DynamicCache`` with full-attention ``DynamicLayer`` layers this
-is exact in transformers 5.17 and 5.23: a layer's state is just its ``keys``
+is exact in transformers 5.17 to 5.24: a layer's state is just its ``keys``
 and ``values`` tensors ``(B, H, S, D)`` (``get_seq_length`` reads ``S``,
 ``update`` concatenates), the accepted nodes' entries were computed with the
 same attention set and positions as plain decoding, and RoPE is baked into
@@ -38,9 +38,13 @@ explicit slots, CUDA graphs) goes through the same three functions:
 
 ``DynamicCache.crop`` changed meaning: 5.17 treats ``crop(n > 0)`` as
 "keep the first ``n``" (deprecated) and ``crop(-m)`` as "remove the last
-``m``"; 5.23 raises for ``n > 0`` and keeps ``crop(-m)``.  :func:`trim_cache`
-only ever calls ``crop`` with a negative count, which both (and 4.x) read the
-same way, and checks the resulting length.
+``m``"; 5.23 and 5.24 raise for ``n > 0`` and keep ``crop(-m)``.  :func:`trim_cache`
+only ever calls ``crop`` with a negative count, which all of them (and 4.x) read
+the same way, and checks the resulting length.
+
+5.24 renamed the forward's cache argument from ``past_key_values`` to ``cache``
+(the old name still works but warns); every forward here passes the cache under
+:func:`~spec.llm.static_cache.cache_keyword`, the name the model's signature has.
 
 :class:`LLMDraft` implements :class:`spec.draft.DraftModel` over a draft LM
 for one decode step, feeding each ``rows`` call's new nodes in one forward.
@@ -74,7 +78,7 @@ from transformers.cache_utils import DynamicCache, DynamicLayer
 from spec.builders.base import check_prob
 from spec.draft import check_beam_args, select_beam
 from spec.llm.sampling import Sampling, categorical_draw, logits_fault, ranked_tokens
-from spec.llm.static_cache import StaticTreeCache
+from spec.llm.static_cache import StaticTreeCache, cache_keyword
 from spec.llm.static_cache import model_device as _device
 from spec.llm.static_cache import model_dtype as _dtype
 from spec.tree import attention_mask, check_order, position_ids
@@ -121,7 +125,7 @@ def trim_cache(cache: Any, length: int) -> Any:
     """Keep the first ``length`` positions of ``cache`` (in place; returns it).
 
     ``crop`` is called only with a negative count (remove that many), the one
-    reading transformers 4.x, 5.17 and 5.23 share.
+    reading transformers 4.x and 5.17 to 5.24 share.
     """
     length = check_int("length", length, minimum=0)
     have = cache_length(cache)
@@ -338,7 +342,8 @@ def forward_unchecked(
     mask = additive_mask(allowed, dtype, device)  # (1, 1, n, have + n)
     # the decode loop runs under no_grad already: no context to enter per forward
     with torch.no_grad() if torch.is_grad_enabled() else contextlib.nullcontext():
-        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True)
+        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
+                    **{cache_keyword(model): cache})
     assert cache_length(cache) == have + n, "the model did not extend the cache it was given"
     logits: torch.Tensor = out.logits[0]
     return logits

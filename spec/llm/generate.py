@@ -53,7 +53,7 @@ from spec.llm.adapter import (
 )
 from spec.llm.host_verify import verify_chain_numpy, verify_tree_numpy
 from spec.llm.sampling import Sampling, logits_fault
-from spec.llm.static_cache import model_device, model_dtype, shared_static_cache
+from spec.llm.static_cache import cache_keyword, model_device, model_dtype, shared_static_cache
 from spec.llm.verify import (
     CHAIN_METHODS,
     TREE_METHODS,
@@ -184,8 +184,8 @@ def _prefill(model: Any, cache: Any, tokens: Sequence[int]) -> None:
     """Feed ``tokens`` causally into an empty cache (a ``DynamicCache`` through the model's own causal mask)."""
     if tokens and isinstance(cache, DynamicCache):
         with torch.no_grad():
-            model(input_ids=torch.tensor([list(tokens)], device=model_device(model)),
-                  past_key_values=cache, use_cache=True)
+            model(input_ids=torch.tensor([list(tokens)], device=model_device(model)), use_cache=True,
+                  **{cache_keyword(model): cache})
     elif tokens:
         n = len(tokens)
         forward_masked(model, cache, tokens, np.arange(n), np.tril(np.ones((n, n), dtype=bool)))
@@ -605,7 +605,7 @@ def ar_generate(
             t0 = time.perf_counter()
             if dynamic:
                 ids = torch.tensor([[tok]], device=device)
-                logits = target(input_ids=ids, past_key_values=kv, use_cache=True).logits[0, -1]
+                logits = target(input_ids=ids, use_cache=True, **{cache_keyword(target): kv}).logits[0, -1]
             else:
                 logits = forward_masked(target, kv, [tok], [pos], np.ones((1, pos + 1), dtype=bool))[0]
             probs = sampling.probs(logits).cpu().numpy()

@@ -30,8 +30,8 @@ work, not arithmetic.  :class:`StaticTreeCache` removes both where a
   so the CPU tests exercise everything but the capture.
 
 The cache implements the one method transformers' Llama-style attention calls
-on a cache — ``update(keys, values, layer_idx)``, the same in 5.17 and 5.23 —
-plus ``get_seq_length``; it is not a ``transformers.Cache`` subclass, so
+on a cache — ``update(keys, values, layer_idx, ...)``, the same in 5.17 to 5.24
+but for the keyword 5.24 adds — plus ``get_seq_length``; it is not a ``transformers.Cache`` subclass, so
 masking code sizes the mask from the 4D mask it is given (both versions
 return a 4D mask as is).  Models whose config declares sliding-window or
 non-full-attention layers are refused: their layers need state this buffer
@@ -40,6 +40,8 @@ does not keep.  Batch size 1.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 import weakref
 from collections.abc import Sequence
@@ -52,12 +54,29 @@ from numpy.typing import NDArray
 
 from tmc.validate import check_int
 
-__all__ = ["StaticTreeCache", "shared_static_cache"]
+__all__ = ["StaticTreeCache", "cache_keyword", "shared_static_cache"]
 
 #: Forwards of at most this many tokens replay a captured graph (larger ones, e.g. a prefill, run eagerly).
 MAX_GRAPH_TOKENS = 128
 #: Capacity is rounded up to a multiple of this.
 CAPACITY_STEP = 64
+
+
+@functools.cache
+def _cache_keyword_of(forward: Any) -> str:
+    try:
+        names = inspect.signature(forward).parameters
+    except (TypeError, ValueError):  # a builtin or an odd callable: the long-standing name
+        return "past_key_values"
+    return "cache" if "cache" in names and "past_key_values" not in names else "past_key_values"
+
+
+def cache_keyword(model: Any) -> str:
+    """The keyword ``model``'s forward takes its KV cache under: ``"cache"`` from transformers
+    5.24 on (where ``past_key_values`` still works but warns that it is deprecated), else
+    ``"past_key_values"``.  Read from the forward's signature (which the deprecation wrapper
+    forwards), once per model class, so one code path serves 5.17 to 5.24."""
+    return _cache_keyword_of(type(model).forward)
 
 
 def model_device(model: Any) -> torch.device:
@@ -137,6 +156,7 @@ class StaticTreeCache:
     def __init__(self, model: Any, capacity: int, *, graphs: bool | None = None, pad: bool | None = None,
                  max_graph_tokens: int = MAX_GRAPH_TOKENS) -> None:
         self.model = model
+        self._keyword = cache_keyword(model)
         self.layers, self.kv_heads, self.head_dim = _geometry(model)
         self.device = model_device(model)
         self.dtype = model_dtype(model)
@@ -160,8 +180,11 @@ class StaticTreeCache:
     # --- the transformers cache protocol ---------------------------------------------------
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
-               cache_kwargs: dict[str, Any] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write this forward's keys/values ``(1, H, n, D)`` at its slots; return the layer's whole buffers."""
+               *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write this forward's keys/values ``(1, H, n, D)`` at its slots; return the layer's whole buffers.
+
+        The extra arguments (``cache_kwargs`` up to 5.23, ``kwargs=`` in 5.24) carry nothing
+        a full-attention layer needs here: positions are this forward's slots."""
         if self._slots is None:
             raise RuntimeError("StaticTreeCache is written only through StaticTreeCache.forward")
         keys, values = self.kv[layer_idx, 0], self.kv[layer_idx, 1]  # (1, H, capacity, D) views
@@ -246,7 +269,7 @@ class StaticTreeCache:
         self._slots = buf.index[2]
         try:
             out = self.model(input_ids=buf.index[0:1], attention_mask=buf.mask, position_ids=buf.index[1:2],
-                             past_key_values=self, use_cache=True)
+                             use_cache=True, **{self._keyword: self})
         finally:
             self._slots = None
         logits: torch.Tensor = out.logits

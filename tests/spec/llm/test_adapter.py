@@ -29,6 +29,7 @@ from spec.llm.adapter import (  # noqa: E402
     trim_cache,
 )
 from spec.llm.sampling import Sampling, process_logits  # noqa: E402
+from spec.llm.static_cache import cache_keyword  # noqa: E402
 from spec.tree import bfs_order, dfs_order, keep_indices, random_tree  # noqa: E402
 from tmc.multidraft import DraftTree  # noqa: E402
 
@@ -68,7 +69,7 @@ def prefill(model, tokens) -> tuple[DynamicCache, torch.Tensor]:
     """A cache holding ``tokens`` and the logits after the last one (plain forward)."""
     cache = DynamicCache()
     with torch.no_grad():
-        out = model(torch.tensor([list(tokens)]), past_key_values=cache, use_cache=True)
+        out = model(torch.tensor([list(tokens)]), use_cache=True, **{cache_keyword(model): cache})
     return cache, out.logits[0, -1]
 
 
@@ -174,11 +175,53 @@ def test_additive_mask_refuses_a_mask_that_is_not_2d():
         additive_mask(np.ones(3, dtype=bool), torch.float32)
 
 
+# --- the cache keyword ---------------------------------------------------------------------
+
+
+def _transformers_version() -> tuple[int, ...]:
+    import transformers
+
+    return tuple(int(part) for part in transformers.__version__.split(".")[:2])
+
+
+def test_cache_keyword_follows_the_installed_transformers():
+    """5.24 renamed the forward's ``past_key_values`` to ``cache`` (the old name warns); the
+    helper reads the name off the signature, so it must agree with the release notes' version."""
+    want = "cache" if _transformers_version() >= (5, 24) else "past_key_values"
+    assert cache_keyword(tiny_model()) == want
+
+
+def test_cache_keyword_of_other_signatures():
+    class Old:
+        def forward(self, input_ids, past_key_values=None, use_cache=None): ...
+
+    class New:
+        def forward(self, input_ids, cache=None, use_cache=None): ...
+
+    class Both:  # a model that takes both names: keep the long-standing one
+        def forward(self, input_ids, past_key_values=None, cache=None): ...
+
+    class Opaque:  # **kwargs only: the long-standing name
+        def forward(self, *args, **kwargs): ...
+
+    assert [cache_keyword(cls()) for cls in (Old, New, Both, Opaque)] == [
+        "past_key_values", "cache", "past_key_values", "past_key_values"]
+
+
+def test_the_cache_keyword_fills_the_cache_without_a_warning():
+    """With warnings as errors (pyproject), the deprecated name would fail here on 5.24."""
+    model, ctx = tiny_model(), context(5)
+    cache = DynamicCache()
+    with torch.no_grad():
+        model(torch.tensor([ctx]), use_cache=True, **{cache_keyword(model): cache})
+    assert cache_length(cache) == 5
+
+
 # --- trim_cache / select_cache ------------------------------------------------------------
 
 
 def test_crop_with_a_negative_count_removes_that_many_tokens_in_this_version():
-    """The one crop convention trim_cache relies on (transformers 4.x, 5.17 and 5.23 agree)."""
+    """The one crop convention trim_cache relies on (transformers 4.x and 5.17 to 5.24 agree)."""
     model, ctx = tiny_model(), context()
     cache, _ = prefill(model, ctx)
     cache.crop(-3)
@@ -198,7 +241,7 @@ def test_trim_cache_keeps_the_first_positions_and_only_crops_with_negative_count
     for layer, before in zip(cache.layers, keys):
         assert torch.equal(layer.keys, before[..., :4, :])
     with torch.no_grad():  # continuing from the trimmed cache = plain decoding
-        out = model(torch.tensor([ctx[4:]]), past_key_values=cache, use_cache=True).logits[0, -1]
+        out = model(torch.tensor([ctx[4:]]), use_cache=True, **{cache_keyword(model): cache}).logits[0, -1]
     torch.testing.assert_close(out, plain(model, ctx), rtol=0, atol=ATOL)
     trim_cache(cache, 0)
     assert cache_length(cache) == 0
@@ -233,7 +276,7 @@ def test_select_cache_after_a_tree_forward_continues_like_plain_decoding(with_ro
             torch.testing.assert_close(got.keys, ref.keys, rtol=0, atol=ATOL)
             torch.testing.assert_close(got.values, ref.values, rtol=0, atol=ATOL)
         with torch.no_grad():
-            out = model(torch.tensor([[17, 4]]), past_key_values=cache, use_cache=True).logits[0]
+            out = model(torch.tensor([[17, 4]]), use_cache=True, **{cache_keyword(model): cache}).logits[0]
         torch.testing.assert_close(out[-1], plain(model, accepted + [17, 4]), rtol=0, atol=ATOL)
 
 
