@@ -34,9 +34,9 @@ on a cache — ``update(keys, values, layer_idx, ...)``, the same in 5.17 to 5.2
 but for the extra keyword 5.24 passes — plus ``get_seq_length``; it is not a
 ``transformers.Cache`` subclass, so masking code sizes the mask from the 4D
 mask it is given (5.17 to 5.24 return a 4D mask as is).  The model is called
-with the cache under :func:`cache_keyword` (5.24 renamed ``past_key_values``).  Models whose config declares sliding-window or
-non-full-attention layers are refused: their layers need state this buffer
-does not keep.  Batch size 1.
+with the cache under :func:`cache_keyword` (5.24 renamed ``past_key_values``).
+Models whose config declares sliding-window or non-full-attention layers are
+refused: their layers need state this buffer does not keep.  Batch size 1.
 """
 
 from __future__ import annotations
