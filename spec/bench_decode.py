@@ -101,6 +101,11 @@ class Method:
     draft_temperature: float | None = None  # generate's draft_temperature (None: the row's temperature)
 
     @property
+    def ours(self) -> bool:
+        """Decoded by this project's loop (:mod:`spec.llm.generate`), not by an HF baseline."""
+        return self.builder is not None or self.name == "ar-loop"
+
+    @property
     def label(self) -> str:
         if self.builder is None:
             return self.name
@@ -233,7 +238,7 @@ def _run_one(method: Method, target: Any, draft: Any, prompt: list[int], tempera
     from spec.llm.generate import ar_generate, generate
 
     device = model_device(target)
-    if method.builder is not None or method.name == "ar-loop":
+    if method.ours:
         if method.builder is None:
             out = ar_generate(target, prompt, temperature=temperature, max_new_tokens=new_tokens, seed=seed,
                               cache=cache)
@@ -393,7 +398,7 @@ def run_decode_bench(
             ref = next(([r["tokens"] for r in runs[k][0]] for k, m in enumerate(methods) if m.name == "ar"), None)
             for method, per_round in zip(methods, runs):
                 row = {"prompts": len(prompts), **_row(method, temp, [r for rr in per_round for r in rr])}
-                if count_ops and (method.builder is not None or method.name == "ar-loop"):
+                if count_ops and method.ours:
                     row["ops_per_step"] = _ops_per_step(method, target, draft, list(prompts[0]), temp, new_tokens,
                                                         seed, cache)
                 if rounds > 1:

@@ -596,6 +596,7 @@ def ar_generate(
     device = model_device(target)
     kv = _new_cache(target, cache, "target", len(prompt) + max_new_tokens + 64, graphs)
     dynamic = isinstance(kv, DynamicCache)
+    cache_arg = {cache_keyword(target): kv}  # the dynamic loop's keyword, looked up once
     _prefill(target, kv, prompt[:-1])
     tok, pos = prompt[-1], len(prompt) - 1
     out: list[int] = []
@@ -605,7 +606,7 @@ def ar_generate(
             t0 = time.perf_counter()
             if dynamic:
                 ids = torch.tensor([[tok]], device=device)
-                logits = target(input_ids=ids, use_cache=True, **{cache_keyword(target): kv}).logits[0, -1]
+                logits = target(input_ids=ids, use_cache=True, **cache_arg).logits[0, -1]
             else:
                 logits = forward_masked(target, kv, [tok], [pos], np.ones((1, pos + 1), dtype=bool))[0]
             probs = sampling.probs(logits).cpu().numpy()
