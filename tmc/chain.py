@@ -291,7 +291,7 @@ _STEPS = {"sps": _sps_step, "asps": _asps_step, "block": _block_step}
 
 
 def chain_sample_trusted(
-    method: str, ref: NDArray[np.int64], q_rows: FloatArray, p_rows: FloatArray, u: FloatArray
+    method: str, ref: NDArray[np.int64], q_rows: FloatArray | None, p_rows: FloatArray, u: FloatArray
 ) -> list[int]:
     """``{method}_sample_from_uniforms`` without its checks, for callers whose inputs are valid by construction.
 
@@ -301,16 +301,49 @@ def chain_sample_trusted(
     ``[0, V)``, ``q_rows`` ``(n, V)`` and ``p_rows`` ``(n + 1, V)`` float64
     rows that are finite, non-negative and sum to 1 within
     :data:`~tmc.validate.ROW_SUM_TOL`, ``q > 0`` at every drafted token, and
-    ``u`` float64 uniforms in ``[0, 1)`` of the method's count.  The rows are
+    ``u`` float64 uniforms in ``[0, 1)`` of the method's count.  ``q_rows = None``
+    stands for point masses at ``ref`` (a deterministic draft).  The rows are
     renormalised as ``check_chain`` renormalises them, so the tokens are
     those of the checked sampler (tested); bad input gives garbage, not an
-    error.  The LLM decode loop calls it on softmax rows whose logits it
-    checked, where the checks cost more than the step.
+    error.  SpS divides by the row sums only the entries and rows it reads
+    (the same quotients, so the same tokens).  The LLM decode loop calls it
+    on softmax rows whose logits it checked, where the checks cost more than
+    the step.
     """
     step = _STEPS.get(method)
     if step is None:
         raise ValueError(f"method must be one of {', '.join(_STEPS)}, got {method!r}")
+    if method == "sps":
+        return _sps_trusted(ref, q_rows, p_rows, u)
+    if q_rows is None:
+        q_rows = _point_masses(ref, p_rows.shape[1])
     return step(ref, q_rows / q_rows.sum(axis=1)[:, None], p_rows / p_rows.sum(axis=1)[:, None], u)
+
+
+def _point_masses(ref: NDArray[np.int64], vocab: int) -> FloatArray:
+    rows = np.zeros((ref.shape[0], vocab))
+    rows[np.arange(ref.shape[0]), ref] = 1.0
+    return rows
+
+
+def _sps_trusted(toks: NDArray[np.int64], q: FloatArray | None, p: FloatArray, uu: FloatArray) -> list[int]:
+    """:func:`_sps_step` on rows renormalised lazily: each entry or row the step reads is divided by
+    its row's sum, the quotient the full renormalisation gives there.  ``q = None``: point masses."""
+    n = toks.shape[0]
+    p_sum = p.sum(axis=1)
+    q_sum = None if q is None else q.sum(axis=1)
+    for k in range(n):
+        a = int(toks[k])
+        q_a = 1.0 if q is None or q_sum is None else q[k, a] / q_sum[k]
+        if uu[k] < p[k, a] / p_sum[k] / q_a:
+            continue
+        if q is None or q_sum is None:
+            q_row = np.zeros(p.shape[1])
+            q_row[a] = 1.0
+        else:
+            q_row = q[k] / q_sum[k]
+        return [int(t) for t in toks[:k]] + [categorical(residual(p[k] / p_sum[k], q_row, a), float(uu[n]))]
+    return [int(t) for t in toks] + [categorical(p[n] / p_sum[n], float(uu[n]))]
 
 
 def block_sample(

@@ -77,19 +77,20 @@ def verify_chain_numpy(
     tokens = list(draft_tokens)
     if method == "asps" and np.shape(uniforms) == (len(tokens) + 1,):
         uniforms = np.asarray(uniforms)[:1]
-    if draft_probs is None:  # a deterministic draft: each token drawn with probability 1
-        p = np.asarray(target_probs)
-        if p.ndim != 2:
-            raise ValueError(f"target_probs must be a 2-D (n + 1, V) array, got shape {p.shape}")
-        draft_probs = np.zeros((len(tokens), p.shape[1]))
-        for i, tok in enumerate(tokens):
-            if not 0 <= tok < p.shape[1]:
-                raise ValueError(f"draft_tokens[{i}] = {tok} is outside the vocabulary [0, {p.shape[1]})")
-            draft_probs[i, tok] = 1.0
-    if trusted:
-        out = chain_sample_trusted(method, np.asarray(tokens, dtype=np.int64), np.asarray(draft_probs, dtype=np.float64),
+    if trusted:  # None: point masses, which the trusted sampler forms only where it reads them
+        out = chain_sample_trusted(method, np.asarray(tokens, dtype=np.int64),
+                                   None if draft_probs is None else np.asarray(draft_probs, dtype=np.float64),
                                    np.asarray(target_probs, dtype=np.float64), np.asarray(uniforms, dtype=np.float64))
     else:
+        if draft_probs is None:  # a deterministic draft: each token drawn with probability 1
+            p = np.asarray(target_probs)
+            if p.ndim != 2:
+                raise ValueError(f"target_probs must be a 2-D (n + 1, V) array, got shape {p.shape}")
+            draft_probs = np.zeros((len(tokens), p.shape[1]))
+            for i, tok in enumerate(tokens):
+                if not 0 <= tok < p.shape[1]:
+                    raise ValueError(f"draft_tokens[{i}] = {tok} is outside the vocabulary [0, {p.shape[1]})")
+                draft_probs[i, tok] = 1.0
         out = sampler(tokens, draft_probs, target_probs, uniforms)
     n_acc = len(out) - 1
     return Verified(torch.tensor(out, dtype=torch.int64), n_acc, tuple(range(n_acc)))

@@ -159,6 +159,25 @@ def test_trusted_entry_point_gives_the_checked_samplers_tokens(method):
             assert chain_sample_trusted(method, ref, q, p, uu) == want, (method, ref.tolist(), uu.tolist())
 
 
+@pytest.mark.parametrize("method", ["sps", "asps", "block"])
+def test_trusted_entry_point_reads_none_as_point_masses(method):
+    """``q_rows=None`` (a deterministic draft) gives the checked sampler's tokens on one-hot rows at
+    ``ref``, the accept threshold ``p(ref)`` itself among the uniforms."""
+    rng = np.random.default_rng(8)
+    for _ in range(300):
+        n, vocab = int(rng.integers(0, 5)), int(rng.integers(1, 6))
+        ref, _, p = _random_chain(rng, n, vocab)
+        one_hot = np.zeros((n, vocab))
+        one_hot[np.arange(n), ref] = 1.0
+        width = 1 if method == "asps" else n + 1
+        u = rng.random(width)
+        if n and method == "sps":
+            u[0] = min(p[0, ref[0]] / p[0].sum(), 0.999)
+        for uu in (u, np.zeros(width), np.full(width, np.nextafter(1.0, 0.0))):
+            want = CHECKED[method](ref, one_hot, p, uu)
+            assert chain_sample_trusted(method, ref, None, p, uu) == want, (method, ref.tolist(), uu.tolist())
+
+
 def test_trusted_entry_point_refuses_an_unknown_method():
     with pytest.raises(ValueError, match="method must be one of sps, asps, block, got 'kseq'"):
         chain_sample_trusted("kseq", np.array([1]), Q[:1], P[:2], np.zeros(2))
