@@ -321,10 +321,10 @@ def _tree_step(
     drawn = drafted.tokens.to(device)  # a no-op when draft and target share the device
     ids = torch.cat([torch.full((1,), root, dtype=torch.long, device=device), drawn.index_select(0, shape.ids)])
     logits = forward_unchecked(target, t_cache, ids, shape.depths + t_past, shape.allowed(t_past), where=where)
-    p = sampling.probs_unchecked(logits.index_select(0, shape.rows))
+    p, t_fault = sampling.probs_with_fault(logits.index_select(0, shape.rows))  # every row, reordered
     sync(device)
     t2 = time.perf_counter()
-    fault = drafted.fault.to(device) | logits_fault(logits)
+    fault = drafted.fault.to(device) | (logits_fault(logits) if t_fault is None else t_fault)
     got = torch.cat([fault.to(torch.int64).reshape(1), drafted.short.to(device).to(torch.int64).reshape(1),
                      drawn]).tolist()
     if got[0]:  # name the fault: the draft's logits first, then the target's
@@ -384,11 +384,11 @@ def _chain_step(
     ids = torch.cat([torch.full((1,), root, dtype=torch.long, device=device), drawn])
     allowed = np.tri(k + 1, t_past + k + 1, t_past, dtype=bool)  # the past, then causal over root + chain
     logits = forward_unchecked(target, t_cache, ids, np.arange(t_past, t_past + k + 1), allowed, where=where)
-    p = sampling.probs_unchecked(logits)
+    p, t_fault = sampling.probs_with_fault(logits)
     sync(device)
     t2 = time.perf_counter()
     u = rng.random(noise_size(verifier, k))
-    fault = chain.fault.to(device) | logits_fault(logits)
+    fault = chain.fault.to(device) | (logits_fault(logits) if t_fault is None else t_fault)
     res: Verified | None
     if backend == "numpy":  # the flag and the tokens in one transfer, then the rows for the numpy reference
         got = torch.cat([fault.to(torch.int64).reshape(1), chain.tokens]).tolist()

@@ -71,11 +71,11 @@ def process_logits(
 
 def _process(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None) -> torch.Tensor:
     """:func:`process_logits` after the checks (settings validated, logits finite or flagged)."""
-    x = logits.to(torch.float64)
     if temperature == 0:
-        # torch.argmax returns the first maximal index: ties go to the lowest token id
-        top = x.argmax(dim=-1, keepdim=True)
-        return torch.zeros_like(x).scatter_(-1, top, 1.0)
+        # torch.argmax returns the first maximal index: ties go to the lowest token id.  Widening to
+        # float64 is exact and keeps the order, so the argmax is taken on the logits as they are.
+        return _one_hot(logits, logits.argmax(dim=-1, keepdim=True))
+    x = logits.to(torch.float64)
     if temperature != 1.0:
         x = x / temperature
     k = x.shape[-1] if top_k is None else min(top_k, x.shape[-1])
@@ -91,6 +91,11 @@ def _process(logits: torch.Tensor, temperature: float, top_k: int | None, top_p:
         keep &= before < top_p  # rank 0 has before = 0 < top_p: the top token always stays
     kept = torch.zeros_like(keep).scatter_(-1, idx, keep)
     return torch.softmax(x.masked_fill(~kept, -math.inf), dim=-1)
+
+
+def _one_hot(logits: torch.Tensor, top: torch.Tensor) -> torch.Tensor:
+    """float64 rows shaped like ``logits``, one at the index ``top`` ``(..., 1)`` holds."""
+    return torch.zeros(logits.shape, dtype=torch.float64, device=logits.device).scatter_(-1, top, 1.0)
 
 
 def logits_fault(x: torch.Tensor) -> torch.Tensor:
@@ -183,3 +188,15 @@ class Sampling:
         NaN or ``+inf`` logits come out as garbage (NaN), not as an error.
         """
         return _process(logits, self.temperature, self.top_k, self.top_p)
+
+    def probs_with_fault(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """:meth:`probs_unchecked`, with :func:`logits_fault` of the same logits when it comes free.
+
+        At temperature 0 one ``max`` over each row gives both the argmax (the first maximal index,
+        as ``argmax`` gives it) and the row maxima the flag reads, so the flag is returned;
+        otherwise the second item is ``None`` and the caller computes the flag when it needs it.
+        """
+        if self.temperature != 0:
+            return self.probs_unchecked(logits), None
+        top_value, top = logits.max(dim=-1, keepdim=True)
+        return _one_hot(logits, top), ~torch.isfinite(top_value).all()

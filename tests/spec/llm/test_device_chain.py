@@ -207,16 +207,18 @@ def test_chain_on_device_must_be_a_bool(pair: tuple[object, object]) -> None:
         generate(target, draft, [1], "chain", "sps", chain_on_device=1)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(("which", "verifier"), list(itertools.product(("draft", "target"), ("sps", "traversal"))))
-def test_bad_logits_raise_the_host_paths_error(which: str, verifier: str) -> None:
-    """NaN logits raise the same ValueError on both paths (the device path checks its flag once per step)."""
+@pytest.mark.parametrize(("which", "verifier", "temperature"),
+                         list(itertools.product(("draft", "target"), ("sps", "traversal"), (0.0, 1.0))))
+def test_bad_logits_raise_the_host_paths_error(which: str, verifier: str, temperature: float) -> None:
+    """NaN logits raise the same ValueError on both paths (the device path checks its flag once per step;
+    at temperature 0 the target's flag comes with its greedy rows, ``Sampling.probs_with_fault``)."""
     target, draft = tiny_pair(17, seed=1)
     with torch.no_grad():
         (draft if which == "draft" else target).lm_head.weight[5, 0] = float("nan")
     for on_device, backend in itertools.product((True, False), ("torch", "numpy")):
         with pytest.raises(ValueError, match="logits contain NaN"):
-            generate(target, draft, [1, 2], "chain", verifier, temperature=1.0, max_new_tokens=6, budget=3, seed=0,
-                     chain_on_device=on_device, verify_backend=backend)
+            generate(target, draft, [1, 2], "chain", verifier, temperature=temperature, max_new_tokens=6, budget=3,
+                     seed=0, chain_on_device=on_device, verify_backend=backend)
 
 
 @pytest.mark.parametrize(("verifier", "cache"), list(itertools.product(TREE_METHODS, ("dynamic", "static"))))
@@ -316,9 +318,10 @@ def test_device_tree_stops_at_eos_and_length_and_names_bad_logits(pair: tuple[ob
         t, d = tiny_pair(17, seed=1)
         with torch.no_grad():
             (d if which == "draft" else t).lm_head.weight[5, 0] = float("nan")
-        for on_device in (True, False):
+        for on_device, temperature in itertools.product((True, False), (0.0, 1.0)):
             with pytest.raises(ValueError, match="logits contain NaN"):
-                generate(t, d, [1, 2], "fixed", "traversal", max_new_tokens=6, chain_on_device=on_device, **kw)
+                generate(t, d, [1, 2], "fixed", "traversal", max_new_tokens=6, chain_on_device=on_device,
+                         **{**kw, "temperature": temperature})
 
 
 def test_draft_tree_misuse_is_refused(pair: tuple[object, object]) -> None:

@@ -95,6 +95,44 @@ def test_process_logits_greedy_is_one_hot_at_the_argmax():
     assert torch.equal(got, torch.nn.functional.one_hot(logits.argmax(-1), 30).to(torch.float64))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_greedy_rows_break_ties_to_the_lowest_id_in_every_dtype(dtype):
+    """Greedy rows are taken on the logits in their own dtype: with many exact ties (small integer
+    logits) the one-hot sits at numpy's first maximum of the widened row."""
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randint(-3, 3, (400, 7), generator=gen).to(dtype)
+    want = np.zeros((400, 7))
+    want[np.arange(400), np.argmax(logits.to(torch.float64).numpy(), axis=-1)] = 1.0
+    assert np.array_equal(process_logits(logits, 0.0).numpy(), want)
+    p, fault = Sampling(0.0).probs_with_fault(logits)
+    assert np.array_equal(p.numpy(), want) and p.dtype == torch.float64 and not bool(fault)
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, "row"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0, 0.7])
+def test_probs_with_fault_flags_what_logits_fault_flags(bad, temperature):
+    """The flag given with the rows (temperature 0) is :func:`logits_fault` of the logits: NaN,
+    ``+inf`` and an all ``-inf`` row raise it, a ``-inf`` entry does not; above 0 no flag comes."""
+    from spec.llm.sampling import logits_fault
+
+    logits = torch.randn(4, 11, generator=torch.Generator().manual_seed(4))
+    logits[0, 5] = -math.inf  # a banned token: allowed
+    cfg = Sampling(temperature)
+    for x, faulty in ((logits, False), (logits.clone(), True)):
+        if faulty:
+            if bad == "row":
+                x[2] = -math.inf
+            else:
+                x[3, 1] = bad
+        assert bool(logits_fault(x)) == faulty
+        p, fault = cfg.probs_with_fault(x)
+        if faulty:
+            assert fault is None if temperature else bool(fault)
+            continue
+        assert torch.equal(p, cfg.probs_unchecked(x)) and torch.equal(p, cfg.probs(x))
+        assert fault is None if temperature else not bool(fault)
+
+
 def test_process_logits_works_on_batched_shapes_and_low_precision_inputs():
     logits = torch.randn(2, 3, 17, generator=torch.Generator().manual_seed(1))
     got = process_logits(logits.to(torch.bfloat16), 0.9, 6, 0.8)
