@@ -5,7 +5,11 @@ verifies ``n`` draft tokens ``ref`` with ``q_rows[i] = q(· | prefix + ref[:i])`
 (shape ``(n, V)``) and ``p_rows[i] = p(· | prefix + ref[:i])`` (shape
 ``(n + 1, V)``).  Kernels follow the one indexing convention stated in the
 :mod:`tmc` package docstring (``K[k, b]``: emit ``ref[:k] + [b]``); for every
-lossless verifier here ``K[k, ref[k]] == 0`` for ``k < n`` as well.
+lossless verifier here ``K[k, ref[k]] == 0`` for ``k < n`` as well: exactly for
+SpS and ASpS, and up to rounding for block verification (a few 1e-16 per
+drafted position: up to 1.2e-15 in 200,000 random chains of up to 4 tokens), whose
+``(a p − q)_+`` can keep mass at the drafted token when the renormalised rows
+sum to 1 only within rounding (``p`` above ``q`` at every token of a row).
 
 References:
 
