@@ -341,11 +341,7 @@ def _sps_trusted(toks: NDArray[np.int64], q: FloatArray | None, p: FloatArray, u
         q_a = 1.0 if q is None or q_sum is None else q[k, a] / q_sum[k]
         if uu[k] < p[k, a] / p_sum[k] / q_a:
             continue
-        if q is None or q_sum is None:
-            q_row = np.zeros(p.shape[1])
-            q_row[a] = 1.0
-        else:
-            q_row = q[k] / q_sum[k]
+        q_row = _point_masses(toks[k : k + 1], p.shape[1])[0] if q is None or q_sum is None else q[k] / q_sum[k]
         return [int(t) for t in toks[:k]] + [categorical(residual(p[k] / p_sum[k], q_row, a), float(uu[n]))]
     return [int(t) for t in toks] + [categorical(p[n] / p_sum[n], float(uu[n]))]
 
