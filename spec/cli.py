@@ -106,7 +106,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="speculative decoding with a target/draft model pair (needs the llm extra)",
         description="Generate with a Hugging Face causal LM pair (local folders or hub ids): any tree builder x "
         "lossless verifier, at temperature 0 or above; prints the text, tokens per step and speed against plain "
-        "autoregressive decoding with the same settings. Batch size 1.",
+        "autoregressive decoding with the same settings. Generation stops at the target's stop tokens (its "
+        "generation_config.eos_token_id, one id or a list, and the tokenizer's eos token). Batch size 1.",
     )
     dec.add_argument("--target", required=True, metavar="DIR", help="target model folder or hub id")
     dec.add_argument("--draft", required=True, metavar="DIR", help="draft model folder or hub id (same tokenizer)")
@@ -147,7 +148,7 @@ def _cmd_decode(args: argparse.Namespace) -> int:
     except ImportError:
         fail("tmc decode needs torch and transformers: pip install 'tmc-spec[llm]' (CPU torch: pip install torch==2.13.0)")
     from spec.llm.generate import ar_generate, generate
-    from spec.llm.models import load_for_decoding
+    from spec.llm.models import load_for_decoding, stop_token_ids
 
     try:
         target, draft, tok = load_for_decoding(args.target, args.draft, args.device)
@@ -157,7 +158,8 @@ def _cmd_decode(args: argparse.Namespace) -> int:
     if not ids:
         fail("--prompt tokenises to no tokens")
     settings = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
-                "max_new_tokens": args.max_new_tokens, "seed": args.seed, "eos_token_id": tok.eos_token_id}
+                "max_new_tokens": args.max_new_tokens, "seed": args.seed,
+                "eos_token_id": stop_token_ids(target, tok)}
     print(f"decoding {args.max_new_tokens} tokens with {args.builder} + {args.verifier} on {args.device} ...", file=sys.stderr)
     with torch.inference_mode():
         out = generate(target, draft, ids, args.builder, args.verifier, budget=args.budget,
@@ -166,7 +168,8 @@ def _cmd_decode(args: argparse.Namespace) -> int:
         ar = None if args.no_ar else ar_generate(target, ids, cache=args.cache, **settings)
     summary = out.summary()
     report: dict[str, Any] = {"builder": args.builder, "verifier": args.verifier, "budget": args.budget,
-                              "text": tok.decode(out.tokens), "tokens": out.tokens, **summary}
+                              "text": tok.decode(out.tokens), "tokens": out.tokens,
+                              "stop_token_ids": settings["eos_token_id"], **summary}
     if ar is not None:
         report["ar_tokens_per_s"] = ar.summary()["tokens_per_s"]
         report["speedup_vs_ar"] = summary["tokens_per_s"] / report["ar_tokens_per_s"] if report["ar_tokens_per_s"] else None

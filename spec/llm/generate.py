@@ -29,7 +29,8 @@ the law they were drawn from, the output law is the target's (processed)
 law; at temperature 0 every builder × verifier reproduces greedy decoding
 token for token (tested).  An EOS token ends generation (tokens after it in
 the same step are dropped), and a step that would pass ``max_new_tokens`` is
-cut: a prefix of an exact sample is an exact sample of the prefix.
+cut: a prefix of an exact sample is an exact sample of the prefix.  ``eos_token_id`` may
+name several stop tokens (Llama 3's generation config lists three).
 
 Batch size 1.  Notation: ``p`` target, ``q`` draft (DESIGN.md §3).
 """
@@ -37,7 +38,7 @@ Batch size 1.  Notation: ``p`` target, ``q`` draft (DESIGN.md §3).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,7 +72,7 @@ from tmc.validate import check_int
 
 __all__ = [
     "CACHES", "GenerateOutput", "StepStats", "VERIFIERS", "VERIFY_BACKENDS", "ar_generate", "generate", "resolve_cache",
-    "resolve_verify_backend",
+    "resolve_verify_backend", "stop_ids",
 ]
 
 #: Verifier names ``generate`` accepts: the chain ones need a chain builder.
@@ -139,6 +140,35 @@ def _prompt(input_ids: Any, vocab: int) -> list[int]:
     if bad:
         raise ValueError(f"input_ids hold tokens outside the vocabulary [0, {vocab}): {bad[:5]}")
     return ids
+
+def stop_ids(eos_token_id: Any, vocab: int) -> frozenset[int]:
+    """The stop tokens ``eos_token_id`` names: ``None`` (none), one id, or a collection of ids, any of which
+    ends generation (as a list in ``generation_config.eos_token_id`` does in transformers).  Each id must be
+    an integer in ``[0, vocab)``; ``ValueError`` names the one that is not."""
+    if eos_token_id is None:
+        return frozenset()
+    if isinstance(eos_token_id, (torch.Tensor, np.ndarray)):
+        eos_token_id = eos_token_id.tolist()
+    if isinstance(eos_token_id, (str, bytes)):
+        raise ValueError(f"eos_token_id must be None, a token id or a collection of token ids, got {eos_token_id!r}")
+    if isinstance(eos_token_id, Iterable):
+        named = [(f"eos_token_id[{i}]", t) for i, t in enumerate(eos_token_id)]
+    else:
+        named = [("eos_token_id", eos_token_id)]
+    stops = set()
+    for name, value in named:
+        tok = check_int(name, value, minimum=0)
+        if tok >= vocab:
+            raise ValueError(f"{name} = {tok} is outside the vocabulary [0, {vocab})")
+        stops.add(tok)
+    return frozenset(stops)
+
+def _cut_at_stop(tokens: list[int], stops: frozenset[int]) -> tuple[list[int], bool]:
+    """``tokens`` up to and including the first stop token, and whether one was met."""
+    for i, t in enumerate(tokens):
+        if t in stops:
+            return tokens[: i + 1], True
+    return tokens, False
 
 def _vocab(model: Any, name: str) -> int:
     try:
@@ -420,7 +450,7 @@ def generate(
     top_p: float | None = None,
     max_new_tokens: int = 64,
     seed: int = 0,
-    eos_token_id: int | None = None,
+    eos_token_id: int | Sequence[int] | None = None,
     draft_temperature: float | None = None,
     builder_params: dict[str, Any] | None = None,
     order: str = "dfs",
@@ -442,6 +472,11 @@ def generate(
     ``auto`` (static on CUDA, dynamic elsewhere); the tokens are the same.
     Randomness: one ``numpy`` generator seeded with ``seed`` draws the
     builder's tokens and every step's uniforms.
+    ``eos_token_id``: a stop token, or a collection of them (a
+    ``generation_config.eos_token_id`` list: any one ends generation), or
+    ``None`` (the default: none; the model's generation config is not read
+    here, :func:`spec.llm.models.stop_token_ids` reads it for the command line).
+    The output ends with the first stop token, which it keeps.
     ``draft_temperature``: the temperature of the draft's rows (``None``,
     the default: ``temperature``, the draft processed exactly as the
     target); ``top_k`` / ``top_p`` apply to both either way.  Every draft
@@ -491,8 +526,7 @@ def generate(
     on_device = chain_on_device and _device_chain(b, verifier)
     max_new_tokens = check_int("max_new_tokens", max_new_tokens, minimum=0)
     seed = check_int("seed", seed, minimum=0)
-    if eos_token_id is not None:
-        eos_token_id = check_int("eos_token_id", eos_token_id, minimum=0)
+    stops = stop_ids(eos_token_id, vocab)
     sampling = Sampling(temperature, top_k, top_p)
     d_sampling = sampling if draft_temperature is None else _draft_sampling(draft_temperature, top_k, top_p)
     fixed_shape = _device_shape(b, verifier, budget, d_sampling, vocab) if chain_on_device else None
@@ -542,13 +576,11 @@ def generate(
             state = b.next_state(state, tree, res.n_accepted)
         tokens = [int(t) for t in res.tokens.tolist()]
         t3 = time.perf_counter()
-        kept = tokens[: max_new_tokens - len(out)]
-        if eos_token_id is not None and eos_token_id in kept:
-            kept = kept[: kept.index(eos_token_id) + 1]
+        kept, stopped = _cut_at_stop(tokens[: max_new_tokens - len(out)], stops)
         out.extend(kept)
         steps.append(StepStats(size, res.n_accepted, len(kept), d_step.forwards, t1 - t0, t2 - t1, t3 - t2,
                                d_step.forward_s))
-        if len(kept) < len(tokens) or (eos_token_id is not None and kept and kept[-1] == eos_token_id):
+        if stopped or len(kept) < len(tokens):
             break
         select_cache(t_cache, keep)
         t_past, root = t_past + 1 + len(res.nodes), tokens[-1]
@@ -575,7 +607,7 @@ def ar_generate(
     top_p: float | None = None,
     max_new_tokens: int = 64,
     seed: int = 0,
-    eos_token_id: int | None = None,
+    eos_token_id: int | Sequence[int] | None = None,
     cache: str = "dynamic",
     graphs: bool | None = None,
 ) -> GenerateOutput:
@@ -589,6 +621,7 @@ def ar_generate(
     t_start = time.perf_counter()
     vocab = _vocab(target, "target")
     prompt = _prompt(input_ids, vocab)
+    stops = stop_ids(eos_token_id, vocab)
     sampling = Sampling(temperature, top_k, top_p)
     rng = np.random.default_rng(check_int("seed", seed, minimum=0))
     max_new_tokens = check_int("max_new_tokens", max_new_tokens, minimum=0)
@@ -613,7 +646,7 @@ def ar_generate(
             tok, pos = categorical(probs, float(rng.random())), pos + 1
             out.append(tok)
             steps.append(StepStats(0, 0, 1, 0, 0.0, time.perf_counter() - t0, 0.0))
-            if eos_token_id is not None and tok == eos_token_id:
+            if tok in stops:
                 break
     sync(device)
     return GenerateOutput(out, steps, 0.0, time.perf_counter() - t_start)

@@ -32,7 +32,7 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-__all__ = ["count_parameters", "load_for_decoding", "load_pair", "save_pair", "tiny_llama", "tiny_pair"]
+__all__ = ["count_parameters", "load_for_decoding", "load_pair", "save_pair", "stop_token_ids", "tiny_llama", "tiny_pair"]
 
 TARGET_DIR = "target"
 DRAFT_DIR = "draft"
@@ -168,3 +168,19 @@ def load_for_decoding(
         except (OSError, ValueError) as err:
             raise ValueError(f"cannot load a causal LM from {path!r}: {one_line(err)}") from None
     return models[0], models[1], tokenizer
+
+
+def stop_token_ids(model: Any, tokenizer: Any = None) -> list[int]:
+    """The stop tokens a decode of ``model`` should honour, ascending: the ids of its
+    ``generation_config.eos_token_id`` (an int or a list, as transformers allows; Llama 3 lists
+    three) and the tokenizer's ``eos_token_id``, whichever are set.  ``[]`` when neither is.
+    """
+    found: set[int] = set()
+    config = getattr(model, "generation_config", None)
+    for value in (getattr(config, "eos_token_id", None), getattr(tokenizer, "eos_token_id", None)):
+        if value is None:
+            continue
+        if isinstance(value, torch.Tensor):
+            value = value.tolist()
+        found.update(int(v) for v in (value if isinstance(value, (list, tuple)) else [value]))
+    return sorted(found)

@@ -205,6 +205,74 @@ def test_eos_and_length_cuts(pair: tuple[object, object]) -> None:
     assert generate(target, draft, [5, 6], max_new_tokens=0).tokens == []
 
 
+def _cut(tokens: list[int], stops: set[int]) -> list[int]:
+    """``tokens`` up to and including the first one in ``stops`` (written out here, not imported)."""
+    out = []
+    for t in tokens:
+        out.append(t)
+        if t in stops:
+            break
+    return out
+
+
+@pytest.mark.parametrize(("builder", "verifier", "params"), [
+    ("chain", "sps", {}),  # the device chain step
+    ("chain", "traversal", {"confidence": 0.5}),  # a confidence chain with a tree verifier: the host builder
+    ("fixed", "traversal", {"width": 2, "depth": 3}),  # the device tree step (i.i.d.)
+    ("dyspec", "multidraft", {}),  # the host builder
+])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_several_stop_tokens_end_generation_at_the_first_of_any(
+        pair: tuple[object, object], builder: str, verifier: str, params: dict[str, Any], temperature: float) -> None:
+    """``eos_token_id`` as a list (a ``generation_config`` may list several): the output is the run without
+    stop tokens cut after the first token in the list, whichever it is.  The steps before the cut draw the
+    same noise, so at T = 1 this holds sample by sample.  The stop listed second occurs first, so honouring
+    only the first id of the list fails."""
+    target, draft = pair
+    kw: dict[str, Any] = dict(temperature=temperature, budget=6, seed=3, builder_params=params)
+    for prompt in ([5, 6], [2, 9, 4]):
+        free = generate(target, draft, prompt, builder, verifier, max_new_tokens=24, **kw).tokens
+        k = next(i for i in range(2, len(free)) if free[i] not in free[:i])  # a token's first occurrence
+        late = next(t for t in range(13) if t not in free[: k + 1])  # not met before position k
+        for stops in ([late, free[k]], (free[k], late), np.array([late, free[k]]), torch.tensor([free[k], late])):
+            out = generate(target, draft, prompt, builder, verifier, max_new_tokens=24, eos_token_id=stops, **kw)
+            assert out.tokens == free[: k + 1] == _cut(free, {late, free[k]})
+        plain = ar_generate(target, prompt, temperature=temperature, seed=3, max_new_tokens=24).tokens
+        j = max(i for i in range(len(plain)) if plain[i] not in plain[:i])  # the last new token
+        other = next(t for t in range(13) if t not in plain[: j + 1])
+        assert ar_generate(target, prompt, temperature=temperature, seed=3, max_new_tokens=24,
+                           eos_token_id=[other, plain[j]]).tokens == plain[: j + 1]
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    (None, set()), (4, {4}), ([4, 7], {4, 7}), ((7, 4, 7), {4, 7}), ([], set()), ({0, 12}, {0, 12}),
+    (np.array([3, 5]), {3, 5}), (np.int64(5), {5}), (torch.tensor(6), {6}), (torch.tensor([6, 1]), {1, 6}),
+])
+def test_stop_ids_reads_one_id_or_a_collection(value: object, expected: set[int]) -> None:
+    from spec.llm.generate import stop_ids
+
+    assert stop_ids(value, 13) == expected
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("2", "a collection of token ids"),
+    (b"2", "a collection of token ids"),
+    (13, "eos_token_id = 13 is outside the vocabulary"),
+    ([1, 13], r"eos_token_id\[1\] = 13 is outside the vocabulary"),
+    ([1, -1], r"eos_token_id\[1\]"),
+    (-2, "eos_token_id"),
+    (2.5, "eos_token_id"),
+    ([1, [2]], r"eos_token_id\[1\]"),
+    (True, "eos_token_id"),
+])
+def test_bad_stop_ids_are_named(pair: tuple[object, object], value: object, message: str) -> None:
+    target, draft = pair
+    with pytest.raises(ValueError, match=message):
+        generate(target, draft, [1, 2], "chain", "sps", max_new_tokens=3, eos_token_id=value)
+    with pytest.raises(ValueError, match=message):
+        ar_generate(target, [1, 2], max_new_tokens=3, eos_token_id=value)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
@@ -476,6 +544,37 @@ def test_decode_command_on_a_saved_pair(saved_pair: SavedPair, capsys: pytest.Ca
         assert main([*base, "--no-ar", "--builder", "chain", "--param", f"confidence={bad}"]) == 2
         err = capsys.readouterr().err
         assert "confidence must be" in err and "Traceback" not in err
+
+
+@pytest.mark.skipif(not any(ep.name == "spec" for ep in __import__("importlib.metadata").metadata.entry_points(group="tmc.commands")),
+                    reason="package not installed: tmc decode is registered through an entry point")
+def test_decode_command_stops_at_any_stop_token_of_the_generation_config(
+        saved_pair: SavedPair, tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """A target whose ``generation_config.eos_token_id`` is a list (as Llama 3's is): ``tmc decode`` stops
+    at the first token of the list or the tokenizer's eos, on the speculative and the plain run."""
+    import json
+    import shutil
+
+    from tmc.cli import main
+
+    pair = tmp_path / "pair"
+    shutil.copytree(saved_pair.path, pair)
+    tok, target = saved_pair.tokenizer, saved_pair.target
+    ids = tok("def f(x):")["input_ids"]
+    greedy = ar_generate(target, ids, temperature=0.0, max_new_tokens=12, eos_token_id=tok.eos_token_id).tokens
+    k = next(i for i in range(2, len(greedy)) if greedy[i] not in greedy[:i])
+    config_file = pair / "target" / "generation_config.json"
+    config = json.loads(config_file.read_text())
+    late = next(t for t in range(target.config.vocab_size - 1, 0, -1) if t not in greedy[: k + 1])
+    config["eos_token_id"] = [late, greedy[k]]
+    config_file.write_text(json.dumps(config))
+    code = main(["decode", "--target", str(pair / "target"), "--draft", str(pair / "draft"), "--prompt", "def f(x):",
+                 "--max-new-tokens", "12", "--json", "--temperature", "0", "--builder", "chain", "--verifier", "sps"])
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["stop_token_ids"] == sorted({greedy[k], late, tok.eos_token_id})
+    assert report["tokens"] == greedy[: k + 1]
+    assert report["ar_tokens_per_s"] > 0
 
 
 #: (builder, verifier, params, draft temperature) under the plain target law at T = 1: a cooler draft, a warmer

@@ -258,3 +258,21 @@ def test_bad_options_are_reported_by_name(capsys):
     with pytest.raises(SystemExit):
         train.main(["--out", "unused", "--target-size", "micro", "--draft-size", "small"])
     assert "--draft-size" in capsys.readouterr().err
+
+
+def test_stop_token_ids_reads_the_generation_config_and_the_tokenizer() -> None:
+    """The command line's stop tokens: the target's ``generation_config.eos_token_id`` (an int or a list)
+    together with the tokenizer's eos, ascending, each once."""
+    from types import SimpleNamespace
+
+    from spec.llm.models import stop_token_ids
+
+    model = tiny_llama(16, eos_token_id=3)
+    assert stop_token_ids(model) == [3]
+    assert stop_token_ids(model, SimpleNamespace(eos_token_id=3)) == [3]
+    assert stop_token_ids(model, SimpleNamespace(eos_token_id=1)) == [1, 3]
+    model.generation_config.eos_token_id = [9, 3, 7]
+    assert stop_token_ids(model, SimpleNamespace(eos_token_id=1)) == [1, 3, 7, 9]
+    model.generation_config.eos_token_id = None
+    assert stop_token_ids(model, SimpleNamespace(eos_token_id=None)) == []
+    assert stop_token_ids(SimpleNamespace(), SimpleNamespace(eos_token_id=5)) == [5]
