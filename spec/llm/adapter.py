@@ -95,6 +95,7 @@ __all__ = [
     "LLMDraft",
     "additive_mask",
     "cache_length",
+    "check_attention",
     "forward_masked",
     "forward_unchecked",
     "select_beam_torch",
@@ -103,6 +104,27 @@ __all__ = [
     "tree_logits",
     "trim_cache",
 ]
+
+
+#: The attention implementations that apply a custom 4D mask as given (DESIGN.md §8).
+MASKED_ATTENTION = ("sdpa", "eager")
+
+
+def check_attention(model: Any, name: str) -> None:
+    """``ValueError`` unless ``model`` attends with an implementation that takes the tree's 4D mask.
+
+    Tree forwards pass an additive ``(1, 1, n, past + n)`` mask; ``sdpa`` and ``eager`` apply it as
+    given.  Flash-attention kernels take no arbitrary mask, and with ``flex_attention`` tree forwards
+    failed here (transformers 5.24, torch 2.13 CPU: NaN logits, an index error in the compiled kernel,
+    a crash of the process), so every other implementation is refused before any forward.  A model
+    whose config names no implementation (a stand-in) passes.
+    """
+    impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if impl is not None and impl not in MASKED_ATTENTION:
+        raise ValueError(
+            f"{name} attends with attn_implementation={impl!r}, which does not take the tree's 4D attention mask; "
+            f"load it with attn_implementation='sdpa' (or 'eager'), or call {name}.set_attn_implementation('sdpa')"
+        )
 
 
 def sync(device: torch.device) -> None:

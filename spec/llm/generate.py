@@ -50,7 +50,7 @@ from transformers import DynamicCache
 from spec.acceptance import verifiers_for
 from spec.builders import ChainBuilder, FixedBuilder, TreeBuilder, make_builder
 from spec.llm.adapter import (
-    LLMDraft, forward_masked, forward_unchecked, select_cache, sync, tree_logits, trim_cache,
+    LLMDraft, check_attention, forward_masked, forward_unchecked, select_cache, sync, tree_logits, trim_cache,
 )
 from spec.llm.host_verify import verify_chain_numpy, verify_tree_numpy
 from spec.llm.sampling import Sampling, logits_fault
@@ -515,6 +515,8 @@ def generate(
     vocab = _vocab(target, "target")
     if _vocab(draft, "draft") != vocab:
         raise ValueError(f"target and draft vocabularies differ ({vocab} vs {_vocab(draft, 'draft')})")
+    check_attention(target, "target")
+    check_attention(draft, "draft")
     prompt = _prompt(input_ids, vocab)
     b = make_builder(builder, **(builder_params or {}))
     if verifier not in VERIFIERS:
@@ -626,6 +628,8 @@ def ar_generate(
     rng = np.random.default_rng(check_int("seed", seed, minimum=0))
     max_new_tokens = check_int("max_new_tokens", max_new_tokens, minimum=0)
     cache = resolve_cache(target, cache)
+    if cache == "static":  # its forwards pass a 4D mask; the dynamic loop uses the model's own
+        check_attention(target, "target")
     device = model_device(target)
     kv = _new_cache(target, cache, "target", len(prompt) + max_new_tokens + 64, graphs)
     dynamic = isinstance(kv, DynamicCache)

@@ -300,6 +300,32 @@ def test_bad_input(pair: tuple[object, object], kwargs: dict[str, object], messa
         generate(target, draft, **args)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("impl", ["flex_attention", "flash_attention_2"])
+def test_attention_that_ignores_the_tree_mask_is_refused_before_any_forward(
+        pair: tuple[object, object], impl: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only ``sdpa`` and ``eager`` take the tree's 4D mask: another implementation on either model is named
+    in a ``ValueError`` before the prefill (the config is relabelled: flash-attention is not installed
+    here).  ``ar_generate`` on the static cache, whose forwards pass a mask, refuses it too."""
+    import spec.llm.generate as gen
+
+    target, draft = pair
+    fed: list[object] = []
+    for name, model in (("target", target), ("draft", draft)):
+        with monkeypatch.context() as m:
+            m.setattr(gen, "_prefill", lambda *a: fed.append(a))
+            m.setattr(model.config, "_attn_implementation", impl)  # type: ignore[attr-defined]
+            with pytest.raises(ValueError, match=f"{name} attends with attn_implementation='{impl}'.*'sdpa'"):
+                generate(target, draft, [1, 2], "chain", "sps", max_new_tokens=3)
+            if name == "target":
+                with pytest.raises(ValueError, match="target attends with"):
+                    ar_generate(target, [1, 2], max_new_tokens=3, cache="static")
+    assert fed == []
+    with monkeypatch.context() as m:
+        m.setattr(target.config, "_attn_implementation", "eager")  # type: ignore[attr-defined]
+        assert generate(target, draft, [1, 2], "chain", "sps", temperature=0, max_new_tokens=6).tokens == \
+            _greedy(target, [1, 2], 6)
+
+
 def test_auto_backend_is_torch_only_for_a_chain_verifier_on_a_gpu_drafted_chain(
         pair: tuple[object, object], monkeypatch: pytest.MonkeyPatch) -> None:
     """``verify_backend="auto"``: the torch port for SpS / ASpS / block on a chain drafted on a GPU, the
