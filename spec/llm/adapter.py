@@ -96,7 +96,9 @@ __all__ = [
     "additive_mask",
     "cache_length",
     "check_attention",
+    "check_span",
     "forward_masked",
+    "full_attention_span",
     "forward_unchecked",
     "select_beam_torch",
     "select_cache",
@@ -124,6 +126,51 @@ def check_attention(model: Any, name: str) -> None:
         raise ValueError(
             f"{name} attends with attn_implementation={impl!r}, which does not take the tree's 4D attention mask; "
             f"load it with attn_implementation='sdpa' (or 'eager'), or call {name}.set_attn_implementation('sdpa')"
+        )
+
+
+#: Layer kinds of ``config.layer_types`` that attend through the mask (a window or chunks limit how far).
+_ATTENTION_LAYERS = ("full_attention", "sliding_attention", "chunked_attention")
+
+
+def full_attention_span(config: Any) -> int | None:
+    """How many positions a model with this config attends to as full causal attention: ``None`` for no
+    limit, else its sliding window or attention chunk (the smaller), up to which the windowed or chunked
+    layers see every earlier position.  ``ValueError`` for layer kinds that are not attention
+    (``layer_types`` naming linear attention, state-space layers and the like).
+    """
+    kinds = set(getattr(config, "layer_types", None) or [])
+    other = sorted(kinds - set(_ATTENTION_LAYERS))
+    if other:
+        raise ValueError(f"the model has layers of kind {other}; tree verification needs attention layers "
+                         f"({', '.join(_ATTENTION_LAYERS)})")
+    spans = []
+    window = getattr(config, "sliding_window", None)
+    if window and getattr(config, "use_sliding_window", True) is not False and (not kinds or "sliding_attention" in kinds):
+        spans.append(int(window))
+    chunk = getattr(config, "attention_chunk_size", None)
+    if chunk and (not kinds or "chunked_attention" in kinds):
+        spans.append(int(chunk))
+    return min(spans) if spans else None
+
+
+def check_span(model: Any, name: str, positions: int) -> None:
+    """``ValueError`` unless ``model`` attends like full attention over its first ``positions`` positions.
+
+    The tree mask lets every node see the whole context and its ancestors: full attention.  A model
+    with a sliding window (Mistral, the local layers of Gemma 2 and 3) or attention chunks (Llama 4)
+    sees less beyond that span, so its tree rows would differ from its own decoding and the output
+    law would not be the target's (on a tiny Mistral with a window of 6, greedy speculative decoding
+    left greedy decoding within 24 tokens).  Within the span the two agree, so a decode that stays
+    inside it is allowed.
+    """
+    cfg = getattr(model, "config", None)
+    span = None if cfg is None else full_attention_span(cfg)
+    if span is not None and positions > span:
+        raise ValueError(
+            f"{name} attends within a sliding window or chunk of {span} positions, and this decode may reach "
+            f"{positions} (prompt + max_new_tokens + budget); the tree mask is full attention, which equals the "
+            f"model's own only within {span} positions: shorten the decode or use a full-attention model"
         )
 
 

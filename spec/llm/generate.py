@@ -50,7 +50,7 @@ from transformers import DynamicCache
 from spec.acceptance import verifiers_for
 from spec.builders import ChainBuilder, FixedBuilder, TreeBuilder, make_builder
 from spec.llm.adapter import (
-    LLMDraft, check_attention, forward_masked, forward_unchecked, select_cache, sync, tree_logits, trim_cache,
+    LLMDraft, check_attention, check_span, forward_masked, forward_unchecked, select_cache, sync, tree_logits, trim_cache,
 )
 from spec.llm.host_verify import verify_chain_numpy, verify_tree_numpy
 from spec.llm.sampling import Sampling, logits_fault
@@ -529,6 +529,8 @@ def generate(
     max_new_tokens = check_int("max_new_tokens", max_new_tokens, minimum=0)
     seed = check_int("seed", seed, minimum=0)
     stops = stop_ids(eos_token_id, vocab)
+    # a draft with a window is still lossless (its rows are the law its tokens were drawn from); the target is not
+    check_span(target, "target", len(prompt) + max_new_tokens + budget)
     sampling = Sampling(temperature, top_k, top_p)
     d_sampling = sampling if draft_temperature is None else _draft_sampling(draft_temperature, top_k, top_p)
     fixed_shape = _device_shape(b, verifier, budget, d_sampling, vocab) if chain_on_device else None
