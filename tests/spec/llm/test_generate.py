@@ -326,6 +326,51 @@ def test_attention_that_ignores_the_tree_mask_is_refused_before_any_forward(
             _greedy(target, [1, 2], 6)
 
 
+#: Other causal LM families, as tiny random models: (model class, config class, config arguments).  They
+#: differ from Llama where a tree pass could go wrong: learned absolute positions (GPT-2; OPT with its offset),
+#: partial rotary (GPT-NeoX), scaled embeddings (Gemma), fused projections (Phi-3), q/k norms (Qwen3).
+_LLAMA_LIKE: dict[str, Any] = dict(hidden_size=32, num_attention_heads=4, intermediate_size=64,
+                                   max_position_embeddings=256)
+ARCHITECTURES: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "qwen2": ("Qwen2ForCausalLM", "Qwen2Config", dict(_LLAMA_LIKE, num_key_value_heads=2)),
+    "qwen3": ("Qwen3ForCausalLM", "Qwen3Config", dict(_LLAMA_LIKE, num_key_value_heads=2, head_dim=8)),
+    "phi3": ("Phi3ForCausalLM", "Phi3Config", dict(_LLAMA_LIKE, num_key_value_heads=2, pad_token_id=0)),
+    "gemma": ("GemmaForCausalLM", "GemmaConfig", dict(_LLAMA_LIKE, num_key_value_heads=2, head_dim=8)),
+    "gpt_neox": ("GPTNeoXForCausalLM", "GPTNeoXConfig", dict(_LLAMA_LIKE)),
+    "opt": ("OPTForCausalLM", "OPTConfig", dict(hidden_size=32, num_attention_heads=4, ffn_dim=64,
+                                                 word_embed_proj_dim=32, max_position_embeddings=256)),
+    "gpt2": ("GPT2LMHeadModel", "GPT2Config", dict(n_embd=32, n_head=4, n_positions=256)),
+}
+
+
+def _tiny_arch(name: str, seed: int, layers: int) -> object:
+    model_cls, config_cls, extra = ARCHITECTURES[name]
+    depth = {"n_layer" if name == "gpt2" else "num_hidden_layers": layers}
+    torch.manual_seed(seed)
+    config = getattr(transformers, config_cls)(vocab_size=13, bos_token_id=None, eos_token_id=None, **extra, **depth)
+    config._attn_implementation = "sdpa"
+    model = getattr(transformers, model_cls)(config).eval()
+    with torch.no_grad():  # sharper rows, so trees get deep (GPT-2's tied head is sharp enough as it is)
+        model.get_output_embeddings().weight.mul_(1.0 if name == "gpt2" else 10.0)
+    return model
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
+def test_other_architectures_decode_greedily_through_the_tree_pass(arch: str) -> None:
+    """Beyond Llama: at T = 0, a host tree builder, the device chain and a device tree give plain greedy
+    decoding (full recompute) on both caches, for seven other families of causal LM."""
+    target, draft = _tiny_arch(arch, 0, 2), _tiny_arch(arch, 1, 1)
+    prompt = [3, 1, 4, 1, 5]
+    ref = _greedy(target, prompt, 16)
+    assert ar_generate(target, prompt, temperature=0, max_new_tokens=16).tokens == ref
+    for (builder, verifier), cache in itertools.product(
+            [("dyspec", "traversal"), ("chain", "sps"), ("fixed", "multidraft")], ["dynamic", "static"]):
+        out = generate(target, draft, prompt, builder, verifier, temperature=0, max_new_tokens=16, budget=6,
+                       cache=cache, draft_temperature=1.0)
+        assert out.tokens == ref, (builder, verifier, cache)
+        assert max(s.tree_size for s in out.steps) > 1
+
+
 def _tiny_mistral(seed: int, layers: int, window: int | None) -> object:
     torch.manual_seed(seed)
     cfg = transformers.MistralConfig(vocab_size=13, hidden_size=32, num_hidden_layers=layers, num_attention_heads=4,
