@@ -125,6 +125,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     dec.add_argument("--top-p", type=float, default=None)
     dec.add_argument("--max-new-tokens", type=positive_int, default=64)
     dec.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    dec.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
+                     help="model dtype (default: as stored)")
     dec.add_argument("--cache", choices=["auto", "dynamic", "static"], default="auto",
                      help="KV cache: static (explicit slots; CUDA graphs on cuda), dynamic, or auto "
                           "(static on cuda, dynamic elsewhere; default)")
@@ -151,7 +153,8 @@ def _cmd_decode(args: argparse.Namespace) -> int:
     from spec.llm.models import load_for_decoding, stop_token_ids
 
     try:
-        target, draft, tok = load_for_decoding(args.target, args.draft, args.device)
+        dtype = None if args.dtype is None else getattr(torch, args.dtype)
+        target, draft, tok = load_for_decoding(args.target, args.draft, args.device, dtype)
     except ValueError as err:
         fail(str(err))
     ids = tok(args.prompt)["input_ids"]
@@ -160,7 +163,8 @@ def _cmd_decode(args: argparse.Namespace) -> int:
     settings = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
                 "max_new_tokens": args.max_new_tokens, "seed": args.seed,
                 "eos_token_id": stop_token_ids(target, tok)}
-    print(f"decoding {args.max_new_tokens} tokens with {args.builder} + {args.verifier} on {args.device} ...", file=sys.stderr)
+    print(f"decoding {args.max_new_tokens} tokens with {args.builder} + {args.verifier} on {args.device} "
+          f"({str(target.dtype).replace('torch.', '')}) ...", file=sys.stderr)
     with torch.inference_mode():
         out = generate(target, draft, ids, args.builder, args.verifier, budget=args.budget,
                        builder_params=dict(args.param), cache=args.cache, chain_on_device=not args.host_chain,
@@ -169,7 +173,8 @@ def _cmd_decode(args: argparse.Namespace) -> int:
     summary = out.summary()
     report: dict[str, Any] = {"builder": args.builder, "verifier": args.verifier, "budget": args.budget,
                               "text": tok.decode(out.tokens), "tokens": out.tokens,
-                              "stop_token_ids": settings["eos_token_id"], **summary}
+                              "stop_token_ids": settings["eos_token_id"],
+                              "dtype": str(target.dtype).replace("torch.", ""), **summary}
     if ar is not None:
         report["ar_tokens_per_s"] = ar.summary()["tokens_per_s"]
         report["speedup_vs_ar"] = summary["tokens_per_s"] / report["ar_tokens_per_s"] if report["ar_tokens_per_s"] else None

@@ -684,7 +684,8 @@ def test_decode_command_on_a_saved_pair(saved_pair: SavedPair, capsys: pytest.Ca
 def test_decode_command_stops_at_any_stop_token_of_the_generation_config(
         saved_pair: SavedPair, tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
     """A target whose ``generation_config.eos_token_id`` is a list (as Llama 3's is): ``tmc decode`` stops
-    at the first token of the list or the tokenizer's eos, on the speculative and the plain run."""
+    at the first token of the list or the tokenizer's eos, on the speculative and the plain run.  The report
+    names the dtype, as stored or as ``--dtype`` asks."""
     import json
     import shutil
 
@@ -708,6 +709,12 @@ def test_decode_command_stops_at_any_stop_token_of_the_generation_config(
     assert report["stop_token_ids"] == sorted({greedy[k], late, tok.eos_token_id})
     assert report["tokens"] == greedy[: k + 1]
     assert report["ar_tokens_per_s"] > 0
+    assert report["dtype"] == "float32"  # as stored
+    code = main(["decode", "--target", str(pair / "target"), "--draft", str(pair / "draft"), "--prompt", "def f(x):",
+                 "--max-new-tokens", "5", "--json", "--no-ar", "--dtype", "bfloat16"])
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["dtype"] == "bfloat16" and 1 <= report["new_tokens"] <= 5
 
 
 #: (builder, verifier, params, draft temperature) under the plain target law at T = 1: a cooler draft, a warmer
