@@ -26,6 +26,22 @@ def test_tmc_imports_fast_without_torch_or_scipy():
     assert float(out.stdout) < 1.0
 
 
+def test_spec_imports_without_torch():
+    """``spec.generate`` (the issue's API) is resolved on first use, so importing ``spec``, its builders and
+    its trees loads neither torch nor transformers; a name ``spec`` lacks is an ``AttributeError``."""
+    code = (
+        "import sys, spec, spec.builders, spec.tree; "
+        "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, sorted(sys.modules); "
+        "print('ok')"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == "ok"
+    import spec
+
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        spec.nope  # noqa: B018
+
+
 def test_no_torch_import_anywhere_under_tmc():
     for path in (ROOT / "tmc").rglob("*.py"):
         text = path.read_text(encoding="utf-8")

@@ -23,6 +23,14 @@ pytestmark = pytest.mark.llm
 CHAIN = ("sps", "asps", "block")
 
 
+def test_spec_generate_is_the_decode_loop() -> None:
+    """The issue's spelling, ``spec.generate(...)``, reaches the decode loop (loaded on first use)."""
+    import spec
+    import spec.llm.generate as module
+
+    assert spec.generate is module.generate and spec.ar_generate is module.ar_generate
+
+
 def _tiny(vocab: int, seed: int, layers: int = 2, hidden: int = 32, scale: float = 1.0) -> object:
     torch.manual_seed(seed)
     cfg = transformers.LlamaConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=4,
