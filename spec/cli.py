@@ -157,6 +157,11 @@ def _cmd_decode(args: argparse.Namespace) -> int:
         target, draft, tok = load_for_decoding(args.target, args.draft, args.device, dtype)
     except ValueError as err:
         fail(str(err))
+    t_vocab, d_vocab = int(target.config.vocab_size), int(draft.config.vocab_size)
+    if t_vocab != d_vocab:
+        print(f"note: the draft has {d_vocab} token ids and the target {t_vocab}; the draft's rows are "
+              f"{'padded with zeros' if d_vocab < t_vocab else 'cut'} to the target's ids (lossless; it assumes one "
+              "tokenizer, as padded embeddings of one model family have)", file=sys.stderr)
     ids = tok(args.prompt)["input_ids"]
     if not ids:
         fail("--prompt tokenises to no tokens")

@@ -522,6 +522,14 @@ class LLMDraft:
     numpy ``(len(paths), V)``; rows already evaluated are served from memory.
     ``forwards`` counts forward passes and ``forward_s`` their seconds.  :meth:`end_step` trims the cache to
     the context + the accepted tokens and returns the next step's draft.
+
+    ``vocab``: the decode's vocabulary size (the target's; default the draft's own).  A draft whose
+    embedding is smaller (Qwen-style padding: 151,936 against 152,064 ids) gets ``-inf`` logits for the
+    ids it lacks, so its rows give them ``q = 0``; a larger one has its logits cut to ``vocab`` before
+    processing, so it draws only ids the target has.  Either way the rows are the law the draft's
+    tokens are drawn from, which is all a lossless verifier needs.  A context token the draft cannot
+    embed (an id at or above its own size, which the target may emit) is fed to it as id 0; the rows
+    after it are still the law its later tokens are drawn from.
     """
 
     def __init__(
@@ -533,6 +541,7 @@ class LLMDraft:
         pending: Sequence[int] = (),
         last_logits: torch.Tensor | None = None,
         sampling: Sampling = Sampling(),
+        vocab: int | None = None,
     ) -> None:
         self.model = model
         self.cache = cache
@@ -542,7 +551,8 @@ class LLMDraft:
         if not isinstance(sampling, Sampling):
             raise ValueError(f"sampling must be a spec.llm.sampling.Sampling, got {type(sampling).__name__}")
         self.sampling = sampling
-        self._vocab = _vocab(model)
+        self._model_vocab = _vocab(model)
+        self._vocab = self._model_vocab if vocab is None else check_int("vocab", vocab, minimum=1)
         self.pending: Path = tuple(self._token(f"pending[{i}]", t) for i, t in enumerate(pending))
         if (last_logits is None) == (not self.pending):
             raise ValueError("give exactly one of pending (tokens not in the cache) and last_logits")
@@ -566,6 +576,16 @@ class LLMDraft:
     @property
     def vocab(self) -> int:
         return self._vocab
+
+    def _fit(self, logits: torch.Tensor) -> torch.Tensor:
+        """The draft's logits on the decode vocabulary: cut to it, or widened with ``-inf``."""
+        extra = self._vocab - self._model_vocab
+        if extra == 0:
+            return logits
+        if extra < 0:
+            return logits[..., : self._vocab]
+        pad = torch.full((*logits.shape[:-1], extra), -torch.inf, dtype=logits.dtype, device=logits.device)
+        return torch.cat([logits, pad], dim=-1)
 
     def _model_where(self) -> tuple[torch.device, torch.dtype]:
         """The model's ``(device, dtype)``, looked up once for a whole decode (:meth:`end_step` hands it on)."""
@@ -781,7 +801,8 @@ class LLMDraft:
                 tok, got = ranked[at], values[at]
                 short.append((got <= 0.0).any() if deepest < self._vocab else torch.ones((), dtype=torch.bool,
                                                                                           device=root.device))
-            tok = tok.clamp(0, self._vocab - 1)  # a NaN row draws -1; the fault flag reports it
+            # a NaN row draws -1 (the fault flag reports it); a short ranked row may rank an id the draft lacks
+            tok = tok.clamp(0, min(self._vocab, self._model_vocab) - 1)
             tokens.append(tok)
             if d == len(layers):
                 break
@@ -800,8 +821,8 @@ class LLMDraft:
                 cc += seen[node]
             allowed[rr, cc] = True
             t1 = time.perf_counter()
-            logits = forward_unchecked(self.model, self.cache, tok, [context + d - 1] * m, allowed,
-                                       where=self._model_where())
+            logits = self._fit(forward_unchecked(self.model, self.cache, tok, [context + d - 1] * m, allowed,
+                                                 where=self._model_where()))
             self.forward_s += time.perf_counter() - t1
             self.forwards += 1
             fed += [(node, have + j, logits[j]) for j, node in enumerate(layer)]
@@ -877,8 +898,11 @@ class LLMDraft:
             allowed[rows, cols] = True
         positions = [self.past_len + j for j in range(len(pend))] + [context + len(node) - 1 for node in new]
         tokens = list(pend) + [node[-1] for node in new]
+        if self._model_vocab < self._vocab:  # ids the draft cannot embed (padding ids of the target's) go in as 0
+            tokens = [t if t < self._model_vocab else 0 for t in tokens]
         t0 = time.perf_counter()
-        logits = forward_masked(self.model, self.cache, tokens, positions, allowed, where=self._model_where())
+        logits = self._fit(forward_masked(self.model, self.cache, tokens, positions, allowed,
+                                          where=self._model_where()))
         if wait:
             sync(logits.device)
         self.forward_s += time.perf_counter() - t0
@@ -921,6 +945,7 @@ class LLMDraft:
         return self._successor(context + fed, rest, None if rest else self._logits[toks])
 
     def _successor(self, past: int, pending: Path, last_logits: torch.Tensor | None) -> LLMDraft:
-        nxt = LLMDraft(self.model, self.cache, past, pending=pending, last_logits=last_logits, sampling=self.sampling)
+        nxt = LLMDraft(self.model, self.cache, past, pending=pending, last_logits=last_logits, sampling=self.sampling,
+                       vocab=self._vocab)
         nxt._where = self._where
         return nxt

@@ -477,6 +477,11 @@ def generate(
     ``None`` (the default: none; the model's generation config is not read
     here, :func:`spec.llm.models.stop_token_ids` reads it for the command line).
     The output ends with the first stop token, which it keeps.
+    The draft may have fewer or more token ids than the target (one tokenizer, padded embeddings):
+    it drafts on the target's ids (:class:`~spec.llm.adapter.LLMDraft`'s ``vocab``), losslessly.
+    A target whose attention does not take the tree mask, or whose sliding window is shorter than
+    prompt + ``max_new_tokens`` + ``budget``, is refused (:func:`~spec.llm.adapter.check_attention`,
+    :func:`~spec.llm.adapter.check_span`).
     ``draft_temperature``: the temperature of the draft's rows (``None``,
     the default: ``temperature``, the draft processed exactly as the
     target); ``top_k`` / ``top_p`` apply to both either way.  Every draft
@@ -513,8 +518,7 @@ def generate(
     if not isinstance(chain_on_device, bool):
         raise ValueError(f"chain_on_device must be True or False, got {chain_on_device!r}")
     vocab = _vocab(target, "target")
-    if _vocab(draft, "draft") != vocab:
-        raise ValueError(f"target and draft vocabularies differ ({vocab} vs {_vocab(draft, 'draft')})")
+    d_vocab = _vocab(draft, "draft")  # a draft of another size works on the target's ids (LLMDraft's vocab)
     check_attention(target, "target")
     check_attention(draft, "draft")
     prompt = _prompt(input_ids, vocab)
@@ -533,7 +537,7 @@ def generate(
     check_span(target, "target", len(prompt) + max_new_tokens + budget)
     sampling = Sampling(temperature, top_k, top_p)
     d_sampling = sampling if draft_temperature is None else _draft_sampling(draft_temperature, top_k, top_p)
-    fixed_shape = _device_shape(b, verifier, budget, d_sampling, vocab) if chain_on_device else None
+    fixed_shape = _device_shape(b, verifier, budget, d_sampling, min(vocab, d_vocab)) if chain_on_device else None
     if fixed_shape is not None:  # the host path asks this of every tree it verifies
         verifiers_for(verifier, {fixed_shape[1]}, b.adaptive_widths)
     backend = resolve_verify_backend(target, verify_backend, on_device)
@@ -548,7 +552,7 @@ def generate(
     d_cache = _new_cache(draft, cache, "draft", capacity, graphs)
     _prefill(target, t_cache, prompt[:-1])
     t_past, root = len(prompt) - 1, prompt[-1]
-    d_step = LLMDraft(draft, d_cache, 0, pending=prompt, sampling=d_sampling)
+    d_step = LLMDraft(draft, d_cache, 0, pending=prompt, sampling=d_sampling, vocab=vocab)
     sync(device)
     prefill_s = time.perf_counter() - t_start
 
