@@ -165,6 +165,8 @@ def stop_ids(eos_token_id: Any, vocab: int) -> frozenset[int]:
 
 def _cut_at_stop(tokens: list[int], stops: frozenset[int]) -> tuple[list[int], bool]:
     """``tokens`` up to and including the first stop token, and whether one was met."""
+    if not stops or stops.isdisjoint(tokens):
+        return tokens, False
     for i, t in enumerate(tokens):
         if t in stops:
             return tokens[: i + 1], True
