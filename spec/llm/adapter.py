@@ -98,8 +98,8 @@ __all__ = [
     "check_attention",
     "check_span",
     "forward_masked",
-    "full_attention_span",
     "forward_unchecked",
+    "full_attention_span",
     "select_beam_torch",
     "select_cache",
     "sync",
@@ -144,7 +144,7 @@ def full_attention_span(config: Any) -> int | None:
     if other:
         raise ValueError(f"the model has layers of kind {other}; tree verification needs attention layers "
                          f"({', '.join(_ATTENTION_LAYERS)})")
-    spans = []
+    spans: list[int] = []
     window = getattr(config, "sliding_window", None)
     if window and getattr(config, "use_sliding_window", True) is not False and (not kinds or "sliding_attention" in kinds):
         spans.append(int(window))

@@ -155,7 +155,7 @@ def stop_ids(eos_token_id: Any, vocab: int) -> frozenset[int]:
         named = [(f"eos_token_id[{i}]", t) for i, t in enumerate(eos_token_id)]
     else:
         named = [("eos_token_id", eos_token_id)]
-    stops = set()
+    stops: set[int] = set()
     for name, value in named:
         tok = check_int(name, value, minimum=0)
         if tok >= vocab:
