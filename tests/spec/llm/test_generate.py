@@ -399,17 +399,17 @@ def test_a_sliding_window_target_decodes_only_within_its_window(monkeypatch: pyt
     prompt, n, budget = [3, 1, 4, 1, 5], 24, 6
     cases = [("dyspec", "traversal"), ("chain", "sps"), ("fixed", "multidraft")]
     kw: dict[str, Any] = dict(temperature=0, max_new_tokens=n, budget=budget, cache="dynamic", draft_temperature=1.0)
-    wide, wide_draft = _tiny_mistral(0, 2, len(prompt) + n + budget), _tiny_mistral(1, 1, 6)
+    wide, windowed_draft = _tiny_mistral(0, 2, len(prompt) + n + budget), _tiny_mistral(1, 1, 6)
     ref = _greedy(wide, prompt, n)
     for builder, verifier in cases:  # a draft with any window is fine: its rows are what it drew from
-        assert generate(wide, wide_draft, prompt, builder, verifier, **kw).tokens == ref
+        assert generate(wide, windowed_draft, prompt, builder, verifier, **kw).tokens == ref
     narrow = _tiny_mistral(0, 2, 6)
     with pytest.raises(ValueError, match="sliding window or chunk of 6 positions.*may reach 35"):
-        generate(narrow, wide_draft, prompt, "chain", "sps", **kw)
+        generate(narrow, windowed_draft, prompt, "chain", "sps", **kw)
     monkeypatch.setattr(gen, "check_span", lambda *a: None)
     ref = _greedy(narrow, prompt, n)
     assert ar_generate(narrow, prompt, temperature=0, max_new_tokens=n).tokens == ref  # its own masks: fine
-    assert all(generate(narrow, wide_draft, prompt, b, v, **kw).tokens != ref for b, v in cases)
+    assert all(generate(narrow, windowed_draft, prompt, b, v, **kw).tokens != ref for b, v in cases)
 
 
 @pytest.mark.parametrize(("config", "span"), [
@@ -518,7 +518,7 @@ def test_ordered_traversal_refuses_wide_swor_nodes_on_a_large_vocabulary() -> No
 @pytest.mark.parametrize("draft_vocab", [11, 16])
 def test_a_draft_with_another_vocabulary_size_gives_greedy_decoding(draft_vocab: int) -> None:
     """A draft whose embedding is smaller or larger than the target's (Qwen-style padding) drafts on the
-    target's ids: every builder with a verifier, both caches, a one-hot and a warm draft, T = 0.  The second
+    target's ids: seven builder × verifier pairs, both caches, a one-hot and a warm draft, T = 0.  The second
     prompt holds ids the smaller draft cannot embed, and greedy decoding emits them too."""
     target, draft = _tiny(13, 0, scale=40.0), _tiny(draft_vocab, 1, layers=1, scale=40.0)
     cases = [("chain", "sps"), ("chain", "block"), ("chain", "traversal"), ("fixed", "multidraft"),
@@ -757,8 +757,8 @@ def test_decode_command_on_a_saved_pair(saved_pair: SavedPair, capsys: pytest.Ca
 def test_decode_command_stops_at_any_stop_token_of_the_generation_config(
         saved_pair: SavedPair, tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
     """A target whose ``generation_config.eos_token_id`` is a list (as Llama 3's is): ``tmc decode`` stops
-    at the first token of the list or the tokenizer's eos, on the speculative and the plain run.  The report
-    names the dtype, as stored or as ``--dtype`` asks."""
+    at the first token met of the list and the tokenizer's eos, and reports them.  The report names the
+    dtype, as stored or as ``--dtype`` asks."""
     import json
     import shutil
 
