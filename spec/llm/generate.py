@@ -523,6 +523,9 @@ def generate(
     d_vocab = _vocab(draft, "draft")  # a draft of another size works on the target's ids (LLMDraft's vocab)
     check_attention(target, "target")
     check_attention(draft, "draft")
+    if model_device(target) != model_device(draft):  # the device paths pass tensors from one model to the other
+        raise ValueError(f"target and draft must be on one device, got {model_device(target)} and "
+                         f"{model_device(draft)}: move both there (model.to(device))")
     prompt = _prompt(input_ids, vocab)
     b = make_builder(builder, **(builder_params or {}))
     if verifier not in VERIFIERS:

@@ -308,6 +308,17 @@ def test_bad_input(pair: tuple[object, object], kwargs: dict[str, object], messa
         generate(target, draft, **args)  # type: ignore[arg-type]
 
 
+def test_models_on_two_devices_are_refused_before_any_forward(pair: tuple[object, object]) -> None:
+    """The device chain and tree paths hand the draft's tensors to the target: one device for both, else a
+    ``ValueError`` naming the two (a draft on the meta device stands in for a second device here)."""
+    import copy
+
+    target, draft = pair
+    elsewhere = copy.deepcopy(draft).to("meta")  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="target and draft must be on one device, got cpu and meta"):
+        generate(target, elsewhere, [1, 2], "chain", "sps", max_new_tokens=3)
+
+
 @pytest.mark.parametrize("impl", ["flex_attention", "flash_attention_2"])
 def test_attention_that_ignores_the_tree_mask_is_refused_before_any_forward(
         pair: tuple[object, object], impl: str, monkeypatch: pytest.MonkeyPatch) -> None:
