@@ -478,6 +478,9 @@ def generate(
     ``generation_config.eos_token_id`` list: any one ends generation), or
     ``None`` (the default: none; the model's generation config is not read
     here, :func:`spec.llm.models.stop_token_ids` reads it for the command line).
+    Nor are its sampling settings: ``temperature``, ``top_k`` and ``top_p``
+    are the arguments' (default 1, none, none), whatever the model's
+    ``generation_config`` says.
     The output ends with the first stop token, which it keeps.
     The draft may have fewer or more token ids than the target (one tokenizer, padded embeddings):
     it drafts on the target's ids (:class:`~spec.llm.adapter.LLMDraft`'s ``vocab``), losslessly.
