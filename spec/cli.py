@@ -168,8 +168,9 @@ def _cmd_decode(args: argparse.Namespace) -> int:
     settings = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
                 "max_new_tokens": args.max_new_tokens, "seed": args.seed,
                 "eos_token_id": stop_token_ids(target, tok)}
+    dtype_name = str(target.dtype).replace("torch.", "")
     print(f"decoding {args.max_new_tokens} tokens with {args.builder} + {args.verifier} on {args.device} "
-          f"({str(target.dtype).replace('torch.', '')}) ...", file=sys.stderr)
+          f"({dtype_name}) ...", file=sys.stderr)
     with torch.inference_mode():
         out = generate(target, draft, ids, args.builder, args.verifier, budget=args.budget,
                        builder_params=dict(args.param), cache=args.cache, chain_on_device=not args.host_chain,
@@ -179,7 +180,7 @@ def _cmd_decode(args: argparse.Namespace) -> int:
     report: dict[str, Any] = {"builder": args.builder, "verifier": args.verifier, "budget": args.budget,
                               "text": tok.decode(out.tokens), "tokens": out.tokens,
                               "stop_token_ids": settings["eos_token_id"],
-                              "dtype": str(target.dtype).replace("torch.", ""), **summary}
+                              "dtype": dtype_name, **summary}
     if ar is not None:
         report["ar_tokens_per_s"] = ar.summary()["tokens_per_s"]
         report["speedup_vs_ar"] = summary["tokens_per_s"] / report["ar_tokens_per_s"] if report["ar_tokens_per_s"] else None

@@ -526,8 +526,9 @@ def generate(
     d_vocab = _vocab(draft, "draft")  # a draft of another size works on the target's ids (LLMDraft's vocab)
     check_attention(target, "target")
     check_attention(draft, "draft")
-    if model_device(target) != model_device(draft):  # the device paths pass tensors from one model to the other
-        raise ValueError(f"target and draft must be on one device, got {model_device(target)} and "
+    device = model_device(target)
+    if device != model_device(draft):  # the device paths pass tensors from one model to the other
+        raise ValueError(f"target and draft must be on one device, got {device} and "
                          f"{model_device(draft)}: move both there (model.to(device))")
     prompt = _prompt(input_ids, vocab)
     b = make_builder(builder, **(builder_params or {}))
@@ -551,7 +552,6 @@ def generate(
     backend = resolve_verify_backend(target, verify_backend, on_device)
     rng = np.random.default_rng(seed)
     sampler = RngSampler(rng)
-    device = model_device(target)
     where = (device, model_dtype(target))
 
     # Prefill: the target caches the prompt but its last token (fed as each step's root).
