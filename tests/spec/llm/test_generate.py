@@ -572,6 +572,9 @@ def test_draft_rows_live_on_the_decode_vocabulary() -> None:
     np.testing.assert_array_equal(a, b)
     with pytest.raises(ValueError, match="outside the vocabulary"):
         LLMDraft(small, DynamicCache(), 0, pending=[13], vocab=13)
+    for bad in (0, -3, 2.5, "13", True):
+        with pytest.raises(ValueError, match="vocab"):
+            LLMDraft(small, DynamicCache(), 0, pending=[1], vocab=bad)  # type: ignore[arg-type]
 
 
 # ---------------------------------------------------------------- losslessness on a real model
