@@ -376,7 +376,7 @@ def run_decode_bench(
     from spec.llm.generate import resolve_cache
     from spec.llm.static_cache import model_device
 
-    cache = resolve_cache(target, cache)
+    cache = resolve_cache(target, cache, draft)
     device = model_device(target)
     rows: list[dict[str, Any]] = []
     n = len(methods)

@@ -11,7 +11,15 @@ One verification forward pass feeds the whole flattened token tree
   so a bool mask would be silently wrong there: the additive form is the one
   that is right for both (and for transformers 4.x, which expected it);
 * **explicit position ids** ``past + depth``, so a node's rotary phase is the
-  one plain decoding of its path would use.
+  one plain decoding of its path would use;
+* for a model with a **sliding window** (:func:`attention_window`: Mistral,
+  Gemma 2 and 3, Qwen2, GPT-OSS, ...), the window its own decoding applies:
+  a node at position ``p`` sees positions ``> p - window`` only
+  (:func:`windowed`), in every layer or, for a model that takes its masks by
+  layer kind, in its ``sliding_attention`` layers (the mask is then passed as
+  the dict ``{"full_attention": ..., "sliding_attention": ...}`` those models
+  read).  The dynamic cache keeps every position (its layers are plain
+  ``DynamicLayer``), so nothing the window may need again is dropped.
 
 Each node then sees exactly what plain decoding of its path sees, so its
 logits equal that decoding's (tests: ``atol = 1e-5``, float32).
@@ -65,7 +73,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import numbers
+import re
+import sys
 import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -93,7 +104,9 @@ __all__ = [
     "DeviceChain",
     "DeviceTree",
     "LLMDraft",
+    "AttentionWindow",
     "additive_mask",
+    "attention_window",
     "cache_length",
     "check_attention",
     "check_span",
@@ -105,6 +118,7 @@ __all__ = [
     "sync",
     "tree_logits",
     "trim_cache",
+    "windowed",
 ]
 
 
@@ -132,45 +146,106 @@ def check_attention(model: Any, name: str) -> None:
 #: Layer kinds of ``config.layer_types`` that attend through the mask (a window or chunks limit how far).
 _ATTENTION_LAYERS = ("full_attention", "sliding_attention", "chunked_attention")
 
+#: How a model module reads a 4D ``attention_mask``: as a dict keyed by layer kind (Gemma 2 and 3, Qwen2,
+#: GPT-OSS, Cohere 2, ...: each layer takes the entry of its ``config.layer_types`` kind).
+_MASK_BY_KIND = re.compile(r"isinstance\(\s*(?:\w+\s*:=\s*)?attention_mask\s*,\s*dict\s*\)")
+
+
+class AttentionWindow(NamedTuple):
+    """A model's sliding window: at position ``p`` its windowed layers attend to positions ``> p - size``
+    (transformers' ``sliding_window_overlay``).  ``by_kind``: only the layers of kind ``sliding_attention``
+    are windowed, so a forward passes its mask as a dict keyed by layer kind; else every layer is."""
+
+    size: int
+    by_kind: bool
+
+
+@functools.cache
+def _mask_style(modules: tuple[str, ...]) -> str:
+    """``"by_kind"``, ``"all"`` or ``"none"``: how the code of ``modules`` applies a config's sliding window."""
+    source = ""
+    for name in modules:
+        with contextlib.suppress(TypeError, OSError):  # a module without source (built in, frozen): no evidence
+            source += inspect.getsource(sys.modules[name])
+    if _MASK_BY_KIND.search(source):
+        return "by_kind"
+    return "all" if "create_sliding_window_causal_mask" in source else "none"
+
+
+def attention_window(model: Any) -> AttentionWindow | None:
+    """The sliding window ``model``'s own decoding applies, or ``None``; read as transformers' model code does.
+
+    A model module that takes a mask dict by layer kind (Gemma 2 and 3, Qwen2, GPT-OSS, Cohere 2, ...)
+    windows the layers ``config.layer_types`` names ``sliding_attention``; one that builds a single mask
+    with ``create_sliding_window_causal_mask`` (Mistral, Mixtral, Phi-3, Starcoder2, Qwen3-MoE) windows
+    every layer when ``config.sliding_window`` is set; code that does neither attends in full with sdpa
+    and eager whatever the config says.  The module is recognised from its source (the classes of the
+    model and of its ``base_model``), once per module.
+    """
+    cfg = getattr(model, "config", None)
+    size = getattr(cfg, "sliding_window", None)
+    if not size:
+        return None
+    base = getattr(model, "base_model", model)
+    style = _mask_style(tuple(dict.fromkeys((type(model).__module__, type(base).__module__))))
+    if style == "by_kind":
+        kinds = set(getattr(cfg, "layer_types", None) or [])
+        if "sliding_attention" not in kinds:
+            return None
+        return AttentionWindow(int(size), kinds != {"sliding_attention"})
+    return AttentionWindow(int(size), False) if style == "all" else None
+
+
+def windowed(allowed: BoolArray, positions: Sequence[int] | NDArray[np.int64], size: int) -> BoolArray | None:
+    """``allowed`` (``(n, have + n)``: a forward's mask over ``have`` cached positions and ``n`` new tokens at
+    ``positions``) with a sliding window of ``size`` applied, or ``None`` when it already lies within it.
+
+    Cache slot ``j < have`` is read as position ``j``: true of a cache that holds the context and then the
+    accepted path, as the target's does at every verification forward.  (A draft's cache also holds earlier
+    tree layers, at slots past their positions: those read as nearer than they are, and a draft's rows
+    need not be its own decoding's anyway.)
+    """
+    pos = np.asarray(positions, dtype=np.int64)
+    if len(pos) == 0 or int(pos.max()) < size:  # no position lies ``size`` back from any query yet
+        return None
+    keys = np.concatenate([np.arange(allowed.shape[1] - len(pos), dtype=np.int64), pos])
+    near = keys[None, :] > pos[:, None] - size
+    return None if near[allowed].all() else allowed & near
+
 
 def full_attention_span(config: Any) -> int | None:
-    """How many positions a model with this config attends to as full causal attention: ``None`` for no
-    limit, else its sliding window or attention chunk (the smaller), up to which the windowed or chunked
-    layers see every earlier position.  ``ValueError`` for layer kinds that are not attention
-    (``layer_types`` naming linear attention, state-space layers and the like).
+    """How many positions a model with this config attends to as the tree mask does (full causal attention
+    with its sliding window applied, :func:`attention_window`): ``None`` for no limit, else its attention
+    chunk, up to which the chunked layers see every earlier position.  ``ValueError`` for layer kinds that
+    are not attention (``layer_types`` naming linear attention, state-space layers and the like).
     """
     kinds = set(getattr(config, "layer_types", None) or [])
     other = sorted(kinds - set(_ATTENTION_LAYERS))
     if other:
         raise ValueError(f"the model has layers of kind {other}; tree verification needs attention layers "
                          f"({', '.join(_ATTENTION_LAYERS)})")
-    spans: list[int] = []
-    window = getattr(config, "sliding_window", None)
-    if window and getattr(config, "use_sliding_window", True) is not False and (not kinds or "sliding_attention" in kinds):
-        spans.append(int(window))
     chunk = getattr(config, "attention_chunk_size", None)
     if chunk and (not kinds or "chunked_attention" in kinds):
-        spans.append(int(chunk))
-    return min(spans) if spans else None
+        return int(chunk)
+    return None
 
 
 def check_span(model: Any, name: str, positions: int) -> None:
-    """``ValueError`` unless ``model`` attends like full attention over its first ``positions`` positions.
+    """``ValueError`` unless the tree mask gives ``model`` the attention of its own decoding over its first
+    ``positions`` positions.
 
-    The tree mask lets every node see the whole context and its ancestors: full attention.  A model
-    with a sliding window (Mistral, the local layers of Gemma 2 and 3) or attention chunks (Llama 4)
-    sees less beyond that span, so its tree rows would differ from its own decoding and the output
-    law would not be the target's (on a tiny Mistral with a window of 6, greedy speculative decoding
-    left greedy decoding within 24 tokens).  Within the span the two agree, so a decode that stays
-    inside it is allowed.
+    The tree mask lets every node see the context (within the model's sliding window, when it has one)
+    and its ancestors.  A model with attention chunks (Llama 4) sees less beyond a chunk, so its tree rows
+    would differ from its own decoding and the output law would not be the target's; within the first
+    chunk the two agree, so a decode that stays inside it is allowed.
     """
     cfg = getattr(model, "config", None)
     span = None if cfg is None else full_attention_span(cfg)
     if span is not None and positions > span:
         raise ValueError(
-            f"{name} attends within a sliding window or chunk of {span} positions, and this decode may reach "
-            f"{positions} (prompt + max_new_tokens + budget); the tree mask is full attention, which equals the "
-            f"model's own only within {span} positions: shorten the decode or use a full-attention model"
+            f"{name} attends within attention chunks of {span} positions, and this decode may reach "
+            f"{positions} (prompt + max_new_tokens + budget); the tree mask equals the model's own attention "
+            f"only within the first chunk: shorten the decode or use a model without chunked attention"
         )
 
 
@@ -408,7 +483,13 @@ def forward_unchecked(
     else:
         ids = torch.as_tensor(tokens, dtype=torch.long, device=device)[None]  # (1, n)
     pos = torch.as_tensor(np.asarray(positions, dtype=np.int64), device=device)[None]  # (1, n)
-    mask = additive_mask(allowed, dtype, device)  # (1, 1, n, have + n)
+    full = additive_mask(allowed, dtype, device)  # (1, 1, n, have + n)
+    mask: torch.Tensor | dict[str, torch.Tensor] = full
+    window = attention_window(model)
+    if window is not None and (near := windowed(np.asarray(allowed, dtype=bool), positions, window.size)) is not None:
+        near_mask = additive_mask(near, dtype, device)
+        # each layer takes the entry of its kind (the model's own masks are passed the same way)
+        mask = {"full_attention": full, "sliding_attention": near_mask} if window.by_kind else near_mask
     # the decode loop runs under no_grad already: no context to enter per forward
     with torch.no_grad() if torch.is_grad_enabled() else contextlib.nullcontext():
         out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,

@@ -54,7 +54,7 @@ from spec.llm.adapter import (
 )
 from spec.llm.host_verify import verify_chain_numpy, verify_tree_numpy
 from spec.llm.sampling import Sampling, logits_fault
-from spec.llm.static_cache import cache_keyword, model_device, model_dtype, shared_static_cache
+from spec.llm.static_cache import cache_keyword, holds_layers, model_device, model_dtype, shared_static_cache
 from spec.llm.verify import (
     CHAIN_METHODS,
     TREE_METHODS,
@@ -193,12 +193,15 @@ def _draft_probs(tree: DraftTree, vocab: int) -> torch.Tensor | None:
 def _is_chain(tree: DraftTree) -> bool:
     return all(par == i - 1 for i, par in enumerate(tree.parents))
 
-def resolve_cache(model: Any, cache: str) -> str:
-    """``cache`` checked against :data:`CACHES`, with ``auto`` read as ``static`` on CUDA and ``dynamic`` elsewhere."""
+def resolve_cache(model: Any, cache: str, *others: Any) -> str:
+    """``cache`` checked against :data:`CACHES`, with ``auto`` read as ``static`` on CUDA and ``dynamic``
+    elsewhere, or where ``model`` or one of ``others`` has layers a static cache cannot hold (a sliding
+    window: :func:`~spec.llm.static_cache.holds_layers`)."""
     if cache not in CACHES:
         raise ValueError(f"cache must be one of {CACHES}, got {cache!r}")
     if cache == "auto":
-        return "static" if model_device(model).type == "cuda" else "dynamic"
+        static = model_device(model).type == "cuda" and all(holds_layers(m) for m in (model, *others))
+        return "static" if static else "dynamic"
     return cache
 
 def _new_cache(model: Any, kind: str, role: str, capacity: int, graphs: bool | None) -> Any:
@@ -484,8 +487,10 @@ def generate(
     The output ends with the first stop token, which it keeps.
     The draft may have fewer or more token ids than the target (one tokenizer, padded embeddings):
     it drafts on the target's ids (:class:`~spec.llm.adapter.LLMDraft`'s ``vocab``), losslessly.
-    A target whose attention does not take the tree mask, or whose sliding window is shorter than
-    prompt + ``max_new_tokens`` + ``budget``, is refused (:func:`~spec.llm.adapter.check_attention`,
+    A model with a sliding window is decoded with its window applied to the tree mask (on the dynamic
+    cache, which ``auto`` then picks; :func:`~spec.llm.adapter.attention_window`).  A target whose
+    attention does not take the tree mask, or whose attention chunk is shorter than prompt +
+    ``max_new_tokens`` + ``budget``, is refused (:func:`~spec.llm.adapter.check_attention`,
     :func:`~spec.llm.adapter.check_span`).
     ``draft_temperature``: the temperature of the draft's rows (``None``,
     the default: ``temperature``, the draft processed exactly as the
@@ -536,13 +541,13 @@ def generate(
         raise ValueError(f"unknown verifier {verifier!r}; choose one of {', '.join(VERIFIERS)}")
     if order not in ORDERS:
         raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
-    cache = resolve_cache(target, cache)
+    cache = resolve_cache(target, cache, draft)
     budget = check_int("budget", budget, minimum=1)
     on_device = chain_on_device and _device_chain(b, verifier)
     max_new_tokens = check_int("max_new_tokens", max_new_tokens, minimum=0)
     seed = check_int("seed", seed, minimum=0)
     stops = stop_ids(eos_token_id, vocab)
-    # a draft with a window is still lossless (its rows are the law its tokens were drawn from); the target is not
+    # a draft with chunks is still lossless (its rows are the law its tokens were drawn from); the target is not
     check_span(target, "target", len(prompt) + max_new_tokens + budget)
     sampling = Sampling(temperature, top_k, top_p)
     d_sampling = sampling if draft_temperature is None else _draft_sampling(draft_temperature, top_k, top_p)

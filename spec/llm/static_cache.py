@@ -55,7 +55,7 @@ from numpy.typing import NDArray
 
 from tmc.validate import check_int
 
-__all__ = ["StaticTreeCache", "cache_keyword", "shared_static_cache"]
+__all__ = ["StaticTreeCache", "cache_keyword", "holds_layers", "shared_static_cache"]
 
 #: Forwards of at most this many tokens replay a captured graph (larger ones, e.g. a prefill, run eagerly).
 MAX_GRAPH_TOKENS = 128
@@ -98,7 +98,8 @@ def _geometry(model: Any) -> tuple[int, int, int]:
     if cfg is None or not hasattr(cfg, "num_hidden_layers"):
         raise ValueError(f"model must be a transformers causal LM with a decoder config, got {type(model).__name__}")
     if getattr(cfg, "sliding_window", None) not in (None, 0) and getattr(cfg, "use_sliding_window", True):
-        raise ValueError("StaticTreeCache holds full-attention layers only; this model uses a sliding window")
+        raise ValueError("StaticTreeCache holds full-attention layers only; this model uses a sliding window "
+                         "(cache='dynamic' applies it)")
     kinds = set(getattr(cfg, "layer_types", None) or ["full_attention"])
     if kinds != {"full_attention"}:
         raise ValueError(f"StaticTreeCache holds full-attention layers only; this model has {sorted(kinds)}")
@@ -106,6 +107,15 @@ def _geometry(model: Any) -> tuple[int, int, int]:
     kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
     head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
     return int(cfg.num_hidden_layers), kv_heads, head_dim
+
+
+def holds_layers(model: Any) -> bool:
+    """Whether a :class:`StaticTreeCache` can hold ``model``'s layers (all full attention, no sliding window)."""
+    try:
+        _geometry(model)
+    except ValueError:
+        return False
+    return True
 
 
 def _round_capacity(n: int) -> int:

@@ -390,68 +390,6 @@ def test_other_architectures_decode_greedily_through_the_tree_pass(arch: str) ->
         assert max(s.tree_size for s in out.steps) > 1
 
 
-def _tiny_mistral(seed: int, layers: int, window: int | None) -> object:
-    torch.manual_seed(seed)
-    cfg = transformers.MistralConfig(vocab_size=13, hidden_size=32, num_hidden_layers=layers, num_attention_heads=4,
-                                     num_key_value_heads=2, intermediate_size=64, max_position_embeddings=256,
-                                     sliding_window=window, attn_implementation="sdpa")
-    model = transformers.MistralForCausalLM(cfg).eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(10.0)
-    return model
-
-
-def test_a_sliding_window_target_decodes_only_within_its_window(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The tree mask is full attention.  A target with a sliding window (a tiny Mistral) decodes greedily
-    as plain decoding while prompt + max_new_tokens + budget fits in its window, and is refused beyond it:
-    with the check switched off, the same decode leaves greedy decoding, which is what the check prevents."""
-    import spec.llm.generate as gen
-
-    prompt, n, budget = [3, 1, 4, 1, 5], 24, 6
-    cases = [("dyspec", "traversal"), ("chain", "sps"), ("fixed", "multidraft")]
-    kw: dict[str, Any] = dict(temperature=0, max_new_tokens=n, budget=budget, cache="dynamic", draft_temperature=1.0)
-    wide, windowed_draft = _tiny_mistral(0, 2, len(prompt) + n + budget), _tiny_mistral(1, 1, 6)
-    ref = _greedy(wide, prompt, n)
-    for builder, verifier in cases:  # a draft with any window is fine: its rows are what it drew from
-        assert generate(wide, windowed_draft, prompt, builder, verifier, **kw).tokens == ref
-    narrow = _tiny_mistral(0, 2, 6)
-    with pytest.raises(ValueError, match="sliding window or chunk of 6 positions.*may reach 35"):
-        generate(narrow, windowed_draft, prompt, "chain", "sps", **kw)
-    monkeypatch.setattr(gen, "check_span", lambda *a: None)
-    ref = _greedy(narrow, prompt, n)
-    assert ar_generate(narrow, prompt, temperature=0, max_new_tokens=n).tokens == ref  # its own masks: fine
-    assert all(generate(narrow, windowed_draft, prompt, b, v, **kw).tokens != ref for b, v in cases)
-
-
-@pytest.mark.parametrize(("config", "span"), [
-    ({}, None),
-    ({"sliding_window": 4096}, 4096),
-    ({"sliding_window": 4096, "use_sliding_window": False}, None),
-    ({"sliding_window": 512, "layer_types": ["full_attention", "sliding_attention"]}, 512),
-    ({"sliding_window": 512, "layer_types": ["full_attention", "full_attention"]}, None),
-    ({"attention_chunk_size": 256, "layer_types": ["chunked_attention", "full_attention"]}, 256),
-    ({"attention_chunk_size": 256, "sliding_window": 128}, 128),
-])
-def test_full_attention_span_reads_windows_and_chunks(config: dict[str, Any], span: int | None) -> None:
-    from types import SimpleNamespace
-
-    from spec.llm.adapter import full_attention_span
-
-    assert full_attention_span(SimpleNamespace(**config)) == span
-
-
-def test_full_attention_span_refuses_layers_that_are_not_attention() -> None:
-    from types import SimpleNamespace
-
-    from spec.llm.adapter import full_attention_span
-
-    with pytest.raises(ValueError, match=r"layers of kind \['linear_attention'\]"):
-        full_attention_span(SimpleNamespace(layer_types=["full_attention", "linear_attention"]))
-    assert full_attention_span(transformers.Gemma2Config()) == transformers.Gemma2Config().sliding_window
-    assert full_attention_span(transformers.Qwen2Config()) is None
-    assert full_attention_span(transformers.LlamaConfig()) is None
-
-
 def test_auto_backend_is_torch_only_for_a_chain_verifier_on_a_gpu_drafted_chain(
         pair: tuple[object, object], monkeypatch: pytest.MonkeyPatch) -> None:
     """``verify_backend="auto"``: the torch port for SpS / ASpS / block on a chain drafted on a GPU, the

@@ -1,0 +1,293 @@
+"""Sliding-window targets: the tree mask applies the window the model's own decoding applies.
+
+References as elsewhere: plain decoding (a full-sequence forward through the model's own masks, no
+cache) for greedy tokens and per-node logits, exact enumeration for the law of the first two tokens.
+Every test that relies on the window also shows that it matters: with the window switched off
+(:func:`spec.llm.adapter.windowed` returning ``None``) the same check fails.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import spec.llm.adapter as adapter  # noqa: E402
+from spec.llm.adapter import (  # noqa: E402
+    AttentionWindow,
+    attention_window,
+    check_span,
+    full_attention_span,
+    tree_logits,
+    windowed,
+)
+from spec.llm.generate import ar_generate, generate, resolve_cache  # noqa: E402
+from spec.llm.static_cache import StaticTreeCache, cache_keyword  # noqa: E402
+from spec.tree import dfs_order, random_tree  # noqa: E402
+from tmc.multidraft import DraftTree  # noqa: E402
+from verification.calibrated import bonferroni, chi_square_check, detectable_tv  # noqa: E402
+
+pytestmark = pytest.mark.llm
+
+_BASE: dict[str, Any] = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
+                             max_position_embeddings=256, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+_ALTERNATING = dict(layer_types=["sliding_attention", "full_attention"])
+_MOE = dict(num_local_experts=4, num_experts_per_tok=2)
+#: name: (model class, config class, extra config, implementation, window applied to every layer).  The first
+#: five build one mask for all layers (``create_sliding_window_causal_mask``); the others take a mask per layer
+#: kind, with a windowed layer and a full one.
+FAMILIES: dict[str, tuple[str, str, dict[str, Any], str, bool]] = {
+    "mistral": ("MistralForCausalLM", "MistralConfig", {}, "sdpa", True),
+    "mixtral": ("MixtralForCausalLM", "MixtralConfig", _MOE, "sdpa", True),
+    "phi3": ("Phi3ForCausalLM", "Phi3Config", dict(pad_token_id=0), "sdpa", True),
+    "starcoder2": ("Starcoder2ForCausalLM", "Starcoder2Config", {}, "sdpa", True),
+    "qwen3_moe": ("Qwen3MoeForCausalLM", "Qwen3MoeConfig", dict(_MOE, use_sliding_window=True, head_dim=8,
+                                                                 moe_intermediate_size=32), "sdpa", True),
+    "qwen2": ("Qwen2ForCausalLM", "Qwen2Config", dict(use_sliding_window=True, max_window_layers=1), "sdpa", False),
+    "gemma2": ("Gemma2ForCausalLM", "Gemma2Config", dict(_ALTERNATING, head_dim=8), "eager", False),
+    "gemma3": ("Gemma3ForCausalLM", "Gemma3TextConfig", dict(_ALTERNATING, head_dim=8), "sdpa", False),
+    "cohere2": ("Cohere2ForCausalLM", "Cohere2Config", _ALTERNATING, "sdpa", False),
+    "gpt_oss": ("GptOssForCausalLM", "GptOssConfig", dict(_ALTERNATING, **_MOE, head_dim=8), "eager", False),
+}
+
+
+def tiny(name: str, seed: int, window: int | None, *, vocab: int = 13, scale: float = 10.0) -> Any:
+    """A two-layer random model of family ``name`` with a sliding window of ``window`` positions."""
+    model_cls, config_cls, extra, impl, _ = FAMILIES[name]
+    torch.manual_seed(seed)
+    config = getattr(transformers, config_cls)(vocab_size=vocab, num_hidden_layers=2, sliding_window=window,
+                                               **{**_BASE, **extra})
+    config._attn_implementation = impl
+    model = getattr(transformers, model_cls)(config).eval()
+    with torch.no_grad():  # sharper rows, so trees get deep and the window changes the argmax
+        model.get_output_embeddings().weight.mul_(scale)
+    return model
+
+
+def greedy(model: Any, prompt: list[int], n: int) -> list[int]:
+    """Plain greedy decoding, full recompute through the model's own (windowed) masks."""
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            ids.append(int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt):]
+
+
+def window_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bug these tests guard against: tree forwards with the full causal mask, whatever the window."""
+    monkeypatch.setattr(adapter, "windowed", lambda *a: None)
+
+
+CASES = [("dyspec", "traversal"), ("chain", "sps"), ("fixed", "multidraft")]
+
+
+#: Families whose greedy tokens here change when the window is ignored (measured while writing the test; on
+#: the others the tiny random models' argmax does not depend on the far context, and the logits test below
+#: is the one that shows the window matters).
+GREEDY_BITES = {"gpt_oss", "mistral", "mixtral", "phi3", "qwen2"}
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_a_sliding_window_target_decodes_greedily_far_past_its_window(
+        name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A window of 3 and 29 positions decoded (5 prompt, 24 new), trees 6 deep: a host tree builder, the
+    device chain and a device tree give plain greedy decoding.  Where the window changes the greedy tokens,
+    switching it off in the tree pass leaves greedy decoding."""
+    target, draft = tiny(name, 0, 3), tiny(name, 1, 3)
+    assert attention_window(target) == AttentionWindow(3, not FAMILIES[name][4])
+    prompt, n = [3, 1, 4, 1, 5], 24
+    ref = greedy(target, prompt, n)
+    assert ar_generate(target, prompt, temperature=0, max_new_tokens=n).tokens == ref
+    kw: dict[str, Any] = dict(temperature=0, max_new_tokens=n, budget=6, draft_temperature=1.0)
+    for builder, verifier in CASES:
+        assert generate(target, draft, prompt, builder, verifier, **kw).tokens == ref, (builder, verifier)
+    window_off(monkeypatch)
+    left = [generate(target, draft, prompt, b, v, **kw).tokens != ref for b, v in CASES]
+    assert all(left) if name in GREEDY_BITES else not any(left)
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_tree_logits_equal_plain_decoding_past_the_window(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every node's logits from one tree forward equal a full forward of context + its path, with a window
+    of 4 after 9 context positions and paths up to 6 deep (so it cuts off ancestors too); with the window
+    switched off, no tree's logits do."""
+    model = tiny(name, 0, 4, vocab=50, scale=1.0)
+    ctx = [int(t) for t in np.random.default_rng(0).integers(0, 50, size=9)]
+    chain = DraftTree.build(list(range(-1, 5)), [7, 3, 7, 11, 2, 9], "topk", {}, 50)
+    trees = [chain, random_tree(12, 2, vocab=50), random_tree(9, 1, vocab=50)]
+
+    def run() -> list[bool]:
+        same = []
+        for tree in trees:
+            cache = transformers.DynamicCache()
+            with torch.no_grad():
+                model(input_ids=torch.tensor([ctx]), use_cache=True, **{cache_keyword(model): cache})
+                want = torch.stack([model(input_ids=torch.tensor([ctx + list(tree.path(i))])).logits[0, -1]
+                                    for i in range(tree.size)])
+            got = tree_logits(model, cache, tree, len(ctx), order=dfs_order(tree))
+            same.append(torch.allclose(got, want, rtol=0, atol=1e-5))
+        return same
+
+    assert all(run())
+    window_off(monkeypatch)
+    assert not any(run())
+
+
+def test_windowed_cuts_what_lies_a_window_back() -> None:
+    """By hand: two new tokens at positions 3 and 4 (the second a child of the first) after 3 cached
+    positions, window 2: position 3 sees 2 and 3, position 4 sees 3 and 4."""
+    allowed = np.array([[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]], dtype=bool)
+    got = windowed(allowed, [3, 4], 2)
+    assert got is not None
+    np.testing.assert_array_equal(got, [[0, 0, 1, 1, 0], [0, 0, 0, 1, 1]])
+    # siblings at one depth: a sibling's column stays closed, the window only closes more
+    sib = np.array([[1, 1, 1, 1, 0], [1, 1, 1, 0, 1]], dtype=bool)
+    np.testing.assert_array_equal(windowed(sib, [3, 3], 3), [[0, 1, 1, 1, 0], [0, 1, 1, 0, 1]])
+    assert windowed(allowed, [3, 4], 5) is None  # nothing is 5 back from position 4
+    assert windowed(np.zeros((0, 3), dtype=bool), [], 2) is None
+    closed = np.array([[0, 0, 1, 1, 0], [0, 0, 0, 1, 1]], dtype=bool)
+    assert windowed(closed, [3, 4], 2) is None  # already within the window: no second mask
+
+
+@pytest.mark.parametrize(("build", "expected"), [
+    (lambda: transformers.MistralConfig(), AttentionWindow(4096, False)),
+    (lambda: transformers.MistralConfig(sliding_window=None), None),
+    (lambda: transformers.Qwen2Config(), None),  # sliding_window set, use_sliding_window off: all layers full
+    (lambda: transformers.Qwen2Config(use_sliding_window=True, max_window_layers=1, num_hidden_layers=2,
+                                      sliding_window=64), AttentionWindow(64, True)),
+    (lambda: transformers.Qwen2Config(use_sliding_window=True, max_window_layers=0, num_hidden_layers=2,
+                                      sliding_window=64), AttentionWindow(64, False)),
+    (lambda: transformers.Gemma2Config(), AttentionWindow(4096, True)),
+])
+def test_attention_window_reads_the_config_as_the_model_code_does(build: Any, expected: Any) -> None:
+    config = build()
+    model_cls = {"mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM", "gemma2": "Gemma2ForCausalLM"}
+    # a stand-in of the model's module (attention_window reads the code of the model's class), with no weights
+    stand_in = type("M", (), {"__module__": getattr(transformers, model_cls[config.model_type]).__module__})()
+    stand_in.config = config
+    assert attention_window(stand_in) == expected
+
+
+def test_a_window_the_model_code_ignores_is_ignored() -> None:
+    """A Llama whose config carries ``sliding_window`` attends in full (its code builds no windowed mask):
+    greedy decoding past that "window" is plain decoding with full attention."""
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=13, num_hidden_layers=2, **{**_BASE, "num_key_value_heads": 4})
+    config.sliding_window = 4
+    config._attn_implementation = "sdpa"
+    target = transformers.LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        target.lm_head.weight.mul_(10.0)
+    assert attention_window(target) is None
+    prompt = [3, 1, 4, 1, 5]
+    assert generate(target, target, prompt, "dyspec", "traversal", temperature=0, max_new_tokens=12, budget=4,
+                    draft_temperature=1.0).tokens == greedy(target, prompt, 12)
+
+
+@pytest.mark.parametrize(("config", "span"), [
+    ({}, None),
+    ({"sliding_window": 4096}, None),  # windows are applied, not limits
+    ({"attention_chunk_size": 256, "layer_types": ["chunked_attention", "full_attention"]}, 256),
+    ({"attention_chunk_size": 256, "layer_types": ["full_attention", "full_attention"]}, None),
+    ({"attention_chunk_size": 256, "sliding_window": 128}, 256),
+])
+def test_full_attention_span_is_the_attention_chunk(config: dict[str, Any], span: int | None) -> None:
+    assert full_attention_span(SimpleNamespace(**config)) == span
+
+
+def test_chunked_attention_past_its_chunk_and_other_layer_kinds_are_refused() -> None:
+    with pytest.raises(ValueError, match=r"layers of kind \['linear_attention'\]"):
+        full_attention_span(SimpleNamespace(layer_types=["full_attention", "linear_attention"]))
+    chunked = SimpleNamespace(config=SimpleNamespace(attention_chunk_size=8, layer_types=["chunked_attention"]))
+    check_span(chunked, "target", 8)
+    with pytest.raises(ValueError, match="target attends within attention chunks of 8 positions.*may reach 9"):
+        check_span(chunked, "target", 9)
+
+
+def test_auto_cache_is_dynamic_for_a_windowed_pair_on_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``auto`` means the static cache on CUDA, which holds full-attention layers only: a pair with a window
+    (either model) gets the dynamic cache, which applies it.  An explicit ``static`` is still refused."""
+    import spec.llm.generate as gen
+
+    monkeypatch.setattr(gen, "model_device", lambda model: torch.device("cuda"))
+    llama = transformers.LlamaForCausalLM(transformers.LlamaConfig(vocab_size=13, num_hidden_layers=1, **_BASE))
+    mistral = tiny("mistral", 0, 6)
+    assert resolve_cache(llama, "auto", llama) == "static"
+    assert resolve_cache(mistral, "auto", llama) == "dynamic"
+    assert resolve_cache(llama, "auto", mistral) == "dynamic"
+    assert resolve_cache(mistral, "static") == "static"
+    with pytest.raises(ValueError, match="sliding window.*cache='dynamic'"):
+        StaticTreeCache(mistral, 64)
+
+
+# ---------------------------------------------------------------- losslessness past the window
+
+LAW_VOCAB = 4
+SAMPLES = 700
+#: family: (seed, window, prompt), so that the first two tokens' law depends on the window.  Measured while
+#: writing the test (``window_effect`` below, asserted): the window moves that law by a total variation of
+#: 0.34 on the Mistral (a window of 2 on both layers) and 0.30 on the Qwen2 (a window of 1 on one layer of two).
+LAW_TARGETS = {"mistral": (2, 2, [1, 3, 2, 0]), "qwen2": (1, 1, [1, 3, 2, 0, 2, 1])}
+LAW_CASES = [("mistral", "chain", "sps"), ("mistral", "dyspec", "traversal"), ("qwen2", "chain", "asps"),
+             ("qwen2", "fixed", "multidraft")]
+LAW_ALPHA = bonferroni(1e-3, len(LAW_CASES))
+
+
+def law_pair(name: str, window: int | None = None) -> tuple[Any, Any, list[int]]:
+    """Target and draft of family ``name`` (its window, or ``window``) and the prompt."""
+    seed, own, prompt = LAW_TARGETS[name]
+    size = own if window is None else window
+    target = tiny(name, seed, size, vocab=LAW_VOCAB, scale=8.0)
+    return target, tiny(name, seed + 10, size, vocab=LAW_VOCAB, scale=8.0), prompt
+
+
+def exact_law(model: Any, prompt: list[int]) -> np.ndarray:
+    """p(t1, t2 | prompt) at T = 1, from plain forwards through the model's own masks."""
+    def row(ids: list[int]) -> np.ndarray:
+        return torch.softmax(model(input_ids=torch.tensor([ids])).logits[0, -1].double(), -1).numpy()
+
+    with torch.no_grad():
+        first = row(prompt)
+        return np.concatenate([first[a] * row(prompt + [a]) for a in range(LAW_VOCAB)])
+
+
+def counts_of(target: Any, draft: Any, prompt: list[int], builder: str, verifier: str) -> np.ndarray:
+    counts = np.zeros(LAW_VOCAB * LAW_VOCAB, dtype=np.int64)
+    for seed in range(SAMPLES):
+        out = generate(target, draft, prompt, builder, verifier, temperature=1.0, max_new_tokens=2, budget=3,
+                       seed=seed, builder_params={"width": 2} if builder == "fixed" else None)
+        counts[out.tokens[0] * LAW_VOCAB + out.tokens[1]] += 1
+    return counts
+
+
+def window_effect(name: str) -> float:
+    """Total variation between the first two tokens' law with the window and without it (same weights)."""
+    (target, _, prompt), wide = law_pair(name), law_pair(name, 256)[0]
+    return 0.5 * float(np.abs(exact_law(target, prompt) - exact_law(wide, prompt)).sum())
+
+
+@pytest.mark.parametrize(("name", "builder", "verifier"), LAW_CASES)
+def test_first_two_tokens_follow_a_windowed_target_law(name: str, builder: str, verifier: str) -> None:
+    """Chi-square of the first two tokens at T = 1 against the windowed target's exact law.
+
+    False-fail rate 1e-3 over the four cases (Bonferroni); 700 samples on 16 cells detect a total variation
+    of about ``detectable_tv(16, 700, LAW_ALPHA)`` (≈ 0.16) with probability 0.999, less than the window's
+    own effect on these laws (asserted), so a decode that ignored the window would be caught (shown below)."""
+    assert window_effect(name) > detectable_tv(16, SAMPLES, LAW_ALPHA)
+    target, draft, prompt = law_pair(name)
+    result = chi_square_check(counts_of(target, draft, prompt, builder, verifier), exact_law(target, prompt), LAW_ALPHA)
+    assert result.passed, (result, detectable_tv(16, SAMPLES, LAW_ALPHA))
+
+
+def test_the_windowed_law_check_rejects_a_decode_without_the_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check above is not just noisy: with the window switched off in the tree pass, the Mistral case
+    fails it."""
+    target, draft, prompt = law_pair("mistral")
+    window_off(monkeypatch)
+    counts = counts_of(target, draft, prompt, "dyspec", "traversal")
+    assert not chi_square_check(counts, exact_law(target, prompt), LAW_ALPHA).passed
