@@ -704,6 +704,31 @@ def test_decode_command_on_a_saved_pair(saved_pair: SavedPair, capsys: pytest.Ca
         assert "confidence must be" in err and "Traceback" not in err
 
 
+def test_decode_command_notes_a_draft_with_more_token_ids(saved_pair: SavedPair, tmp_path: Any,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """A draft saved with its embeddings padded by 4 ids decodes greedily with ``tmc decode``, which says on
+    stderr that the draft's rows are cut to the target's ids; a same-size pair gets no such note."""
+    import copy
+    import json
+
+    from tmc.cli import main
+
+    pair, tok, target = saved_pair.path, saved_pair.tokenizer, saved_pair.target
+    padded = copy.deepcopy(saved_pair.draft)
+    size = int(padded.config.vocab_size)
+    padded.resize_token_embeddings(size + 4)
+    padded.save_pretrained(tmp_path / "draft")
+    ids = tok("def f(x):")["input_ids"]
+    greedy = ar_generate(target, ids, temperature=0.0, max_new_tokens=8, eos_token_id=tok.eos_token_id).tokens
+    for draft, note in ((tmp_path / "draft", f"the draft has {size + 4} token ids and the target {size}"),
+                        (pair / "draft", None)):
+        assert main(["decode", "--target", str(pair / "target"), "--draft", str(draft), "--prompt", "def f(x):",
+                     "--max-new-tokens", "8", "--temperature", "0", "--no-ar", "--json"]) == 0
+        out = capsys.readouterr()
+        assert json.loads(out.out)["tokens"] == greedy
+        assert (note in out.err and "cut to the target's ids" in out.err) if note else "note:" not in out.err
+
+
 @pytest.mark.skipif(not any(ep.name == "spec" for ep in __import__("importlib.metadata").metadata.entry_points(group="tmc.commands")),
                     reason="package not installed: tmc decode is registered through an entry point")
 def test_decode_command_stops_at_any_stop_token_of_the_generation_config(
