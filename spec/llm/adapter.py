@@ -213,39 +213,55 @@ def windowed(allowed: BoolArray, positions: Sequence[int] | NDArray[np.int64], s
     return None if near[allowed].all() else allowed & near
 
 
-def full_attention_span(config: Any) -> int | None:
-    """How many positions a model with this config attends to as the tree mask does (full causal attention
-    with its sliding window applied, :func:`attention_window`): ``None`` for no limit, else its attention
-    chunk, up to which the chunked layers see every earlier position.  ``ValueError`` for layer kinds that
-    are not attention (``layer_types`` naming linear attention, state-space layers and the like).
-    """
+def _span_limits(config: Any) -> list[tuple[int, str]]:
+    """The position limits (with their reasons) up to which the tree pass reproduces the model's own decoding."""
     kinds = set(getattr(config, "layer_types", None) or [])
     other = sorted(kinds - set(_ATTENTION_LAYERS))
     if other:
         raise ValueError(f"the model has layers of kind {other}; tree verification needs attention layers "
                          f"({', '.join(_ATTENTION_LAYERS)})")
+    limits: list[tuple[int, str]] = []
     chunk = getattr(config, "attention_chunk_size", None)
     if chunk and (not kinds or "chunked_attention" in kinds):
-        return int(chunk)
-    return None
+        limits.append((int(chunk), f"it attends within attention chunks of {int(chunk)} positions, which the tree "
+                                   "mask does not apply"))
+    # Llama 4's layers without rotary embeddings scale their queries by a step function of the cache length
+    # (``floor((length + 1) / floor_scale)``), not of the position ids: a tree node's cache slot lies past its
+    # position, so the two give the same scale only while every slot is below ``floor_scale - 1``
+    floor = getattr(config, "floor_scale", None)
+    if getattr(config, "attn_temperature_tuning", False) and floor and not all(
+            getattr(config, "no_rope_layers", None) or [False]):
+        limits.append((int(floor) - 1, f"its layers without rotary embeddings scale queries by the cache length in "
+                                       f"steps of floor_scale = {int(floor)}, which a tree's cache slots overrun"))
+    return limits
+
+
+def full_attention_span(config: Any) -> int | None:
+    """How many positions (prompt, new tokens and a step's tree) the tree pass reproduces a model with this
+    config over: ``None`` for no limit.  Sliding windows are applied (:func:`attention_window`), so they do
+    not limit it; attention chunks (Llama 4) do, and so does Llama 4's query temperature tuning
+    (``attn_temperature_tuning``: from ``floor_scale - 1`` positions on).  ``ValueError`` for layer kinds
+    that are not attention (``layer_types`` naming linear attention, state-space layers and the like).
+    """
+    limits = _span_limits(config)
+    return min(limits)[0] if limits else None
 
 
 def check_span(model: Any, name: str, positions: int) -> None:
-    """``ValueError`` unless the tree mask gives ``model`` the attention of its own decoding over its first
-    ``positions`` positions.
+    """``ValueError`` unless the tree pass gives ``model`` the attention of its own decoding over its first
+    ``positions`` positions (:func:`full_attention_span`).
 
-    The tree mask lets every node see the context (within the model's sliding window, when it has one)
-    and its ancestors.  A model with attention chunks (Llama 4) sees less beyond a chunk, so its tree rows
-    would differ from its own decoding and the output law would not be the target's; within the first
-    chunk the two agree, so a decode that stays inside it is allowed.
+    Beyond that span a model's tree rows would differ from its own decoding and the output law would not
+    be the target's (a tiny Llama 4 with chunks of 6: node logits off by 0.16 past the chunk).  Within it
+    the two agree, so a decode that stays inside it is allowed.
     """
     cfg = getattr(model, "config", None)
-    span = None if cfg is None else full_attention_span(cfg)
-    if span is not None and positions > span:
+    limits = [] if cfg is None else _span_limits(cfg)
+    if limits and positions > min(limits)[0]:
+        span, why = min(limits)
         raise ValueError(
-            f"{name} attends within attention chunks of {span} positions, and this decode may reach "
-            f"{positions} (prompt + max_new_tokens + budget); the tree mask equals the model's own attention "
-            f"only within the first chunk: shorten the decode or use a model without chunked attention"
+            f"the tree pass reproduces {name}'s own decoding over {span} positions only ({why}), and this decode "
+            f"may reach {positions} (prompt + max_new_tokens + budget): shorten the decode"
         )
 
 

@@ -1,4 +1,5 @@
-"""Sliding-window targets: the tree mask applies the window the model's own decoding applies.
+"""Sliding-window targets: the tree mask applies the window the model's own decoding applies.  Attention
+chunks and Llama 4's temperature tuning: the spans a decode must stay within, and why.
 
 References as elsewhere: plain decoding (a full-sequence forward through the model's own masks, no
 cache) for greedy tokens and per-node logits, exact enumeration for the law of the first two tokens.
@@ -195,18 +196,79 @@ def test_a_window_the_model_code_ignores_is_ignored() -> None:
     ({"attention_chunk_size": 256, "layer_types": ["chunked_attention", "full_attention"]}, 256),
     ({"attention_chunk_size": 256, "layer_types": ["full_attention", "full_attention"]}, None),
     ({"attention_chunk_size": 256, "sliding_window": 128}, 256),
+    ({"attn_temperature_tuning": True, "floor_scale": 100, "no_rope_layers": [1, 0]}, 99),
+    ({"attn_temperature_tuning": True, "floor_scale": 100}, 99),  # no_rope_layers unknown: assume some
+    ({"attn_temperature_tuning": True, "floor_scale": 100, "no_rope_layers": [1, 1]}, None),  # every layer rotary
+    ({"attn_temperature_tuning": False, "floor_scale": 100, "no_rope_layers": [1, 0]}, None),
+    ({"attention_chunk_size": 64, "attn_temperature_tuning": True, "floor_scale": 100}, 64),
 ])
-def test_full_attention_span_is_the_attention_chunk(config: dict[str, Any], span: int | None) -> None:
+def test_full_attention_span_reads_chunks_and_temperature_tuning(config: dict[str, Any], span: int | None) -> None:
     assert full_attention_span(SimpleNamespace(**config)) == span
 
 
-def test_chunked_attention_past_its_chunk_and_other_layer_kinds_are_refused() -> None:
+def test_full_attention_span_of_llama4_defaults() -> None:
+    """Llama 4's defaults (chunks of 8192, floor_scale 8192): the temperature tuning's 8191 is the tighter."""
+    assert full_attention_span(transformers.Llama4TextConfig()) == 8191
+
+
+def test_spans_past_their_limit_and_other_layer_kinds_are_refused() -> None:
     with pytest.raises(ValueError, match=r"layers of kind \['linear_attention'\]"):
         full_attention_span(SimpleNamespace(layer_types=["full_attention", "linear_attention"]))
     chunked = SimpleNamespace(config=SimpleNamespace(attention_chunk_size=8, layer_types=["chunked_attention"]))
     check_span(chunked, "target", 8)
-    with pytest.raises(ValueError, match="target attends within attention chunks of 8 positions.*may reach 9"):
+    with pytest.raises(ValueError, match="target's own decoding over 8 positions only .*attention chunks of 8 "
+                                         "positions.*may reach 9"):
         check_span(chunked, "target", 9)
+    tuned = SimpleNamespace(config=SimpleNamespace(attn_temperature_tuning=True, floor_scale=8, no_rope_layers=[0]))
+    check_span(tuned, "target", 7)
+    with pytest.raises(ValueError, match="over 7 positions only .*floor_scale = 8.*may reach 8"):
+        check_span(tuned, "target", 8)
+
+
+def tiny_llama4(seed: int, chunk: int, floor: int, scale: float = 10.0, vocab: int = 13) -> Any:
+    """A four-layer random Llama 4 text model: three chunked layers with rotary embeddings, one full layer
+    without (where the temperature tuning acts)."""
+    torch.manual_seed(seed)
+    config = transformers.Llama4TextConfig(
+        vocab_size=vocab, num_hidden_layers=4, intermediate_size_mlp=64, head_dim=8, num_local_experts=2,
+        num_experts_per_tok=1, attention_chunk_size=chunk, floor_scale=floor, attn_temperature_tuning=True,
+        **{**_BASE, "pad_token_id": None})
+    config._attn_implementation = "sdpa"
+    model = transformers.Llama4ForCausalLM(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(scale)
+    return model
+
+
+def node_logit_error(model: Any, ctx: list[int], tree: DraftTree) -> float:
+    """Largest gap between a tree forward's node logits and full forwards of context + each path."""
+    cache = transformers.DynamicCache()
+    with torch.no_grad():
+        model(input_ids=torch.tensor([ctx]), use_cache=True, **{cache_keyword(model): cache})
+        want = torch.stack([model(input_ids=torch.tensor([ctx + list(tree.path(i))])).logits[0, -1]
+                            for i in range(tree.size)])
+    return float((tree_logits(model, cache, tree, len(ctx), order=dfs_order(tree)) - want).abs().max())
+
+
+def test_llama4_decodes_greedily_within_its_span_and_why_it_is_limited(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Within its chunks and below ``floor_scale``, a Llama 4 target decodes greedily through the tree pass.
+    Past either limit (chunks of 6; floor_scale 3) a tree's node logits leave full forwards', which is why
+    :func:`check_span` refuses such decodes; a chain (cache slot = position) is exact below the chunk."""
+    target, draft = tiny_llama4(0, 256, 8192), tiny_llama4(1, 256, 8192)
+    prompt, n = [3, 1, 4, 1, 5], 24
+    ref = greedy(target, prompt, n)
+    for builder, verifier in CASES:
+        assert generate(target, draft, prompt, builder, verifier, temperature=0, max_new_tokens=n, budget=6,
+                        draft_temperature=1.0).tokens == ref, (builder, verifier)
+    with pytest.raises(ValueError, match="attention chunks of 6 positions"):
+        generate(tiny_llama4(0, 6, 8192), draft, prompt, "chain", "sps", max_new_tokens=n)
+    ctx = [int(t) for t in np.random.default_rng(0).integers(0, 13, size=9)]
+    chain = DraftTree.build(list(range(-1, 5)), [7, 3, 7, 11, 2, 9], "topk", {}, 13)
+    bushy = random_tree(12, 2, vocab=13)
+    assert node_logit_error(tiny_llama4(0, 256, 8192, 1.0), ctx, bushy) < 1e-5
+    assert node_logit_error(tiny_llama4(0, 6, 8192, 1.0), ctx, chain) > 1e-2  # past the chunk
+    tuned = tiny_llama4(0, 256, 3, 1.0)
+    assert node_logit_error(tuned, ctx, chain) < 1e-5 < node_logit_error(tuned, ctx, bushy)
 
 
 def test_auto_cache_is_dynamic_for_a_windowed_pair_on_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
