@@ -78,7 +78,7 @@ __all__ = [
 #: Verifier names ``generate`` accepts: the chain ones need a chain builder.
 VERIFIERS: tuple[str, ...] = CHAIN_METHODS + TREE_METHODS
 ORDERS = ("dfs", "bfs", "index")
-#: KV cache kinds ``generate`` accepts (``auto``: static on CUDA, dynamic elsewhere).
+#: KV cache kinds ``generate`` accepts (``auto``: static on CUDA, dynamic elsewhere and for a sliding window).
 CACHES = ("auto", "dynamic", "static")
 #: Verifier implementations ``generate`` accepts (``auto``: ``torch`` for a chain drafted on a GPU, else ``numpy``).
 VERIFY_BACKENDS = ("auto", "torch", "numpy")
@@ -474,7 +474,7 @@ def generate(
     each step), ``static`` (:class:`~spec.llm.static_cache.StaticTreeCache`:
     fixed buffers written at explicit slots; with ``graphs`` — default: on
     CUDA — every forward of ≤ 128 tokens replays a captured CUDA graph) or
-    ``auto`` (static on CUDA, dynamic elsewhere); the tokens are the same.
+    ``auto`` (static on CUDA, dynamic elsewhere and for a sliding window); the tokens are the same.
     Randomness: one ``numpy`` generator seeded with ``seed`` draws the
     builder's tokens and every step's uniforms.
     ``eos_token_id``: a stop token, or a collection of them (a
