@@ -126,6 +126,14 @@ __all__ = [
 MASKED_ATTENTION = ("sdpa", "eager")
 
 
+def _alibi(config: Any) -> bool:
+    """Whether a config's model adds ALiBi biases (BLOOM always; Falcon and MPT when their config says so)."""
+    if getattr(config, "model_type", None) == "bloom" or getattr(config, "alibi", False) is True:
+        return True
+    attn = getattr(config, "attn_config", None)  # MPT: an attention sub-config (a dict in older releases)
+    return bool(attn.get("alibi", False) if isinstance(attn, dict) else getattr(attn, "alibi", False))
+
+
 def check_attention(model: Any, name: str) -> None:
     """``ValueError`` unless ``model`` attends with an implementation that takes the tree's 4D mask.
 
@@ -133,13 +141,22 @@ def check_attention(model: Any, name: str) -> None:
     given.  Flash-attention kernels take no arbitrary mask, and with ``flex_attention`` tree forwards
     failed here (transformers 5.24, torch 2.13 CPU: NaN logits, an index error in the compiled kernel,
     a crash of the process), so every other implementation is refused before any forward.  A model
-    whose config names no implementation (a stand-in) passes.
+    whose config names no implementation (a stand-in) passes.  So are models with ALiBi biases
+    (BLOOM, Falcon with ``alibi``, MPT): measured on tiny random ones, BLOOM and Falcon failed on the 4D
+    mask and MPT's node logits for a branching tree were off by 0.04 (a chain's matched).
     """
-    impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    config = getattr(model, "config", None)
+    impl = getattr(config, "_attn_implementation", None)
     if impl is not None and impl not in MASKED_ATTENTION:
         raise ValueError(
             f"{name} attends with attn_implementation={impl!r}, which does not take the tree's 4D attention mask; "
             f"load it with attn_implementation='sdpa' (or 'eager'), or call {name}.set_attn_implementation('sdpa')"
+        )
+    if config is not None and _alibi(config):
+        raise ValueError(
+            f"{name} adds ALiBi position biases, which the tree pass cannot give it: BLOOM and Falcon build them from "
+            f"a 2D padding mask and take no 4D tree mask, MPT computes them from cache slots, which a tree's nodes "
+            f"overrun (its node logits then differ from its own decoding); use a model with rotary or learned positions"
         )
 
 
@@ -225,6 +242,12 @@ def _span_limits(config: Any) -> list[tuple[int, str]]:
     if chunk and (not kinds or "chunked_attention" in kinds):
         limits.append((int(chunk), f"it attends within attention chunks of {int(chunk)} positions, which the tree "
                                    "mask does not apply"))
+    # GPT-Neo's local layers close keys by cache slot (a buffer of window_size bands), not by position, and a
+    # tree node's slot lies past its position: the two agree only while every slot is below window_size
+    window = getattr(config, "window_size", None)
+    if window and "local" in (getattr(config, "attention_layers", None) or []):
+        limits.append((int(window), f"its local attention layers window by cache slot (window_size = {int(window)}), "
+                                    "which a tree's cache slots overrun"))
     # Llama 4's layers without rotary embeddings scale their queries by a step function of the cache length
     # (``floor((length + 1) / floor_scale)``), not of the position ids: a tree node's cache slot lies past its
     # position, so the two give the same scale only while every slot is below ``floor_scale - 1``

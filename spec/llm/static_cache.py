@@ -104,7 +104,12 @@ def _geometry(model: Any) -> tuple[int, int, int]:
     if kinds != {"full_attention"}:
         raise ValueError(f"StaticTreeCache holds full-attention layers only; this model has {sorted(kinds)}")
     heads = int(cfg.num_attention_heads)
-    kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
+    if getattr(cfg, "new_decoder_architecture", False):  # Falcon's new layout caches keys for every query head
+        kv_heads = heads
+    elif getattr(cfg, "multi_query", False):  # one key/value head: GPTBigCode, Falcon's old layout
+        kv_heads = 1
+    else:
+        kv_heads = int(getattr(cfg, "num_key_value_heads", None) or getattr(cfg, "num_kv_heads", None) or heads)
     head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
     return int(cfg.num_hidden_layers), kv_heads, head_dim
 
@@ -199,6 +204,10 @@ class StaticTreeCache:
         if self._slots is None:
             raise RuntimeError("StaticTreeCache is written only through StaticTreeCache.forward")
         keys, values = self.kv[layer_idx, 0], self.kv[layer_idx, 1]  # (1, H, capacity, D) views
+        if key_states.shape[1] != keys.shape[-3] or key_states.shape[-1] != keys.shape[-1]:
+            raise ValueError(f"layer {layer_idx} gives keys of shape {tuple(key_states.shape)}, but the static cache was "
+                             f"sized from the config for {keys.shape[-3]} key/value heads of {keys.shape[-1]}; "
+                             f"use cache='dynamic' for this model")
         keys.index_copy_(-2, self._slots, key_states.to(keys.dtype))
         values.index_copy_(-2, self._slots, value_states.to(values.dtype))
         return keys, values

@@ -347,7 +347,8 @@ def test_attention_that_ignores_the_tree_mask_is_refused_before_any_forward(
 
 #: Other causal LM families, as tiny random models: (model class, config class, config arguments).  They
 #: differ from Llama where a tree pass could go wrong: learned absolute positions (GPT-2; OPT with its offset),
-#: partial rotary (GPT-NeoX), scaled embeddings (Gemma), fused projections (Phi-3), q/k norms (Qwen3).
+#: partial rotary (GPT-NeoX, GPT-J), scaled embeddings (Gemma), fused projections (Phi-3), q/k norms (Qwen3),
+#: multi-query attention (Falcon, GPTBigCode).
 _LLAMA_LIKE: dict[str, Any] = dict(hidden_size=32, num_attention_heads=4, intermediate_size=64,
                                    max_position_embeddings=256)
 ARCHITECTURES: dict[str, tuple[str, str, dict[str, Any]]] = {
@@ -359,25 +360,40 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "opt": ("OPTForCausalLM", "OPTConfig", dict(hidden_size=32, num_attention_heads=4, ffn_dim=64,
                                                  word_embed_proj_dim=32, max_position_embeddings=256)),
     "gpt2": ("GPT2LMHeadModel", "GPT2Config", dict(n_embd=32, n_head=4, n_positions=256)),
+    # one key/value head (the static cache sizes its buffers for it), and Falcon's layout that caches a
+    # key per query head
+    "falcon": ("FalconForCausalLM", "FalconConfig", dict(hidden_size=32, num_attention_heads=4)),
+    "falcon_new": ("FalconForCausalLM", "FalconConfig", dict(hidden_size=32, num_attention_heads=4, num_kv_heads=2,
+                                                             new_decoder_architecture=True)),
+    "gpt_bigcode": ("GPTBigCodeForCausalLM", "GPTBigCodeConfig", dict(n_embd=32, n_head=4, n_positions=256)),
+    "gptj": ("GPTJForCausalLM", "GPTJConfig", dict(n_embd=32, n_head=4, n_positions=256, rotary_dim=4)),
 }
+#: the config's name for the number of layers, where it is not ``num_hidden_layers``
+_DEPTH_KEY = {"gpt2": "n_layer", "gpt_bigcode": "n_layer", "gptj": "n_layer"}
+#: GPT-J takes no sdpa in transformers 5.17; eager takes the mask in every version
+_IMPL = {"gptj": "eager"}
+#: transformers 5.17's GPTBigCode module uses torch.jit.script, which torch 2.13 deprecates on import
+_ARCH_PARAMS = [pytest.param(name, marks=pytest.mark.filterwarnings(
+    "ignore:`torch.jit.script` is deprecated:DeprecationWarning")) if name == "gpt_bigcode" else name
+    for name in sorted(ARCHITECTURES)]
 
 
 def _tiny_arch(name: str, seed: int, layers: int) -> object:
     model_cls, config_cls, extra = ARCHITECTURES[name]
-    depth = {"n_layer" if name == "gpt2" else "num_hidden_layers": layers}
+    depth = {_DEPTH_KEY.get(name, "num_hidden_layers"): layers}
     torch.manual_seed(seed)
     config = getattr(transformers, config_cls)(vocab_size=13, bos_token_id=None, eos_token_id=None, **extra, **depth)
-    config._attn_implementation = "sdpa"
+    config._attn_implementation = _IMPL.get(name, "sdpa")
     model = getattr(transformers, model_cls)(config).eval()
     with torch.no_grad():  # sharper rows, so trees get deep (GPT-2's tied head is sharp enough as it is)
         model.get_output_embeddings().weight.mul_(1.0 if name == "gpt2" else 10.0)
     return model
 
 
-@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
+@pytest.mark.parametrize("arch", _ARCH_PARAMS)
 def test_other_architectures_decode_greedily_through_the_tree_pass(arch: str) -> None:
     """Beyond Llama: at T = 0, a host tree builder, the device chain and a device tree give plain greedy
-    decoding (full recompute) on both caches, for seven other families of causal LM."""
+    decoding (full recompute) on both caches, for ten other families of causal LM."""
     target, draft = _tiny_arch(arch, 0, 2), _tiny_arch(arch, 1, 1)
     prompt = [3, 1, 4, 1, 5]
     ref = _greedy(target, prompt, 16)

@@ -236,6 +236,17 @@ def test_bad_input(model: LlamaForCausalLM) -> None:
         StaticTreeCache(LlamaForCausalLM(cfg), 64)
 
 
+def test_keys_of_another_shape_than_the_config_says_are_named() -> None:
+    """A config that misstates the key/value heads (a family with its own spelling) sizes the buffers wrongly:
+    the first write names the shapes and the way out instead of failing inside ``index_copy_``."""
+    liar = tiny_llama(VOCAB, seed=3)
+    liar.config.num_key_value_heads = 1  # the model was built with one per query head
+    cache = StaticTreeCache(liar, 64)
+    with pytest.raises(ValueError, match=r"layer 0 gives keys of shape \(1, 4, 2, 8\).*for 1 key/value heads of 8.*"
+                                         r"cache='dynamic'"):
+        causal(liar, cache, [1, 2])
+
+
 @pytest.mark.parametrize(("kwargs", "match"), [
     ({"cache": "paged"}, "cache must be one of"),
     ({"cache": "dynamic", "graphs": True}, "graphs=True needs cache='static'"),

@@ -353,3 +353,78 @@ def test_the_windowed_law_check_rejects_a_decode_without_the_window(monkeypatch:
     window_off(monkeypatch)
     counts = counts_of(target, draft, prompt, "dyspec", "traversal")
     assert not chi_square_check(counts, exact_law(target, prompt), LAW_ALPHA).passed
+
+
+# ---------------------------------------------------------------- models the tree pass cannot reproduce
+
+def test_gpt_neo_is_decoded_within_its_local_window_and_why_it_is_limited() -> None:
+    """GPT-Neo's local layers close keys by cache slot.  While every slot stays below ``window_size`` a
+    tree's node logits equal full forwards and decoding is greedy; past it a branching tree's do not (a
+    chain's, whose slots are its positions, still do), so longer decodes are refused."""
+    def neo(seed: int, window: int, scale: float = 10.0) -> Any:
+        torch.manual_seed(seed)
+        config = transformers.GPTNeoConfig(vocab_size=13, hidden_size=32, num_layers=2, num_heads=4,
+                                           attention_types=[[["global", "local"], 1]], window_size=window,
+                                           max_position_embeddings=256, bos_token_id=None, eos_token_id=None)
+        model = transformers.GPTNeoForCausalLM(config).eval()
+        with torch.no_grad():  # its head is tied to the embedding: sharpen both
+            model.get_input_embeddings().weight.mul_(scale ** 0.5)
+        return model
+
+    assert full_attention_span(neo(0, 12).config) == 12
+    bushy = random_tree(12, 2, vocab=13)
+    chain = DraftTree.build(list(range(-1, 5)), [7, 3, 7, 11, 2, 9], "topk", {}, 13)
+    ctx = [int(t) for t in np.random.default_rng(0).integers(0, 13, size=4)]
+    assert node_logit_error(neo(0, 16, 1.0), ctx, bushy) < 1e-5  # 4 + 12 slots: within a window of 16
+    assert node_logit_error(neo(0, 12, 1.0), ctx, bushy) > 1e-2
+    assert node_logit_error(neo(0, 6, 1.0), ctx + ctx, chain) < 1e-5
+    target, draft = neo(0, 64), neo(1, 64)
+    prompt, n = [3, 1, 4, 1, 5], 24
+    ref = greedy(target, prompt, n)
+    for builder, verifier in CASES:
+        assert generate(target, draft, prompt, builder, verifier, temperature=0, max_new_tokens=n, budget=6,
+                        draft_temperature=1.0).tokens == ref, (builder, verifier)
+    with pytest.raises(ValueError, match=r"window by cache slot \(window_size = 12\).*may reach 35"):
+        generate(neo(0, 12), draft, prompt, "chain", "sps", max_new_tokens=n, budget=6)
+
+
+def _alibi_models() -> dict[str, Any]:
+    torch.manual_seed(0)
+    small = dict(vocab_size=13, bos_token_id=None, eos_token_id=None)
+    return {
+        "bloom": transformers.BloomForCausalLM(transformers.BloomConfig(hidden_size=32, n_layer=2, n_head=4, **small)),
+        "falcon": transformers.FalconForCausalLM(transformers.FalconConfig(
+            hidden_size=32, num_hidden_layers=2, num_attention_heads=4, alibi=True, **small)),
+        "mpt": transformers.MptForCausalLM(transformers.MptConfig(d_model=32, n_layers=2, n_heads=4, **small)),
+    }
+
+
+def test_alibi_models_are_refused_before_any_forward(monkeypatch: pytest.MonkeyPatch) -> None:
+    """BLOOM, Falcon with ``alibi`` and MPT add ALiBi biases: refused as target and as draft, before the
+    prefill, with the reason."""
+    import spec.llm.generate as gen
+
+    fed: list[object] = []
+    monkeypatch.setattr(gen, "_prefill", lambda *a: fed.append(a))
+    models = _alibi_models()
+    llama = transformers.LlamaForCausalLM(transformers.LlamaConfig(vocab_size=13, num_hidden_layers=1, **_BASE))
+    for name, model in models.items():
+        model.eval().config._attn_implementation = "eager"
+        with pytest.raises(ValueError, match="target adds ALiBi position biases"):
+            generate(model, llama, [1, 2], "chain", "sps", max_new_tokens=3)
+        with pytest.raises(ValueError, match="draft adds ALiBi position biases"):
+            generate(llama, model, [1, 2], "chain", "sps", max_new_tokens=3)
+    assert fed == []
+
+
+def test_why_alibi_is_refused() -> None:
+    """MPT computes its biases from cache slots: a branching tree's node logits leave full forwards' (a
+    chain's, whose slots are its positions, match); BLOOM and Falcon fail on the 4D mask."""
+    models = _alibi_models()
+    ctx = [int(t) for t in np.random.default_rng(0).integers(0, 13, size=9)]
+    mpt = models["mpt"].eval()
+    chain = DraftTree.build(list(range(-1, 5)), [7, 3, 7, 11, 2, 9], "topk", {}, 13)
+    assert node_logit_error(mpt, ctx, chain) < 1e-5 < 1e-2 < node_logit_error(mpt, ctx, random_tree(12, 2, vocab=13))
+    for name in ("bloom", "falcon"):
+        with pytest.raises(ValueError):
+            node_logit_error(models[name].eval(), ctx, chain)
