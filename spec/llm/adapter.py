@@ -141,8 +141,8 @@ def check_attention(model: Any, name: str) -> None:
     given.  Flash-attention kernels take no arbitrary mask, and with ``flex_attention`` tree forwards
     failed here (transformers 5.24, torch 2.13 CPU: NaN logits, an index error in the compiled kernel,
     a crash of the process), so every other implementation is refused before any forward.  A model
-    whose config names no implementation (a stand-in) passes.  So are models with ALiBi biases
-    (BLOOM, Falcon with ``alibi``, MPT): measured on tiny random ones, BLOOM and Falcon failed on the 4D
+    whose config names no implementation (a stand-in) passes.  Models with ALiBi biases (BLOOM, Falcon
+    with ``alibi``, MPT) are refused too: measured on tiny random ones, BLOOM and Falcon failed on the 4D
     mask and MPT's node logits for a branching tree were off by 0.04 (a chain's matched).
     """
     config = getattr(model, "config", None)
@@ -280,8 +280,8 @@ def check_span(model: Any, name: str, positions: int) -> None:
     """
     cfg = getattr(model, "config", None)
     limits = [] if cfg is None else _span_limits(cfg)
-    if limits and positions > min(limits)[0]:
-        span, why = min(limits)
+    span, why = min(limits) if limits else (None, "")
+    if span is not None and positions > span:
         raise ValueError(
             f"the tree pass reproduces {name}'s own decoding over {span} positions only ({why}), and this decode "
             f"may reach {positions} (prompt + max_new_tokens + budget): shorten the decode"
