@@ -42,3 +42,15 @@ def saved_pair(tmp_path_factory: pytest.TempPathFactory) -> SavedPair:
     target, draft = tiny_pair(len(tok), seed=1)
     path = save_pair(target, draft, tok, tmp_path_factory.mktemp("pair") / "pair")
     return SavedPair(path, tok, target, draft)
+
+
+def greedy_decode(model: Any, prompt: list[int], n: int) -> list[int]:
+    """Plain greedy decoding, full recompute through the model's own masks, no cache: the reference
+    (minGPT style)."""
+    import torch
+
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            ids.append(int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt):]

@@ -14,7 +14,7 @@ transformers = pytest.importorskip("transformers")
 from spec.builders import BUILDERS  # noqa: E402
 from spec.llm.generate import VERIFIERS, ar_generate, generate  # noqa: E402
 from spec.llm.verify import TREE_METHODS  # noqa: E402
-from tests.spec.llm.conftest import SavedPair  # noqa: E402
+from tests.spec.llm.conftest import SavedPair, greedy_decode  # noqa: E402
 from tests.spec.llm.test_sampling import reference  # noqa: E402
 from verification.calibrated import bonferroni, chi_square_check, detectable_tv  # noqa: E402
 
@@ -46,21 +46,10 @@ def pair() -> tuple[object, object]:
     return _tiny(13, 0, scale=40.0), _tiny(13, 1, layers=1, scale=40.0)
 
 
-def _greedy(model: object, prompt: list[int], n: int) -> list[int]:
-    """Plain greedy decoding, full recompute, no cache: the reference (minGPT style)."""
-    ids, out = list(prompt), []
-    with torch.no_grad():
-        for _ in range(n):
-            tok = int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax())  # type: ignore[operator]
-            out.append(tok)
-            ids.append(tok)
-    return out
-
-
 def test_temperature_zero_every_builder_and_verifier_is_greedy(pair: tuple[object, object]) -> None:
     target, draft = pair
     prompt = [3, 1, 4, 1, 5]
-    ref = _greedy(target, prompt, 16)
+    ref = greedy_decode(target, prompt, 16)
     assert ar_generate(target, prompt, temperature=0, max_new_tokens=16).tokens == ref
     _assert_every_builder_and_verifier_is_greedy(target, draft, prompt, ref)
 
@@ -96,7 +85,7 @@ def test_temperature_zero_with_a_warm_draft_is_greedy(pair: tuple[object, object
     would break the equality with greedy decoding."""
     target, draft = pair
     prompt = [3, 1, 4, 1, 5]
-    ref = _greedy(target, prompt, 16)
+    ref = greedy_decode(target, prompt, 16)
     _assert_every_builder_and_verifier_is_greedy(target, draft, prompt, ref, top_k=top_k,
                                                  draft_temperature=draft_temperature)
     for name, params in (("fixed", {"draw": "topk"}), ("fixed", {}), ("dyspec", {})):
@@ -111,7 +100,7 @@ def test_temperature_zero_confidence_chains_are_greedy(pair: tuple[object, objec
     one-hot): plain greedy decoding for every verifier, on both paths, with chains of several lengths."""
     target, draft = pair
     prompt = [3, 1, 4, 1, 5]
-    ref = _greedy(target, prompt, 16)
+    ref = greedy_decode(target, prompt, 16)
     sizes: set[int] = set()
     for verifier, draw, on_device in itertools.product(VERIFIERS, ("iid", "topk"), (True, False)):
         if verifier == "kseq" and draw == "topk":
@@ -204,7 +193,7 @@ def test_one_draft_forward_per_layer(pair: tuple[object, object]) -> None:
 
 def test_eos_and_length_cuts(pair: tuple[object, object]) -> None:
     target, draft = pair
-    ref = _greedy(target, [5, 6], 12)
+    ref = greedy_decode(target, [5, 6], 12)
     out = generate(target, draft, [5, 6], "dyspec", "multidraft", temperature=0, max_new_tokens=7, budget=8)
     assert out.tokens == ref[:7]
     eos = ref[3]
@@ -342,7 +331,7 @@ def test_attention_that_ignores_the_tree_mask_is_refused_before_any_forward(
     with monkeypatch.context() as m:
         m.setattr(target.config, "_attn_implementation", "eager")  # type: ignore[attr-defined]
         assert generate(target, draft, [1, 2], "chain", "sps", temperature=0, max_new_tokens=6).tokens == \
-            _greedy(target, [1, 2], 6)
+            greedy_decode(target, [1, 2], 6)
 
 
 #: Other causal LM families, as tiny random models: (model class, config class, config arguments).  They
@@ -396,7 +385,7 @@ def test_other_architectures_decode_greedily_through_the_tree_pass(arch: str) ->
     decoding (full recompute) on both caches, for ten other families of causal LM."""
     target, draft = _tiny_arch(arch, 0, 2), _tiny_arch(arch, 1, 1)
     prompt = [3, 1, 4, 1, 5]
-    ref = _greedy(target, prompt, 16)
+    ref = greedy_decode(target, prompt, 16)
     assert ar_generate(target, prompt, temperature=0, max_new_tokens=16).tokens == ref
     for (builder, verifier), cache in itertools.product(
             [("dyspec", "traversal"), ("chain", "sps"), ("fixed", "multidraft")], ["dynamic", "static"]):
@@ -489,7 +478,7 @@ def test_a_draft_with_another_vocabulary_size_gives_greedy_decoding(draft_vocab:
     cases = [("chain", "sps"), ("chain", "block"), ("chain", "traversal"), ("fixed", "multidraft"),
              ("fixed", "traversal"), ("dyspec", "traversal"), ("dynatree", "multidraft")]
     for prompt in ([3, 1, 4, 1, 5], [12, 11, 2]):
-        ref = _greedy(target, prompt, 16)
+        ref = greedy_decode(target, prompt, 16)
         if prompt[0] == 12:
             assert any(t >= 11 for t in ref)  # the target emits ids the 11-token draft lacks
         for (builder, verifier), cache, dtemp in itertools.product(cases, ["dynamic", "static"], [None, 1.0]):

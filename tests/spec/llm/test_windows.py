@@ -30,6 +30,7 @@ from spec.llm.adapter import (  # noqa: E402
 from spec.llm.generate import ar_generate, generate, resolve_cache  # noqa: E402
 from spec.llm.static_cache import StaticTreeCache, cache_keyword  # noqa: E402
 from spec.tree import dfs_order, random_tree  # noqa: E402
+from tests.spec.llm.conftest import greedy_decode  # noqa: E402
 from tmc.multidraft import DraftTree  # noqa: E402
 from verification.calibrated import bonferroni, chi_square_check, detectable_tv  # noqa: E402
 
@@ -70,15 +71,6 @@ def tiny(name: str, seed: int, window: int | None, *, vocab: int = 13, scale: fl
     return model
 
 
-def greedy(model: Any, prompt: list[int], n: int) -> list[int]:
-    """Plain greedy decoding, full recompute through the model's own (windowed) masks."""
-    ids = list(prompt)
-    with torch.no_grad():
-        for _ in range(n):
-            ids.append(int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
-    return ids[len(prompt):]
-
-
 def window_off(monkeypatch: pytest.MonkeyPatch) -> None:
     """The bug these tests guard against: tree forwards with the full causal mask, whatever the window."""
     monkeypatch.setattr(adapter, "windowed", lambda *a: None)
@@ -102,7 +94,7 @@ def test_a_sliding_window_target_decodes_greedily_far_past_its_window(
     target, draft = tiny(name, 0, 3), tiny(name, 1, 3)
     assert attention_window(target) == AttentionWindow(3, not FAMILIES[name][4])
     prompt, n = [3, 1, 4, 1, 5], 24
-    ref = greedy(target, prompt, n)
+    ref = greedy_decode(target, prompt, n)
     assert ar_generate(target, prompt, temperature=0, max_new_tokens=n).tokens == ref
     kw: dict[str, Any] = dict(temperature=0, max_new_tokens=n, budget=6, draft_temperature=1.0)
     for builder, verifier in CASES:
@@ -175,7 +167,7 @@ def test_a_window_the_model_code_ignores_is_ignored() -> None:
     assert attention_window(target) is None
     prompt = [3, 1, 4, 1, 5]
     assert generate(target, target, prompt, "dyspec", "traversal", temperature=0, max_new_tokens=12, budget=4,
-                    draft_temperature=1.0).tokens == greedy(target, prompt, 12)
+                    draft_temperature=1.0).tokens == greedy_decode(target, prompt, 12)
 
 
 @pytest.mark.parametrize(("config", "span"), [
@@ -244,7 +236,7 @@ def test_llama4_decodes_greedily_within_its_span_and_why_it_is_limited(monkeypat
     :func:`check_span` refuses such decodes; a chain (cache slot = position) is exact below the chunk."""
     target, draft = tiny_llama4(0, 256, 8192), tiny_llama4(1, 256, 8192)
     prompt, n = [3, 1, 4, 1, 5], 24
-    ref = greedy(target, prompt, n)
+    ref = greedy_decode(target, prompt, n)
     for builder, verifier in CASES:
         assert generate(target, draft, prompt, builder, verifier, temperature=0, max_new_tokens=n, budget=6,
                         draft_temperature=1.0).tokens == ref, (builder, verifier)
@@ -368,7 +360,7 @@ def test_gpt_neo_is_decoded_within_its_local_window_and_why_it_is_limited() -> N
     assert node_logit_error(neo(0, 6, 1.0), ctx + ctx, chain) < 1e-5
     target, draft = neo(0, 64), neo(1, 64)
     prompt, n = [3, 1, 4, 1, 5], 24
-    ref = greedy(target, prompt, n)
+    ref = greedy_decode(target, prompt, n)
     for builder, verifier in CASES:
         assert generate(target, draft, prompt, builder, verifier, temperature=0, max_new_tokens=n, budget=6,
                         draft_temperature=1.0).tokens == ref, (builder, verifier)
