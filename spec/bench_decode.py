@@ -39,7 +39,9 @@ forward round differently, so an argmax tie can flip.
 HF generate is called with ``min_new_tokens = max_new_tokens`` (EOS masked)
 and, at temperature > 0, ``top_k=0, top_p=1.0`` so its law is the plain
 softmax our methods use.  Timings are wall-clock seconds with the device
-synchronised; one untimed warm-up run per method comes first.  Batch size 1.
+synchronised; one untimed warm-up decode per method (the first prompt, full length) comes
+first, after the shared static caches are sized for the longest run, so no timed run grows a
+cache or captures a graph the warm-up did not.  Batch size 1.
 The methods take turns prompt by prompt (interleaved, the order rotated from
 one prompt to the next) rather than one after another, so that a slow spell
 of a shared machine does not fall on a few methods only (``--order
@@ -327,6 +329,29 @@ def _schedule(n_methods: int, n_prompts: int, rnd: int, order: str) -> list[tupl
     return out
 
 
+def _presize_static_caches(target: Any, draft: Any, prompts: Sequence[Sequence[int]], methods: Sequence[Method],
+                           new_tokens: int) -> None:
+    """Grow the models' shared static caches to the largest capacity any of our runs asks for.
+
+    Each decode asks for :func:`~spec.llm.generate.cache_capacity` slots and a shared cache grows
+    to it, dropping the graphs it captured.  Sized once up front, the caches never grow during the
+    warm-up or the timed runs, so the warm-up's captures are the ones the timed runs replay (before
+    this, a row whose budget asked for more slots than the rows before it paid new captures, and
+    so did the rows after it, in their timed runs).
+    """
+    from spec.llm.generate import cache_capacity
+    from spec.llm.static_cache import shared_static_cache
+
+    ours = [m for m in methods if m.ours]
+    if not ours:
+        return
+    longest = max(len(p) for p in prompts)
+    slots = max(cache_capacity(longest, new_tokens, m.budget or 0) for m in ours)
+    shared_static_cache(target, "target", slots)
+    if any(m.builder is not None for m in ours):
+        shared_static_cache(draft, "draft", slots)
+
+
 def run_decode_bench(
     target: Any,
     draft: Any,
@@ -378,14 +403,15 @@ def run_decode_bench(
 
     cache = resolve_cache(target, cache, draft)
     device = model_device(target)
+    if cache == "static":  # no timed run may grow a shared cache: growing drops every graph it captured
+        _presize_static_caches(target, draft, prompts, methods, new_tokens)
     rows: list[dict[str, Any]] = []
     n = len(methods)
     with torch.inference_mode():
         for temp in temperatures:
-            if warmup:  # static-cache compilation and allocator growth happen here, untimed
+            if warmup:  # compilation, graph capture and allocator growth happen here, untimed: a full decode
                 for method in methods:
-                    _run_one(method, target, draft, list(prompts[0]), temp,
-                             new_tokens if method.name == "ar-static" else min(new_tokens, 16), seed, cache)
+                    _run_one(method, target, draft, list(prompts[0]), temp, new_tokens, seed, cache)
             runs: list[list[list[dict[str, Any]]]] = [[[] for _ in range(rounds)] for _ in methods]
             for rnd in range(rounds):
                 t0 = time.perf_counter()

@@ -71,8 +71,8 @@ from tmc.noise import categorical
 from tmc.validate import check_int
 
 __all__ = [
-    "CACHES", "GenerateOutput", "StepStats", "VERIFIERS", "VERIFY_BACKENDS", "ar_generate", "generate", "resolve_cache",
-    "resolve_verify_backend", "stop_ids",
+    "CACHES", "GenerateOutput", "StepStats", "VERIFIERS", "VERIFY_BACKENDS", "ar_generate", "cache_capacity", "generate",
+    "resolve_cache", "resolve_verify_backend", "stop_ids",
 ]
 
 #: Verifier names ``generate`` accepts: the chain ones need a chain builder.
@@ -203,6 +203,17 @@ def resolve_cache(model: Any, cache: str, *others: Any) -> str:
         static = model_device(model).type == "cuda" and all(holds_layers(m) for m in (model, *others))
         return "static" if static else "dynamic"
     return cache
+
+def cache_capacity(prompt_tokens: int, max_new_tokens: int, budget: int = 0) -> int:
+    """The slots a decode asks of its KV caches up front: :func:`generate` with ``budget`` draft
+    nodes a step, :func:`ar_generate` with ``budget = 0``.
+
+    A static cache grows past it on demand, and growing drops its captured graphs (they point at
+    the old buffers); a benchmark sizes the shared caches to the largest of its runs before its
+    warm-up (:func:`spec.bench_decode.run_decode_bench`), so no timed run captures again.
+    """
+    return prompt_tokens + max_new_tokens + 4 * budget + 64
+
 
 def _new_cache(model: Any, kind: str, role: str, capacity: int, graphs: bool | None) -> Any:
     """An empty KV cache of a resolved ``kind``: ``DynamicCache`` or the model's shared
@@ -560,7 +571,7 @@ def generate(
     where = (device, model_dtype(target))
 
     # Prefill: the target caches the prompt but its last token (fed as each step's root).
-    capacity = len(prompt) + max_new_tokens + 4 * budget + 64  # a first guess: a static cache grows on demand
+    capacity = cache_capacity(len(prompt), max_new_tokens, budget)  # a first guess: a static cache grows on demand
     t_cache = _new_cache(target, cache, "target", capacity, graphs)
     d_cache = _new_cache(draft, cache, "draft", capacity, graphs)
     _prefill(target, t_cache, prompt[:-1])
@@ -650,7 +661,7 @@ def ar_generate(
     if cache == "static":  # its forwards pass a 4D mask; the dynamic loop uses the model's own
         check_attention(target, "target")
     device = model_device(target)
-    kv = _new_cache(target, cache, "target", len(prompt) + max_new_tokens + 64, graphs)
+    kv = _new_cache(target, cache, "target", cache_capacity(len(prompt), max_new_tokens), graphs)
     dynamic = isinstance(kv, DynamicCache)
     cache_arg = {cache_keyword(target): kv}  # the dynamic loop's keyword, looked up once
     _prefill(target, kv, prompt[:-1])

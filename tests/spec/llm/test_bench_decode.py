@@ -164,6 +164,40 @@ def test_methods_take_turns_prompt_by_prompt(pair: tuple[object, object], monkey
     assert all(r["agree_ar"] == 1.0 for r in report["rows"])
 
 
+def test_no_timed_run_grows_a_static_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the static cache a growing cache drops every graph it captured, so the caches are sized for the
+    longest run before the warm-up: every allocation comes before the first decode.  Without the sizing, the
+    rows of a larger budget grow the caches in their own runs (checked, so the test can fail)."""
+    import spec.bench_decode as bd
+    from spec.llm.static_cache import StaticTreeCache
+
+    events: list[str] = []
+    real_run, real_alloc = bd._run_one, StaticTreeCache._allocate
+
+    def run(*args: object) -> dict[str, object]:
+        events.append("run")
+        return real_run(*args)  # type: ignore[arg-type]
+
+    def alloc(self: StaticTreeCache, capacity: int) -> None:
+        events.append("alloc")
+        real_alloc(self, capacity)
+
+    monkeypatch.setattr(bd, "_run_one", run)
+    monkeypatch.setattr(StaticTreeCache, "_allocate", alloc)
+    names = ("ar-loop", "chain:sps", "dyspec:traversal@40", "fixed:traversal@90")
+    for presize in (True, False):
+        if not presize:
+            monkeypatch.setattr(bd, "_presize_static_caches", lambda *args: None)
+        events.clear()
+        target, draft = tiny_pair(29, seed=0)  # fresh models: fresh shared caches
+        run_decode_bench(target, draft, [[1, 2, 3], [4, 5, 6]], _methods(names), temperatures=(1.0,), new_tokens=12,
+                         cache="static")
+        first = events.index("run")
+        assert events.count("run") == 3 * len(names)  # the warm-up and two prompts
+        assert ("alloc" in events[first:]) is not presize, presize
+        assert events[:first].count("alloc") == (2 if presize else 0)  # target and draft, once each
+
+
 def test_rounds_give_each_speedup_a_range(pair: tuple[object, object]) -> None:
     """Two rounds: the same tokens twice, per-round tok/s, and each speedup's range over the rounds, which holds
     the whole-run speedup (equal tokens per round make it a mediant of the rounds' ratios)."""

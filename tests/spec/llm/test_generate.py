@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import itertools
 from typing import Any
 
@@ -21,6 +22,10 @@ from verification.calibrated import bonferroni, chi_square_check, detectable_tv 
 pytestmark = pytest.mark.llm
 
 CHAIN = ("sps", "asps", "block")
+# `tmc decode` is registered through an entry point: without the installed package (e.g. PYTHONPATH only) it is absent
+needs_decode_command = pytest.mark.skipif(
+    not any(ep.name == "spec" for ep in importlib.metadata.entry_points(group="tmc.commands")),
+    reason="package not installed: tmc decode is registered through an entry point")
 
 
 def test_spec_generate_is_the_decode_loop() -> None:
@@ -644,8 +649,7 @@ def test_the_law_check_rejects_target_rows_processed_at_the_wrong_temperature(mo
     assert chi_square_check(counts, wrong, ALPHA).passed  # it follows the law of the bug: the check is not just noisy
 
 
-@pytest.mark.skipif(not any(ep.name == "spec" for ep in __import__("importlib.metadata").metadata.entry_points(group="tmc.commands")),
-                    reason="package not installed: tmc decode is registered through an entry point")
+@needs_decode_command
 def test_decode_command_reports_a_missing_model_in_one_line(tmp_path: object, capsys: pytest.CaptureFixture[str]) -> None:
     from tmc.cli import main
 
@@ -656,8 +660,7 @@ def test_decode_command_reports_a_missing_model_in_one_line(tmp_path: object, ca
     assert "cannot load" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
-@pytest.mark.skipif(not any(ep.name == "spec" for ep in __import__("importlib.metadata").metadata.entry_points(group="tmc.commands")),
-                    reason="package not installed: tmc decode is registered through an entry point")
+@needs_decode_command
 def test_decode_command_on_a_saved_pair(saved_pair: SavedPair, capsys: pytest.CaptureFixture[str],
                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """``tmc decode`` end to end: greedy chains equal plain greedy decoding on both chain paths
@@ -709,6 +712,7 @@ def test_decode_command_on_a_saved_pair(saved_pair: SavedPair, capsys: pytest.Ca
         assert "confidence must be" in err and "Traceback" not in err
 
 
+@needs_decode_command
 def test_decode_command_notes_a_draft_with_more_token_ids(saved_pair: SavedPair, tmp_path: Any,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
     """A draft saved with its embeddings padded by 4 ids decodes greedily with ``tmc decode``, which says on
@@ -734,8 +738,7 @@ def test_decode_command_notes_a_draft_with_more_token_ids(saved_pair: SavedPair,
         assert (note in out.err and "cut to the target's ids" in out.err) if note else "note:" not in out.err
 
 
-@pytest.mark.skipif(not any(ep.name == "spec" for ep in __import__("importlib.metadata").metadata.entry_points(group="tmc.commands")),
-                    reason="package not installed: tmc decode is registered through an entry point")
+@needs_decode_command
 def test_decode_command_stops_at_any_stop_token_of_the_generation_config(
         saved_pair: SavedPair, tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
     """A target whose ``generation_config.eos_token_id`` is a list (as Llama 3's is): ``tmc decode`` stops
