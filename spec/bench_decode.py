@@ -21,8 +21,9 @@ Side by side in one run, on the same prompts, every method decodes exactly
   (``chain_on_device=False``) instead of the device path, for a side-by-side
   of the two (same tokens), and ``fixed/draw=iid:VERIFIER:host`` does the same
   for a fixed i.i.d. tree (``fixed/draw=topk:…:host`` for a top-k one); a ``:torch`` or ``:numpy`` flag after the
-  verifier sets ``verify_backend`` (default ``auto``: torch for a chain
-  drafted on a GPU with a chain verifier, numpy otherwise), e.g. ``dyspec:traversal:torch`` beside
+  verifier sets ``verify_backend`` (default ``auto``: numpy, but torch for
+  a chain drafted on a GPU with a chain verifier and large rows, as
+  :func:`~spec.llm.generate.resolve_verify_backend` says), e.g. ``dyspec:traversal:torch`` beside
   ``dyspec:traversal:numpy`` (same tokens); a ``:dtemp=T`` flag drafts at temperature ``T``
   (``generate``'s ``draft_temperature``) instead of the row's, e.g.
   ``fixed/draw=topk:traversal:dtemp=1``, whose tree at temperature 0 branches.

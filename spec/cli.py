@@ -136,7 +136,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                           "tokens; for comparison)")
     dec.add_argument("--verify-backend", choices=["auto", "torch", "numpy"], default="auto",
                      help="verifier implementation: the torch ports or their numpy references (same tokens); auto "
-                          "(default): torch for a chain drafted on a GPU with sps/asps/block, numpy otherwise")
+                          "(default): numpy, but torch for a chain drafted on a GPU with sps/asps/block whose "
+                          "(budget + 1) x vocabulary rows exceed 2**17 entries (the copy to the host would cost more)")
     dec.add_argument("--no-ar", action="store_true", help="skip the autoregressive baseline run")
     add_seed(dec, "builder draws and verifier uniforms")
     add_json(dec)

@@ -71,8 +71,8 @@ from tmc.noise import categorical
 from tmc.validate import check_int
 
 __all__ = [
-    "CACHES", "GenerateOutput", "StepStats", "VERIFIERS", "VERIFY_BACKENDS", "ar_generate", "cache_capacity", "generate",
-    "resolve_cache", "resolve_verify_backend", "stop_ids",
+    "CACHES", "GenerateOutput", "HOST_VERIFY_MAX_ENTRIES", "StepStats", "VERIFIERS", "VERIFY_BACKENDS", "ar_generate",
+    "cache_capacity", "generate", "resolve_cache", "resolve_verify_backend", "stop_ids",
 ]
 
 #: Verifier names ``generate`` accepts: the chain ones need a chain builder.
@@ -80,8 +80,14 @@ VERIFIERS: tuple[str, ...] = CHAIN_METHODS + TREE_METHODS
 ORDERS = ("dfs", "bfs", "index")
 #: KV cache kinds ``generate`` accepts (``auto``: static on CUDA, dynamic elsewhere and for a sliding window).
 CACHES = ("auto", "dynamic", "static")
-#: Verifier implementations ``generate`` accepts (``auto``: ``torch`` for a chain drafted on a GPU, else ``numpy``).
+#: Verifier implementations ``generate`` accepts (``auto``: :func:`resolve_verify_backend`).
 VERIFY_BACKENDS = ("auto", "torch", "numpy")
+#: ``auto``'s bound for a chain drafted on a GPU: the numpy references while a step's target rows,
+#: ``(budget + 1) x V`` float64 entries, number at most this (1 MiB), the torch ports above it.
+#: Measured on an H100 host (README, "Which implementation verifies"): numpy won at V = 4096 with
+#: 5 and 21 rows (SpS 0.35 against 1.26 ms, 0.74 against 1.19 ms), tied with SpS at V = 32000
+#: with 5 rows, and lost from there on (SpS at V = 128256: 11.6 against 1.1 ms).
+HOST_VERIFY_MAX_ENTRIES = 1 << 17
 
 @dataclass(frozen=True)
 class StepStats:
@@ -259,20 +265,25 @@ def _verify(method: str, tree: DraftTree, p: torch.Tensor, rng: np.random.Genera
     return verify_tree(method, torch.tensor(tree.tokens, dtype=torch.long), torch.tensor(tree.parents, dtype=torch.long),
                        tree.draws, _draft_probs(tree, vocab), p, torch.from_numpy(u_np))
 
-def resolve_verify_backend(model: Any, backend: str, device_chain: bool) -> str:
+def resolve_verify_backend(model: Any, backend: str, device_chain: bool, entries: int = 0) -> str:
     """``backend`` checked against :data:`VERIFY_BACKENDS`, with ``auto`` resolved.
 
-    ``auto`` is ``torch`` for a chain drafted on a GPU and verified by a
-    chain verifier (``device_chain``: the torch verifier keeps the step on the
-    device, one transfer for the result) and ``numpy`` otherwise: on the CPU,
-    and for the tree verifiers everywhere (on trees and on chains), which walk
-    on the host either way (the torch ports after one copy of the rows), where
-    numpy's small operations cost a third of torch's.
+    ``auto`` is ``numpy`` on the CPU, and for the tree verifiers everywhere
+    (on trees and on chains), which walk on the host either way (the torch
+    ports after one copy of the rows), where numpy's small operations cost a
+    third of torch's.  For a chain drafted on a GPU and verified by a chain
+    verifier (``device_chain``) it weighs the copy: the numpy references
+    read host copies of the step's rows, whose cost grows with ``entries``
+    (the target rows' ``(budget + 1) x V``), while the torch ports keep the
+    step on the device at a nearly fixed 1-2 ms of dispatches on an H100
+    host.  So ``numpy`` up to :data:`HOST_VERIFY_MAX_ENTRIES` entries,
+    ``torch`` above.
     """
     if backend not in VERIFY_BACKENDS:
         raise ValueError(f"verify_backend must be one of {VERIFY_BACKENDS}, got {backend!r}")
     if backend == "auto":
-        return "torch" if device_chain and model_device(model).type != "cpu" else "numpy"
+        large = device_chain and model_device(model).type != "cpu" and entries > HOST_VERIFY_MAX_ENTRIES
+        return "torch" if large else "numpy"
     return backend
 
 
@@ -531,9 +542,10 @@ def generate(
     ``verify_backend``: ``torch`` runs the verifiers of
     :mod:`spec.llm.verify`, ``numpy`` their :mod:`tmc` references
     (:mod:`spec.llm.host_verify`: rows copied to the host, about 3x faster on
-    the CPU), ``auto`` the torch ones for a chain drafted on a GPU and the
-    numpy ones otherwise (:func:`resolve_verify_backend`); the tokens are
-    the same (tested).
+    the CPU and, for small vocabularies, on a GPU), ``auto`` the numpy ones
+    except for a chain drafted on a GPU whose rows are large, ``(budget + 1)
+    x V`` above :data:`HOST_VERIFY_MAX_ENTRIES` (:func:`resolve_verify_backend`);
+    the tokens are the same (tested).
     """
     t_start = time.perf_counter()
     if not isinstance(chain_on_device, bool):
@@ -565,7 +577,7 @@ def generate(
     fixed_shape = _device_shape(b, verifier, budget, d_sampling, min(vocab, d_vocab)) if chain_on_device else None
     if fixed_shape is not None:  # the host path asks this of every tree it verifies
         verifiers_for(verifier, {fixed_shape[1]}, b.adaptive_widths)
-    backend = resolve_verify_backend(target, verify_backend, on_device)
+    backend = resolve_verify_backend(target, verify_backend, on_device, (budget + 1) * vocab)
     rng = np.random.default_rng(seed)
     sampler = RngSampler(rng)
     where = (device, model_dtype(target))

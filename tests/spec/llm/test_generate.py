@@ -400,34 +400,42 @@ def test_other_architectures_decode_greedily_through_the_tree_pass(arch: str) ->
         assert max(s.tree_size for s in out.steps) > 1
 
 
-def test_auto_backend_is_torch_only_for_a_chain_verifier_on_a_gpu_drafted_chain(
+def test_auto_backend_is_torch_only_for_a_chain_verifier_on_a_gpu_drafted_chain_with_large_rows(
         pair: tuple[object, object], monkeypatch: pytest.MonkeyPatch) -> None:
-    """``verify_backend="auto"``: the torch port for SpS / ASpS / block on a chain drafted on a GPU, the
-    numpy reference for everything else, tree verifiers on a device-drafted chain included."""
+    """``verify_backend="auto"``: the torch port for SpS / ASpS / block on a chain drafted on a GPU whose
+    ``(budget + 1) x V`` target rows exceed ``HOST_VERIFY_MAX_ENTRIES``; the numpy reference for everything
+    else, tree verifiers on a device-drafted chain and the CPU included.  ``generate`` passes its rows' size."""
     import spec.llm.generate as gen
 
     target, draft = pair
+    bound = gen.HOST_VERIFY_MAX_ENTRIES
+    assert bound == 4096 * 32  # 21 rows of V = 4096 under it, 5 rows of V = 32000 over it (README's H100 figures)
 
     class OnGpu:  # resolve_verify_backend reads only the device of the first parameter
         def parameters(self) -> Any:
             yield torch.empty(0, device="meta")
 
-    assert gen.resolve_verify_backend(OnGpu(), "auto", True) == "torch"
-    assert gen.resolve_verify_backend(OnGpu(), "auto", False) == "numpy"
-    assert gen.resolve_verify_backend(target, "auto", True) == "numpy"  # the CPU
-    assert gen.resolve_verify_backend(OnGpu(), "numpy", True) == "numpy"
-    seen: list[bool] = []
+    assert gen.resolve_verify_backend(OnGpu(), "auto", True, bound + 1) == "torch"
+    assert gen.resolve_verify_backend(OnGpu(), "auto", True, bound) == "numpy"
+    assert gen.resolve_verify_backend(OnGpu(), "auto", True, 21 * 4096) == "numpy"
+    assert gen.resolve_verify_backend(OnGpu(), "auto", True, 5 * 32000) == "torch"
+    assert gen.resolve_verify_backend(OnGpu(), "auto", False, 10 * bound) == "numpy"
+    assert gen.resolve_verify_backend(target, "auto", True, 10 * bound) == "numpy"  # the CPU
+    assert gen.resolve_verify_backend(OnGpu(), "numpy", True, 10 * bound) == "numpy"
+    assert gen.resolve_verify_backend(OnGpu(), "torch", True, 1) == "torch"
+    seen: list[tuple[bool, int]] = []
     real = gen.resolve_verify_backend
 
-    def spy(model: Any, backend: str, device_chain: bool) -> str:
-        seen.append(device_chain)
-        return real(model, backend, device_chain)
+    def spy(model: Any, backend: str, device_chain: bool, entries: int = 0) -> str:
+        seen.append((device_chain, entries))
+        return real(model, backend, device_chain, entries)
 
     monkeypatch.setattr(gen, "resolve_verify_backend", spy)
+    vocab = int(target.config.vocab_size)  # type: ignore[attr-defined]
     for builder, verifier, on_device in (("chain", "sps", True), ("chain", "traversal", True),
                                          ("chain", "block", False), ("fixed", "traversal", True)):
         generate(target, draft, [1, 2], builder, verifier, max_new_tokens=2, budget=3, chain_on_device=on_device)
-    assert seen == [True, False, False, False]
+    assert seen == [(True, 4 * vocab), (False, 4 * vocab), (False, 4 * vocab), (False, 4 * vocab)]
 
 
 def test_one_token_vocabulary() -> None:
