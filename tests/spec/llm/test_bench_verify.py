@@ -1,0 +1,72 @@
+"""``tmc bench verify``: both chain verifier backends on the same rows, the auto column, the command, bad input."""
+
+from __future__ import annotations
+
+import json
+from importlib.metadata import entry_points
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from spec.bench_verify import main, render, run_verify_bench  # noqa: E402
+from spec.llm.generate import HOST_VERIFY_MAX_ENTRIES  # noqa: E402
+
+pytestmark = pytest.mark.llm
+
+
+def test_every_cell_is_timed_on_both_backends_with_the_same_result() -> None:
+    report = run_verify_bench("cpu", vocabs=(16, 50), rows=(2, 5), methods=("sps", "asps", "block"), calls=3)
+    assert [(r["vocab"], r["rows"], r["method"]) for r in report["rows"]] == [
+        (v, n, m) for v in (16, 50) for n in (2, 5) for m in ("sps", "asps", "block")]
+    for r in report["rows"]:
+        assert r["torch_ms"] > 0 and r["numpy_ms"] > 0
+        assert 0 <= r["accepted"] <= r["rows"] - 1
+        assert r["auto"] == "numpy"  # the CPU: numpy at every size
+    text = render(report)
+    assert "numpy / torch" in text and "median of 3 calls" in text
+    json.dumps(report)
+
+
+def test_auto_column_follows_the_bound_on_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The column is resolve_verify_backend's answer for the cell's rows: on a (pretended) GPU, torch past
+    HOST_VERIFY_MAX_ENTRIES target-row entries."""
+    import spec.llm.generate as gen
+
+    real = gen.resolve_verify_backend
+
+    def as_if_on_a_gpu(model: object, backend: str, device_chain: bool, entries: int = 0) -> str:
+        return "torch" if backend == "auto" and device_chain and entries > HOST_VERIFY_MAX_ENTRIES else real(
+            model, backend, device_chain, entries)
+
+    monkeypatch.setattr(gen, "resolve_verify_backend", as_if_on_a_gpu)
+    small, large = HOST_VERIFY_MAX_ENTRIES // 2, HOST_VERIFY_MAX_ENTRIES // 2 + 1
+    report = run_verify_bench("cpu", vocabs=(small, large), rows=(2,), methods=("sps",), calls=1)
+    assert [r["auto"] for r in report["rows"]] == ["numpy", "torch"]
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"vocabs": ()}, "vocabs"), ({"vocabs": (0,)}, "vocabs"), ({"rows": (1,)}, "rows"), ({"rows": ()}, "rows"),
+    ({"methods": ("traversal",)}, "methods"), ({"calls": 0}, "calls")])
+def test_bad_arguments_are_refused(kwargs: dict[str, object], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        run_verify_bench("cpu", **kwargs)  # type: ignore[arg-type]
+
+
+def test_module_command(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--device", "cpu", "--vocabs", "8,40", "--rows", "3", "--calls", "2", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [(r["vocab"], r["method"]) for r in report["rows"]] == [(8, "sps"), (8, "block"), (40, "sps"), (40, "block")]
+    for argv, match in ((["--vocabs", "x"], "--vocabs takes"), (["--rows", "1"], "--rows must"),
+                        (["--calls", "0"], "--calls must")):
+        assert main(["--device", "cpu", *argv]) == 2
+        assert match in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not any(ep.name == "verify" for ep in entry_points(group="tmc.benchmarks")),
+                    reason="package not installed: no tmc.benchmarks entry")
+def test_tmc_bench_verify(capsys: pytest.CaptureFixture[str]) -> None:
+    from tmc.cli import main as tmc_main
+
+    assert tmc_main(["bench", "verify", "--device", "cpu", "--vocabs", "8", "--rows", "2", "--calls", "1"]) == 0
+    assert "chain verification on cpu" in capsys.readouterr().out
