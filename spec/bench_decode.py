@@ -67,7 +67,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["DEFAULT_METHODS", "Method", "add_options", "bench", "heldout_prompts", "parse_method", "render",
-           "run_decode_bench"]
+           "run_as_module", "run_decode_bench"]
 
 #: Printed by the command line when a multi-threaded CPU run has sleeping OpenMP workers.
 PASSIVE_WARNING = (
@@ -644,13 +644,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_options(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    args = p.parse_args(argv)
+    return run_as_module("decode", bench, p.parse_args(argv))
+
+
+def run_as_module(name: str, handler: Callable[[argparse.Namespace], tuple[dict[str, Any], str]],
+                  args: argparse.Namespace) -> int:
+    """A ``tmc bench NAME`` handler run by ``python -m``: its table (or, with ``--json``, its report)
+    on stdout; a usage error or ``ValueError`` in one line on stderr, as ``tmc bench`` prints it, and 2."""
     from tmc.cli import UsageError
 
     try:
-        report, text = bench(args)
-    except (UsageError, ValueError) as err:  # one line, as `tmc bench decode` prints it
-        print(f"tmc bench decode: {' '.join(str(err).split())}", file=sys.stderr)
+        report, text = handler(args)
+    except (UsageError, ValueError) as err:
+        print(f"tmc bench {name}: {' '.join(str(err).split())}", file=sys.stderr)
         return 2
     print(json.dumps(report, indent=2) if args.json else text)
     return 0

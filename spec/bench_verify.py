@@ -22,7 +22,6 @@ device synchronised before each.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -188,16 +187,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--device", default=None, help="torch device (default cuda when available, else cpu)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    args = p.parse_args(argv)
-    from tmc.cli import UsageError
+    from spec.bench_decode import run_as_module
 
-    try:
-        report, text = bench(args)
-    except UsageError as err:
-        print(f"tmc bench verify: {' '.join(str(err).split())}", file=sys.stderr)
-        return 2
-    print(json.dumps(report, indent=2) if args.json else text)
-    return 0
+    return run_as_module("verify", bench, p.parse_args(argv))
 
 
 if __name__ == "__main__":
