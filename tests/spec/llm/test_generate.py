@@ -554,28 +554,31 @@ def _law_pair() -> tuple[object, object]:
     return _tiny(VOCAB, 3, scale=8.0), _tiny(VOCAB, 4, layers=1, scale=8.0)
 
 
-def _exact_two_token_law(model: object, temperature: float, top_k: int | None, top_p: float | None) -> np.ndarray:
-    """p(t1, t2 | prompt) of the target's processed law, from plain forwards and the loop reference of
-    ``test_sampling`` (not the :func:`~spec.llm.sampling.process_logits` under test)."""
+def exact_two_token_law(model: object, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+                        *, prompt: list[int] = PROMPT) -> np.ndarray:
+    """p(t1, t2 | prompt) of the model's processed law over ids ``0..VOCAB-1``, from plain forwards (the model's
+    own masks) and the loop reference of ``test_sampling`` (not the :func:`~spec.llm.sampling.process_logits`
+    under test)."""
     def row(ids: list[int]) -> np.ndarray:
         logits = model(input_ids=torch.tensor([ids])).logits[0, -1].double().numpy()  # type: ignore[operator]
         return reference(logits, temperature, top_k, top_p)
 
     law = np.zeros((VOCAB, VOCAB))
     with torch.no_grad():
-        p1 = row(PROMPT)
+        p1 = row(prompt)
         for a in range(VOCAB):
-            law[a] = p1[a] * row(PROMPT + [a])
+            law[a] = p1[a] * row(prompt + [a])
     return law.ravel()
 
 
-def _two_token_counts(target: object, draft: object, builder: str, verifier: str, params: dict[str, object],
-                      setting: tuple[float, int | None, float | None],
-                      draft_temperature: float | None = None) -> np.ndarray:
+def two_token_counts(target: object, draft: object, builder: str, verifier: str, params: dict[str, object],
+                     setting: tuple[float, int | None, float | None] = (1.0, None, None),
+                     draft_temperature: float | None = None, *, prompt: list[int] = PROMPT) -> np.ndarray:
+    """Counts of the first two generated tokens over ``SAMPLES`` seeded decodes (budget 3)."""
     temperature, top_k, top_p = setting
     counts = np.zeros(VOCAB * VOCAB, dtype=np.int64)
     for seed in range(SAMPLES):
-        out = generate(target, draft, PROMPT, builder, verifier, temperature=temperature, top_k=top_k, top_p=top_p,
+        out = generate(target, draft, prompt, builder, verifier, temperature=temperature, top_k=top_k, top_p=top_p,
                        max_new_tokens=2, budget=3, seed=seed, builder_params=params,
                        draft_temperature=draft_temperature)
         counts[out.tokens[0] * VOCAB + out.tokens[1]] += 1
@@ -598,8 +601,8 @@ def test_first_two_tokens_follow_the_target_law_with_a_draft_of_another_vocabula
     ``detectable_tv(16, 700, OTHER_VOCAB_ALPHA)`` (≈ 0.16) with probability 0.999."""
     target = _law_pair()[0]
     draft = _tiny(draft_vocab, 4, layers=1, scale=8.0)
-    law = _exact_two_token_law(target, *SETTINGS[0])
-    counts = _two_token_counts(target, draft, builder, verifier, params, SETTINGS[0])
+    law = exact_two_token_law(target, *SETTINGS[0])
+    counts = two_token_counts(target, draft, builder, verifier, params, SETTINGS[0])
     result = chi_square_check(counts, law, OTHER_VOCAB_ALPHA)
     assert result.passed, (result, detectable_tv(16, SAMPLES, OTHER_VOCAB_ALPHA))
 
@@ -620,8 +623,8 @@ def test_first_two_tokens_follow_the_target_law(builder: str, verifier: str, par
     drawn from the rows the verifier is given.
     """
     target, draft = _law_pair()
-    law = _exact_two_token_law(target, *setting)
-    counts = _two_token_counts(target, draft, builder, verifier, params, setting)
+    law = exact_two_token_law(target, *setting)
+    counts = two_token_counts(target, draft, builder, verifier, params, setting)
     result = chi_square_check(counts, law, ALPHA)
     assert result.passed, (result, detectable_tv(16, SAMPLES, ALPHA))
 
@@ -641,7 +644,7 @@ def test_the_law_check_rejects_target_rows_processed_at_the_wrong_temperature(mo
     """
     setting = SETTINGS[1]
     target, draft = _law_pair()
-    right, wrong = _exact_two_token_law(target, *setting), _exact_two_token_law(target, 1.0, *setting[1:])
+    right, wrong = exact_two_token_law(target, *setting), exact_two_token_law(target, 1.0, *setting[1:])
     lost = (right > 0) & (wrong == 0)
     assert right[lost].sum() * SAMPLES > 30  # the bug empties cells the right law fills
 
@@ -651,7 +654,7 @@ def test_the_law_check_rejects_target_rows_processed_at_the_wrong_temperature(mo
         return plain_tree_logits(*args, **kwargs) * setting[0]
 
     monkeypatch.setattr("spec.llm.generate.tree_logits", unscaled)
-    counts = _two_token_counts(target, draft, "dyspec", "traversal", {}, setting)
+    counts = two_token_counts(target, draft, "dyspec", "traversal", {}, setting)
     assert counts[lost].sum() == 0 and counts.sum() == SAMPLES
     assert not chi_square_check(counts, right, ALPHA).passed
     assert chi_square_check(counts, wrong, ALPHA).passed  # it follows the law of the bug: the check is not just noisy
@@ -799,8 +802,8 @@ def test_first_two_tokens_follow_the_target_law_with_the_draft_at_its_own_temper
     about ``detectable_tv(16, 700, WARM_ALPHA)`` (≈ 0.16) with probability 0.999.  The next test shows
     the check's power against the bug this setting invites (tokens drawn warm, rows recorded cold)."""
     target, draft = _law_pair()
-    law = _exact_two_token_law(target, *SETTINGS[0])
-    counts = _two_token_counts(target, draft, builder, verifier, params, SETTINGS[0], draft_temperature)
+    law = exact_two_token_law(target, *SETTINGS[0])
+    counts = two_token_counts(target, draft, builder, verifier, params, SETTINGS[0], draft_temperature)
     result = chi_square_check(counts, law, WARM_ALPHA)
     assert result.passed, (result, detectable_tv(16, SAMPLES, WARM_ALPHA))
 

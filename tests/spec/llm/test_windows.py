@@ -31,6 +31,7 @@ from spec.llm.generate import ar_generate, generate, resolve_cache  # noqa: E402
 from spec.llm.static_cache import StaticTreeCache, cache_keyword  # noqa: E402
 from spec.tree import dfs_order, random_tree  # noqa: E402
 from tests.spec.llm.conftest import greedy_decode  # noqa: E402
+from tests.spec.llm.test_generate import SAMPLES, VOCAB, exact_two_token_law, two_token_counts  # noqa: E402
 from tmc.multidraft import DraftTree  # noqa: E402
 from verification.calibrated import bonferroni, chi_square_check, detectable_tv  # noqa: E402
 
@@ -269,8 +270,7 @@ def test_auto_cache_is_dynamic_for_a_windowed_pair_on_cuda(monkeypatch: pytest.M
 
 # ---------------------------------------------------------------- losslessness past the window
 
-LAW_VOCAB = 4
-SAMPLES = 700
+LAW_VOCAB = VOCAB  # the two-token law helpers of test_generate count over VOCAB ids, SAMPLES decodes
 #: family: (seed, window, prompt), so that the first two tokens' law depends on the window.  Measured while
 #: writing the test (``window_effect`` below, asserted): the window moves that law by a total variation of
 #: 0.34 on the Mistral (a window of 2 on both layers) and 0.30 on the Qwen2 (a window of 1 on one layer of two).
@@ -288,29 +288,14 @@ def law_pair(name: str, window: int | None = None) -> tuple[Any, Any, list[int]]
     return target, tiny(name, seed + 10, size, vocab=LAW_VOCAB, scale=8.0), prompt
 
 
-def exact_law(model: Any, prompt: list[int]) -> np.ndarray:
-    """p(t1, t2 | prompt) at T = 1, from plain forwards through the model's own masks."""
-    def row(ids: list[int]) -> np.ndarray:
-        return torch.softmax(model(input_ids=torch.tensor([ids])).logits[0, -1].double(), -1).numpy()
-
-    with torch.no_grad():
-        first = row(prompt)
-        return np.concatenate([first[a] * row(prompt + [a]) for a in range(LAW_VOCAB)])
-
-
 def counts_of(target: Any, draft: Any, prompt: list[int], builder: str, verifier: str) -> np.ndarray:
-    counts = np.zeros(LAW_VOCAB * LAW_VOCAB, dtype=np.int64)
-    for seed in range(SAMPLES):
-        out = generate(target, draft, prompt, builder, verifier, temperature=1.0, max_new_tokens=2, budget=3,
-                       seed=seed, builder_params={"width": 2} if builder == "fixed" else None)
-        counts[out.tokens[0] * LAW_VOCAB + out.tokens[1]] += 1
-    return counts
+    return two_token_counts(target, draft, builder, verifier, {"width": 2} if builder == "fixed" else {}, prompt=prompt)
 
 
 def window_effect(name: str) -> float:
     """Total variation between the first two tokens' law with the window and without it (same weights)."""
     (target, _, prompt), wide = law_pair(name), law_pair(name, 256)[0]
-    return 0.5 * float(np.abs(exact_law(target, prompt) - exact_law(wide, prompt)).sum())
+    return 0.5 * float(np.abs(exact_two_token_law(target, prompt=prompt) - exact_two_token_law(wide, prompt=prompt)).sum())
 
 
 @pytest.mark.parametrize(("name", "builder", "verifier"), LAW_CASES)
@@ -322,7 +307,8 @@ def test_first_two_tokens_follow_a_windowed_target_law(name: str, builder: str, 
     own effect on these laws (asserted), so a decode that ignored the window would be caught (shown below)."""
     assert window_effect(name) > detectable_tv(16, SAMPLES, LAW_ALPHA)
     target, draft, prompt = law_pair(name)
-    result = chi_square_check(counts_of(target, draft, prompt, builder, verifier), exact_law(target, prompt), LAW_ALPHA)
+    law = exact_two_token_law(target, prompt=prompt)
+    result = chi_square_check(counts_of(target, draft, prompt, builder, verifier), law, LAW_ALPHA)
     assert result.passed, (result, detectable_tv(16, SAMPLES, LAW_ALPHA))
 
 
@@ -332,7 +318,7 @@ def test_the_windowed_law_check_rejects_a_decode_without_the_window(monkeypatch:
     target, draft, prompt = law_pair("mistral")
     window_off(monkeypatch)
     counts = counts_of(target, draft, prompt, "dyspec", "traversal")
-    assert not chi_square_check(counts, exact_law(target, prompt), LAW_ALPHA).passed
+    assert not chi_square_check(counts, exact_two_token_law(target, prompt=prompt), LAW_ALPHA).passed
 
 
 # ---------------------------------------------------------------- models the tree pass cannot reproduce
