@@ -603,11 +603,13 @@ def bench(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         fail(str(err))
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    from spec.llm.models import load_for_decoding, parse_device
+
+    try:
+        device = parse_device(args.device)
+    except ValueError as err:
+        fail(str(err))
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
-
-    from spec.llm.models import load_for_decoding
-
     try:
         target, draft, tok = load_for_decoding(target_dir, draft_dir, device, dtype)
     except ValueError as err:

@@ -48,7 +48,7 @@ def _positive_list(name: str, text: str, minimum: int = 1) -> list[int]:
 
 
 def run_verify_bench(
-    device: str = "cpu",
+    device: str | None = "cpu",
     vocabs: Sequence[int] = DEFAULT_VOCABS,
     rows: Sequence[int] = DEFAULT_ROWS,
     methods: Sequence[str] = ("sps", "block"),
@@ -58,6 +58,7 @@ def run_verify_bench(
 ) -> dict[str, Any]:
     """Median milliseconds per verification, torch on the device and numpy on host copies (module doc).
 
+    ``device``: a torch device name (``None``: cuda when torch sees one, else cpu).
     One report row per ``(V, rows, method)``: ``torch_ms``, ``numpy_ms``,
     ``accepted`` (the same for both, checked) and ``auto`` (the backend
     ``generate`` picks for a chain of ``rows - 1`` tokens drafted on
@@ -67,6 +68,7 @@ def run_verify_bench(
 
     from spec.llm.generate import resolve_verify_backend
     from spec.llm.host_verify import verify_chain_numpy
+    from spec.llm.models import parse_device
     from spec.llm.verify import noise_size, verify_chain_on_device
 
     if not vocabs or any(not isinstance(v, int) or v < 1 for v in vocabs):
@@ -77,9 +79,7 @@ def run_verify_bench(
         raise ValueError(f"methods must be among {METHODS}, got {list(methods)!r}")
     if not isinstance(calls, int) or calls < 1:
         raise ValueError(f"calls must be a positive integer, got {calls!r}")
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device is cuda but torch sees no CUDA device")
+    dev = parse_device(device)
 
     def sync() -> None:
         if dev.type == "cuda":
@@ -163,11 +163,13 @@ def bench(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     from tmc.cli import fail
 
     try:
-        import torch
+        import torch  # noqa: F401
     except ImportError:
         fail("needs torch: pip install torch==2.13.0 (the CPU build)")
-    device = getattr(args, "device", None) or ("cuda" if torch.cuda.is_available() else "cpu")
+    from spec.llm.models import parse_device
+
     try:
+        device = str(parse_device(getattr(args, "device", None)))
         vocabs = _positive_list("--vocabs", args.vocabs)
         rows = _positive_list("--rows", args.rows, minimum=2)
         if args.calls < 1:

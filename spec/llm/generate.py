@@ -276,8 +276,8 @@ def resolve_verify_backend(model: Any, backend: str, device_chain: bool, entries
     read host copies of the step's rows, whose cost grows with ``entries``
     (the target rows' ``(budget + 1) x V``), while the torch ports keep the
     step on the device at a nearly fixed 0.6-1.8 ms of dispatches on an
-    H100 host (``tmc bench verify``).  So ``numpy`` up to :data:`HOST_VERIFY_MAX_ENTRIES` entries,
-    ``torch`` above.
+    H100 host (``tmc bench verify``).  So ``numpy`` up to
+    :data:`HOST_VERIFY_MAX_ENTRIES` entries, ``torch`` above.
     """
     if backend not in VERIFY_BACKENDS:
         raise ValueError(f"verify_backend must be one of {VERIFY_BACKENDS}, got {backend!r}")

@@ -32,7 +32,10 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-__all__ = ["count_parameters", "load_for_decoding", "load_pair", "save_pair", "stop_token_ids", "tiny_llama", "tiny_pair"]
+__all__ = [
+    "count_parameters", "load_for_decoding", "load_pair", "parse_device", "save_pair", "stop_token_ids", "tiny_llama",
+    "tiny_pair",
+]
 
 TARGET_DIR = "target"
 DRAFT_DIR = "draft"
@@ -144,14 +147,33 @@ def load_pair(
     return target.eval(), draft.eval(), tokenizer
 
 
+def parse_device(name: str | torch.device | None) -> torch.device:
+    """A ``--device`` value as a torch device: ``None`` is cuda when torch sees one, else cpu.
+
+    A one-line ``ValueError`` for a name torch does not know (``gpu``) and for cuda where torch
+    sees no CUDA device, instead of torch's own error from deep inside a load or a forward.
+    """
+    if name is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device {str(name)!r} is not a torch device (cpu, cuda, cuda:1, ...)") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {str(name)!r}: torch sees no CUDA device")
+    return device
+
+
 def load_for_decoding(
     target: str, draft: str, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
 ) -> tuple[Any, Any, Any]:
     """(target, draft, tokenizer) for the command line: folders or hub ids, sdpa, eval mode, on ``device``.
 
     The tokenizer is the target's.  ``dtype=None`` keeps the stored dtype.  A path that
-    holds no tokenizer or no causal LM raises a one-line ``ValueError`` naming it.
+    holds no tokenizer or no causal LM raises a one-line ``ValueError`` naming it, and so does a
+    ``device`` torch cannot use (:func:`parse_device`).
     """
+    device = parse_device(device)
 
     def one_line(err: Exception) -> str:
         return " ".join(str(err).split())[:200]

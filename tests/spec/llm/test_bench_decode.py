@@ -292,6 +292,7 @@ def test_command_on_a_saved_pair(saved_pair: SavedPair, tmp_path: Path, capsys: 
         (["--pair", "P", "--new-tokens", "0"], "--new-tokens must be a positive integer"),
         (["--pair", "P", "--threads", "0"], "--threads must be a positive integer"),
         (["--pair", "P", "--rounds", "0"], "--rounds must be a positive integer"),
+        (["--pair", "P", "--device", "gpu"], "device 'gpu' is not a torch device"),
     ],
 )
 def test_command_errors_are_one_line(argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -47,10 +47,10 @@ def test_auto_column_follows_the_bound_on_a_gpu(monkeypatch: pytest.MonkeyPatch)
 
 @pytest.mark.parametrize("kwargs, match", [
     ({"vocabs": ()}, "vocabs"), ({"vocabs": (0,)}, "vocabs"), ({"rows": (1,)}, "rows"), ({"rows": ()}, "rows"),
-    ({"methods": ("traversal",)}, "methods"), ({"calls": 0}, "calls")])
+    ({"methods": ("traversal",)}, "methods"), ({"calls": 0}, "calls"), ({"device": "gpu"}, "not a torch device")])
 def test_bad_arguments_are_refused(kwargs: dict[str, object], match: str) -> None:
     with pytest.raises(ValueError, match=match):
-        run_verify_bench("cpu", **kwargs)  # type: ignore[arg-type]
+        run_verify_bench(**{"device": "cpu", **kwargs})  # type: ignore[arg-type]
 
 
 def test_module_command(capsys: pytest.CaptureFixture[str]) -> None:
@@ -58,9 +58,10 @@ def test_module_command(capsys: pytest.CaptureFixture[str]) -> None:
     report = json.loads(capsys.readouterr().out)
     assert [(r["vocab"], r["method"]) for r in report["rows"]] == [(8, "sps"), (8, "block"), (40, "sps"), (40, "block")]
     for argv, match in ((["--vocabs", "x"], "--vocabs takes"), (["--rows", "1"], "--rows must"),
-                        (["--calls", "0"], "--calls must")):
+                        (["--calls", "0"], "--calls must"), (["--device", "gpu"], "'gpu' is not a torch device")):
         assert main(["--device", "cpu", *argv]) == 2
-        assert match in capsys.readouterr().err
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and match in err[0], err
 
 
 @pytest.mark.skipif(not any(ep.name == "verify" for ep in entry_points(group="tmc.benchmarks")),

@@ -669,6 +669,9 @@ def test_decode_command_reports_a_missing_model_in_one_line(tmp_path: object, ca
     err = capsys.readouterr().err
     assert code == 2
     assert "cannot load" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    code = main(["decode", "--target", missing, "--draft", missing, "--prompt", "x", "--device", "gpu"])
+    err = capsys.readouterr().err
+    assert code == 2 and "device 'gpu' is not a torch device" in err and len(err.strip().splitlines()) == 1
 
 
 @needs_decode_command

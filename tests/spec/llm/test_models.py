@@ -15,7 +15,7 @@ pytest.importorskip("tokenizers")
 import torch  # noqa: E402
 
 from spec.llm import train  # noqa: E402
-from spec.llm.models import count_parameters, load_pair, save_pair, tiny_llama, tiny_pair  # noqa: E402
+from spec.llm.models import count_parameters, load_pair, parse_device, save_pair, tiny_llama, tiny_pair  # noqa: E402
 
 pytestmark = pytest.mark.llm
 
@@ -97,6 +97,20 @@ def test_save_pair_rejects_different_vocabularies(tmp_path):
 def test_load_pair_rejects_a_folder_without_the_pair(tmp_path):
     with pytest.raises(ValueError, match="path"):
         load_pair(tmp_path)
+
+
+def test_parse_device_names_what_torch_cannot_use():
+    assert parse_device("cpu") == torch.device("cpu")
+    assert parse_device(torch.device("cpu")) == torch.device("cpu")
+    assert parse_device(None) == torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    for bad in ("gpu", "cpu:x", ""):
+        with pytest.raises(ValueError, match=f"device '{bad}' is not a torch device"):
+            parse_device(bad)
+    if torch.cuda.is_available():
+        assert parse_device("cuda").type == "cuda"
+    else:
+        with pytest.raises(ValueError, match="device 'cuda': torch sees no CUDA device"):
+            parse_device("cuda")
 
 
 def test_learning_rate_warms_up_then_decays_to_a_tenth():
