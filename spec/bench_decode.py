@@ -551,7 +551,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                    help="decode: torch CPU threads (default: torch's; 4 measured best on a 16-core GPU host, README)")
     g.add_argument("--cache", choices=["auto", "dynamic", "static"], default="auto",
                    help="decode: KV cache of our loop: static (with CUDA graphs on cuda), dynamic, or auto "
-                        "(static on cuda, dynamic on cpu and for models with a sliding window; default)")
+                        "(static on cuda, dynamic on cpu and for layer kinds it cannot hold; default)")
     g.add_argument("--rounds", type=int, default=1,
                    help="decode: decode the whole set this many times (same prompts and seeds), giving each "
                         "speedup's range over rounds (default 1)")

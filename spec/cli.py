@@ -129,7 +129,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                      help="model dtype (default: as stored)")
     dec.add_argument("--cache", choices=["auto", "dynamic", "static"], default="auto",
                      help="KV cache: static (explicit slots; CUDA graphs on cuda), dynamic, or auto "
-                          "(static on cuda, dynamic elsewhere and for models with a sliding window; default)")
+                          "(static on cuda, dynamic elsewhere and for layer kinds it cannot hold; default)")
     dec.add_argument("--host-chain", action="store_true",
                      help="chain builder, or fixed builder drawing iid (or topk) with a tree verifier: draft through "
                           "the host builder, one row transfer per layer, instead of on the model's device (same "

@@ -12,14 +12,15 @@ One verification forward pass feeds the whole flattened token tree
   that is right for both (and for transformers 4.x, which expected it);
 * **explicit position ids** ``past + depth``, so a node's rotary phase is the
   one plain decoding of its path would use;
-* for a model with a **sliding window** (:func:`attention_window`: Mistral,
-  Gemma 2 and 3, Qwen2, GPT-OSS, ...), the window its own decoding applies:
-  a node at position ``p`` sees positions ``> p - window`` only
-  (:func:`windowed`), in every layer or, for a model that takes its masks by
-  layer kind, in its ``sliding_attention`` layers (the mask is then passed as
-  the dict ``{"full_attention": ..., "sliding_attention": ...}`` those models
-  read).  The dynamic cache keeps every position (its layers are plain
-  ``DynamicLayer``), so nothing the window may need again is dropped.
+* for a model with a **sliding window** (:func:`~spec.llm.windows.attention_window`:
+  Mistral, Gemma 2 and 3, Qwen2, GPT-OSS, ...), the window its own decoding
+  applies: a node at position ``p`` sees positions ``> p - window`` only
+  (:func:`~spec.llm.windows.windowed`), in every layer or, for a model that
+  takes its masks by layer kind, in its ``sliding_attention`` layers (the mask
+  is then passed as the dict ``{"full_attention": ..., "sliding_attention": ...}``
+  those models read).  The dynamic cache keeps every position (its layers are
+  plain ``DynamicLayer``), and so does the static cache, so nothing the window
+  may need again is dropped; :func:`forward_unchecked` cuts the mask for both.
 
 Each node then sees exactly what plain decoding of its path sees, so its
 logits equal that decoding's (tests: ``atol = 1e-5``, float32).
@@ -73,10 +74,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import inspect
 import numbers
-import re
-import sys
 import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -92,6 +90,7 @@ from spec.llm.sampling import Sampling, categorical_draw, logits_fault, ranked_t
 from spec.llm.static_cache import StaticTreeCache, cache_keyword
 from spec.llm.static_cache import model_device as _device
 from spec.llm.static_cache import model_dtype as _dtype
+from spec.llm.windows import AttentionWindow, attention_window, windowed
 from spec.tree import attention_mask, check_order, position_ids
 from tmc.multidraft import ROOT, DraftTree, Path
 from tmc.validate import check_int
@@ -162,72 +161,6 @@ def check_attention(model: Any, name: str) -> None:
 
 #: Layer kinds of ``config.layer_types`` that attend through the mask (a window or chunks limit how far).
 _ATTENTION_LAYERS = ("full_attention", "sliding_attention", "chunked_attention")
-
-#: How a model module reads a 4D ``attention_mask``: as a dict keyed by layer kind (Gemma 2 and 3, Qwen2,
-#: GPT-OSS, Cohere 2, ...: each layer takes the entry of its ``config.layer_types`` kind).
-_MASK_BY_KIND = re.compile(r"isinstance\(\s*(?:\w+\s*:=\s*)?attention_mask\s*,\s*dict\s*\)")
-
-
-class AttentionWindow(NamedTuple):
-    """A model's sliding window: at position ``p`` its windowed layers attend to positions ``> p - size``
-    (transformers' ``sliding_window_overlay``).  ``by_kind``: only the layers of kind ``sliding_attention``
-    are windowed, so a forward passes its mask as a dict keyed by layer kind; else every layer is."""
-
-    size: int
-    by_kind: bool
-
-
-@functools.cache
-def _mask_style(modules: tuple[str, ...]) -> str:
-    """``"by_kind"``, ``"all"`` or ``"none"``: how the code of ``modules`` applies a config's sliding window."""
-    source = ""
-    for name in modules:
-        with contextlib.suppress(TypeError, OSError):  # a module without source (built in, frozen): no evidence
-            source += inspect.getsource(sys.modules[name])
-    if _MASK_BY_KIND.search(source):
-        return "by_kind"
-    return "all" if "create_sliding_window_causal_mask" in source else "none"
-
-
-def attention_window(model: Any) -> AttentionWindow | None:
-    """The sliding window ``model``'s own decoding applies, or ``None``; read as transformers' model code does.
-
-    A model module that takes a mask dict by layer kind (Gemma 2 and 3, Qwen2, GPT-OSS, Cohere 2, ...)
-    windows the layers ``config.layer_types`` names ``sliding_attention``; one that builds a single mask
-    with ``create_sliding_window_causal_mask`` (Mistral, Mixtral, Phi-3, Starcoder2, Qwen3-MoE) windows
-    every layer when ``config.sliding_window`` is set; code that does neither attends in full with sdpa
-    and eager whatever the config says.  The module is recognised from its source (the classes of the
-    model and of its ``base_model``), once per module.
-    """
-    cfg = getattr(model, "config", None)
-    size = getattr(cfg, "sliding_window", None)
-    if not size:
-        return None
-    base = getattr(model, "base_model", model)
-    style = _mask_style(tuple(dict.fromkeys((type(model).__module__, type(base).__module__))))
-    if style == "by_kind":
-        kinds = set(getattr(cfg, "layer_types", None) or [])
-        if "sliding_attention" not in kinds:
-            return None
-        return AttentionWindow(int(size), kinds != {"sliding_attention"})
-    return AttentionWindow(int(size), False) if style == "all" else None
-
-
-def windowed(allowed: BoolArray, positions: Sequence[int] | NDArray[np.int64], size: int) -> BoolArray | None:
-    """``allowed`` (``(n, have + n)``: a forward's mask over ``have`` cached positions and ``n`` new tokens at
-    ``positions``) with a sliding window of ``size`` applied, or ``None`` when it already lies within it.
-
-    Cache slot ``j < have`` is read as position ``j``: true of a cache that holds the context and then the
-    accepted path, as the target's does at every verification forward.  (A draft's cache also holds earlier
-    tree layers, at slots past their positions: those read as nearer than they are, and a draft's rows
-    need not be its own decoding's anyway.)
-    """
-    pos = np.asarray(positions, dtype=np.int64)
-    if len(pos) == 0 or int(pos.max()) < size:  # no position lies ``size`` back from any query yet
-        return None
-    keys = np.concatenate([np.arange(allowed.shape[1] - len(pos), dtype=np.int64), pos])
-    near = keys[None, :] > pos[:, None] - size
-    return None if near[allowed].all() else allowed & near
 
 
 def _span_limits(config: Any) -> list[tuple[int, str]]:
@@ -512,10 +445,12 @@ def forward_unchecked(
     loop asks once per call, not once per forward), else looked up.
     """
     n, have = len(tokens), cache_length(cache)
+    window = attention_window(model)
+    near = None if window is None else windowed(np.asarray(allowed, dtype=bool), positions, window.size)
     if isinstance(cache, StaticTreeCache):
         if cache.model is not model:
             raise ValueError("this StaticTreeCache belongs to another model")
-        return cache.forward(tokens, positions, allowed)
+        return cache.forward(tokens, positions, allowed, near)
     device, dtype = (_device(model), _dtype(model)) if where is None else where
     if isinstance(tokens, torch.Tensor):
         ids = tokens.reshape(1, n)
@@ -524,8 +459,7 @@ def forward_unchecked(
     pos = torch.as_tensor(np.asarray(positions, dtype=np.int64), device=device)[None]  # (1, n)
     full = additive_mask(allowed, dtype, device)  # (1, 1, n, have + n)
     mask: torch.Tensor | dict[str, torch.Tensor] = full
-    window = attention_window(model)
-    if window is not None and (near := windowed(np.asarray(allowed, dtype=bool), positions, window.size)) is not None:
+    if window is not None and near is not None:
         near_mask = additive_mask(near, dtype, device)
         # each layer takes the entry of its kind (the model's own masks are passed the same way)
         mask = {"full_attention": full, "sliding_attention": near_mask} if window.by_kind else near_mask

@@ -78,7 +78,7 @@ __all__ = [
 #: Verifier names ``generate`` accepts: the chain ones need a chain builder.
 VERIFIERS: tuple[str, ...] = CHAIN_METHODS + TREE_METHODS
 ORDERS = ("dfs", "bfs", "index")
-#: KV cache kinds ``generate`` accepts (``auto``: static on CUDA, dynamic elsewhere and for a sliding window).
+#: KV cache kinds ``generate`` accepts (``auto``: static on CUDA, dynamic elsewhere and for layer kinds it cannot hold).
 CACHES = ("auto", "dynamic", "static")
 #: Verifier implementations ``generate`` accepts (``auto``: :func:`resolve_verify_backend`).
 VERIFY_BACKENDS = ("auto", "torch", "numpy")
@@ -201,8 +201,8 @@ def _is_chain(tree: DraftTree) -> bool:
 
 def resolve_cache(model: Any, cache: str, *others: Any) -> str:
     """``cache`` checked against :data:`CACHES`, with ``auto`` read as ``static`` on CUDA and ``dynamic``
-    elsewhere, or where ``model`` or one of ``others`` has layers a static cache cannot hold (a sliding
-    window: :func:`~spec.llm.static_cache.holds_layers`)."""
+    elsewhere, or where ``model`` or one of ``others`` has layers a static cache cannot hold (layer kinds
+    other than full and sliding-window attention: :func:`~spec.llm.static_cache.holds_layers`)."""
     if cache not in CACHES:
         raise ValueError(f"cache must be one of {CACHES}, got {cache!r}")
     if cache == "auto":
@@ -496,7 +496,8 @@ def generate(
     each step), ``static`` (:class:`~spec.llm.static_cache.StaticTreeCache`:
     fixed buffers written at explicit slots; with ``graphs`` — default: on
     CUDA — every forward of ≤ 128 tokens replays a captured CUDA graph) or
-    ``auto`` (static on CUDA, dynamic elsewhere and for a sliding window); the tokens are the same.
+    ``auto`` (static on CUDA, dynamic elsewhere and for layer kinds the static cache cannot hold); the
+    tokens are the same.
     Randomness: one ``numpy`` generator seeded with ``seed`` draws the
     builder's tokens and every step's uniforms.
     ``eos_token_id``: a stop token, or a collection of them (a
@@ -509,8 +510,8 @@ def generate(
     The output ends with the first stop token, which it keeps.
     The draft may have fewer or more token ids than the target (one tokenizer, padded embeddings):
     it drafts on the target's ids (:class:`~spec.llm.adapter.LLMDraft`'s ``vocab``), losslessly.
-    A model with a sliding window is decoded with its window applied to the tree mask (on the dynamic
-    cache, which ``auto`` then picks; :func:`~spec.llm.adapter.attention_window`).  A target whose
+    A model with a sliding window is decoded with its window applied to the tree mask, on either cache
+    (:func:`~spec.llm.windows.attention_window`).  A target whose
     attention does not take the tree mask, or whose attention chunk is shorter than prompt +
     ``max_new_tokens`` + ``budget``, is refused (:func:`~spec.llm.adapter.check_attention`,
     :func:`~spec.llm.adapter.check_span`).

@@ -35,8 +35,16 @@ but for the extra keyword 5.24 passes — plus ``get_seq_length``; it is not a
 ``transformers.Cache`` subclass, so masking code sizes the mask from the 4D
 mask it is given (5.17 to 5.24 return a 4D mask as is).  The model is called
 with the cache under :func:`cache_keyword` (5.24 renamed ``past_key_values``).
-Models whose config declares sliding-window or non-full-attention layers are
-refused: their layers need state this buffer does not keep.  Batch size 1.
+
+**Sliding windows** (Mistral, Gemma 2 and 3, Qwen2, ...: :func:`spec.llm.windows.attention_window`)
+are a mask matter here: every slot is kept (slot ``j < length`` holds position
+``j``), and the forward's caller passes the window-cut mask
+(:func:`spec.llm.windows.windowed`).  A model that windows every layer gets
+that mask alone; one that takes its masks by layer kind gets the dict
+``{"full_attention": ..., "sliding_attention": ...}`` from two static mask
+buffers, so one captured graph serves both kinds of layer.  Layer kinds other
+than full and sliding attention (chunked, linear, ...) are refused: they need
+state or masks this buffer does not keep.  Batch size 1.
 """
 
 from __future__ import annotations
@@ -53,6 +61,7 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 
+from spec.llm.windows import attention_window
 from tmc.validate import check_int
 
 __all__ = ["StaticTreeCache", "cache_keyword", "holds_layers", "shared_static_cache"]
@@ -97,12 +106,10 @@ def _geometry(model: Any) -> tuple[int, int, int]:
     cfg = getattr(model, "config", None)
     if cfg is None or not hasattr(cfg, "num_hidden_layers"):
         raise ValueError(f"model must be a transformers causal LM with a decoder config, got {type(model).__name__}")
-    if getattr(cfg, "sliding_window", None) not in (None, 0) and getattr(cfg, "use_sliding_window", True):
-        raise ValueError("StaticTreeCache holds full-attention layers only; this model uses a sliding window "
-                         "(cache='dynamic' applies it)")
     kinds = set(getattr(cfg, "layer_types", None) or ["full_attention"])
-    if kinds != {"full_attention"}:
-        raise ValueError(f"StaticTreeCache holds full-attention layers only; this model has {sorted(kinds)}")
+    if not kinds <= {"full_attention", "sliding_attention"}:
+        raise ValueError(f"StaticTreeCache holds full-attention and sliding-window layers only; this model has "
+                         f"{sorted(kinds)} (cache='dynamic')")
     heads = int(cfg.num_attention_heads)
     if getattr(cfg, "new_decoder_architecture", False):  # Falcon's new layout caches keys for every query head
         kv_heads = heads
@@ -115,7 +122,7 @@ def _geometry(model: Any) -> tuple[int, int, int]:
 
 
 def holds_layers(model: Any) -> bool:
-    """Whether a :class:`StaticTreeCache` can hold ``model``'s layers (all full attention, no sliding window)."""
+    """Whether a :class:`StaticTreeCache` can hold ``model``'s layers (full or sliding-window attention only)."""
     try:
         _geometry(model)
     except ValueError:
@@ -131,15 +138,19 @@ def _round_capacity(n: int) -> int:
 class _Size:
     """Static inputs (and, once captured, the graph and its output) of forwards padded to ``size`` tokens.
 
-    ``index`` and ``allowed`` are views of one byte buffer ``staged``, so a
-    forward uploads its host inputs in one copy (:meth:`StaticTreeCache._upload`).
+    ``index``, ``allowed`` and ``near`` are views of one byte buffer ``staged``,
+    so a forward uploads its host inputs in one copy (:meth:`StaticTreeCache._upload`).
+    ``near`` and ``near_mask`` exist for a model that takes its masks by layer
+    kind: they are its ``sliding_attention`` layers' window-cut mask.
     """
 
     size: int
-    staged: torch.Tensor  # (24 size + size capacity,) uint8: index's bytes, then allowed's
+    staged: torch.Tensor  # (24 size + masks size capacity,) uint8: index's bytes, then the bool masks'
     index: torch.Tensor  # (3, size) int64 view of staged: token ids, position ids, write slots
     allowed: torch.Tensor  # (size, capacity) bool view of staged: the slots each row may see
     mask: torch.Tensor  # (1, 1, size, capacity) additive, model dtype
+    near: torch.Tensor | None = None  # (size, capacity) bool view of staged: the windowed layers' slots
+    near_mask: torch.Tensor | None = None  # (1, 1, size, capacity) additive
     graph: Any = None  # torch.cuda.CUDAGraph once captured
     logits: torch.Tensor | None = None  # the captured forward's output (1, size, V)
 
@@ -150,10 +161,10 @@ def _index_view(staged: Any, size: int) -> Any:
     return (head.view(torch.int64) if isinstance(head, torch.Tensor) else head.view(np.int64)).reshape(3, size)
 
 
-def _allowed_view(staged: Any, size: int) -> Any:
-    """The ``(size, capacity)`` bool tail of a staging buffer."""
-    tail = staged[24 * size :]
-    return (tail.view(torch.bool) if isinstance(tail, torch.Tensor) else tail.view(np.bool_)).reshape(size, -1)
+def _allowed_view(staged: Any, size: int, capacity: int, which: int = 0) -> Any:
+    """Bool mask ``which`` (``(size, capacity)``) of a staging buffer's tail: 0 the full mask, 1 the window's."""
+    tail = staged[24 * size + which * size * capacity : 24 * size + (which + 1) * size * capacity]
+    return (tail.view(torch.bool) if isinstance(tail, torch.Tensor) else tail.view(np.bool_)).reshape(size, capacity)
 
 
 class StaticTreeCache:
@@ -174,6 +185,8 @@ class StaticTreeCache:
         self.model = model
         self._keyword = cache_keyword(model)
         self.layers, self.kv_heads, self.head_dim = _geometry(model)
+        self.window = attention_window(model)
+        self._masks = 2 if self.window is not None and self.window.by_kind else 1  # bool masks a forward stages
         self.device = model_device(model)
         self.dtype = model_dtype(model)
         on_cuda = self.device.type == "cuda"
@@ -221,18 +234,24 @@ class StaticTreeCache:
     # --- forwards ------------------------------------------------------------------------
 
     def forward(self, tokens: Sequence[int] | torch.Tensor, positions: Sequence[int] | NDArray[np.int64],
-                allowed: NDArray[np.bool_]) -> torch.Tensor:
+                allowed: NDArray[np.bool_], near: NDArray[np.bool_] | None = None) -> torch.Tensor:
         """Logits ``(n, V)`` of ``tokens`` fed after the ``length`` cached positions; ``length += n``.
 
         ``positions`` are their position ids and ``allowed`` the
         ``(n, length + n)`` bool mask over the context and the new tokens
         (checked by the caller, :func:`spec.llm.adapter.forward_masked`).
+        ``near``: for a model with a sliding window, ``allowed`` cut to the
+        window (:func:`spec.llm.windows.windowed`; ``None`` when it cuts
+        nothing); it goes to every layer, or to the ``sliding_attention``
+        layers of a model that takes its masks by layer kind.
         ``tokens`` may be an int64 tensor on the model's device (ids in range,
         the caller's duty): it is copied on the device, with no host sync.
         """
         n, have = len(tokens), self.length
         if n == 0:
             raise ValueError("tokens must not be empty")
+        if near is not None and self.window is None:
+            raise ValueError("near is a sliding window's mask, and this model has no sliding window")
         if have + n > self.capacity:
             self._allocate(_round_capacity(max(have + n, 2 * self.capacity)))
         size = 1 << (n - 1).bit_length()  # next power of two
@@ -247,13 +266,17 @@ class StaticTreeCache:
                 self._sizes[size] = buf
         graphed = padded and self.graphs
         staged = np.zeros(buf.staged.shape[0], dtype=np.uint8)
-        index, mask = _index_view(staged, size), _allowed_view(staged, size)
+        index = _index_view(staged, size)
         if not isinstance(tokens, torch.Tensor):
             index[0, :n] = np.asarray(tokens, dtype=np.int64)
         index[1, :n] = np.asarray(positions, dtype=np.int64)
         index[2] = np.arange(have, have + size)
-        mask[:n, : have + n] = allowed
-        mask[n:, 0] = True  # padding rows: any one open slot keeps their softmax finite
+        # one mask for every layer (the window's when it windows them all), or the full one and the window's
+        cut = allowed if near is None else near
+        for which, rows in enumerate([cut] if self._masks == 1 else [allowed, cut]):
+            mask = _allowed_view(staged, size, self.capacity, which)
+            mask[:n, : have + n] = rows
+            mask[n:, 0] = True  # padding rows: any one open slot keeps their softmax finite
         self._upload(buf.staged, staged)
         if isinstance(tokens, torch.Tensor):
             buf.index[0, :n].copy_(tokens)
@@ -286,9 +309,13 @@ class StaticTreeCache:
     def _eager(self, buf: _Size) -> torch.Tensor:
         """The forward of ``buf``'s inputs; a graph captures it whole, the additive mask's conversion included."""
         torch.where(buf.allowed, self._open, self._closed, out=buf.mask[0, 0])
+        mask: torch.Tensor | dict[str, torch.Tensor] = buf.mask
+        if buf.near is not None and buf.near_mask is not None:  # each layer takes the entry of its kind
+            torch.where(buf.near, self._open, self._closed, out=buf.near_mask[0, 0])
+            mask = {"full_attention": buf.mask, "sliding_attention": buf.near_mask}
         self._slots = buf.index[2]
         try:
-            out = self.model(input_ids=buf.index[0:1], attention_mask=buf.mask, position_ids=buf.index[1:2],
+            out = self.model(input_ids=buf.index[0:1], attention_mask=mask, position_ids=buf.index[1:2],
                              use_cache=True, **{self._keyword: self})
         finally:
             self._slots = None
@@ -355,10 +382,15 @@ class StaticTreeCache:
 
     def _new_size(self, size: int) -> _Size:
         dev = self.device
+        cap, masks = self.capacity, self._masks
         with torch.inference_mode(False):
-            staged = torch.zeros(24 * size + size * self.capacity, dtype=torch.uint8, device=dev)
-            return _Size(size, staged, _index_view(staged, size), _allowed_view(staged, size),
-                         torch.zeros((1, 1, size, self.capacity), dtype=self.dtype, device=dev))
+            staged = torch.zeros(24 * size + masks * size * cap, dtype=torch.uint8, device=dev)
+            buf = _Size(size, staged, _index_view(staged, size), _allowed_view(staged, size, cap),
+                        torch.zeros((1, 1, size, cap), dtype=self.dtype, device=dev))
+            if masks == 2:
+                buf.near = _allowed_view(staged, size, cap, 1)
+                buf.near_mask = torch.zeros((1, 1, size, cap), dtype=self.dtype, device=dev)
+            return buf
 
 
 _SHARED: weakref.WeakKeyDictionary[Any, dict[tuple[str, bool], StaticTreeCache]] = weakref.WeakKeyDictionary()

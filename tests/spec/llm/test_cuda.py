@@ -182,3 +182,29 @@ def test_beam_selection_on_cuda_equals_the_numpy_reference() -> None:
         want_pos, want_val = select_beam(probs, weights, k)
         np.testing.assert_array_equal(pos, want_pos)
         np.testing.assert_array_equal(val, want_val)
+
+
+@pytest.mark.parametrize("name", ["mistral", "gemma3"])
+def test_windowed_models_replay_graphs_on_the_static_cache(name: str) -> None:
+    """A sliding-window pair (every layer windowed: Mistral; by layer kind, two mask buffers: Gemma 3) takes the
+    static cache with graphs under ``auto`` and decodes 29 positions past a window of 3 greedily, as plain
+    decoding on the CPU does; at T = 1 the graphed run gives the eager static run's tokens."""
+    from spec.llm.generate import resolve_cache
+    from tests.spec.llm.conftest import greedy_decode
+    from tests.spec.llm.test_windows import tiny
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    target, draft = tiny(name, 0, 3), tiny(name, 1, 3)
+    prompt, n = [3, 1, 4, 1, 5], 24
+    ref = greedy_decode(target, prompt, n)
+    t_gpu, d_gpu = target.cuda(), draft.cuda()
+    assert resolve_cache(t_gpu, "auto", d_gpu) == "static"
+    assert ar_generate(t_gpu, prompt, temperature=0, max_new_tokens=n, cache="static").tokens == ref
+    for builder, verifier in [("dyspec", "traversal"), ("chain", "sps"), ("fixed", "multidraft")]:
+        kw = dict(temperature=0, max_new_tokens=n, budget=6, draft_temperature=1.0)
+        assert generate(t_gpu, d_gpu, prompt, builder, verifier, **kw).tokens == ref, (builder, verifier)
+    for seed in range(3):
+        kw = dict(budget=6, temperature=1.0, max_new_tokens=n, seed=seed)
+        graphed = generate(t_gpu, d_gpu, prompt, "dyspec", "traversal", **kw)
+        eager = generate(t_gpu, d_gpu, prompt, "dyspec", "traversal", cache="static", graphs=False, **kw)
+        assert graphed.tokens == eager.tokens

@@ -573,14 +573,15 @@ def exact_two_token_law(model: object, temperature: float = 1.0, top_k: int | No
 
 def two_token_counts(target: object, draft: object, builder: str, verifier: str, params: dict[str, object],
                      setting: tuple[float, int | None, float | None] = (1.0, None, None),
-                     draft_temperature: float | None = None, *, prompt: list[int] = PROMPT) -> np.ndarray:
-    """Counts of the first two generated tokens over ``SAMPLES`` seeded decodes (budget 3)."""
+                     draft_temperature: float | None = None, *, prompt: list[int] = PROMPT,
+                     cache: str = "auto") -> np.ndarray:
+    """Counts of the first two generated tokens over ``SAMPLES`` seeded decodes (budget 3) on ``cache``."""
     temperature, top_k, top_p = setting
     counts = np.zeros(VOCAB * VOCAB, dtype=np.int64)
     for seed in range(SAMPLES):
         out = generate(target, draft, prompt, builder, verifier, temperature=temperature, top_k=top_k, top_p=top_p,
                        max_new_tokens=2, budget=3, seed=seed, builder_params=params,
-                       draft_temperature=draft_temperature)
+                       draft_temperature=draft_temperature, cache=cache)
         counts[out.tokens[0] * VOCAB + out.tokens[1]] += 1
     return counts
 

@@ -4,7 +4,9 @@ chunks and Llama 4's temperature tuning: the spans a decode must stay within, an
 References as elsewhere: plain decoding (a full-sequence forward through the model's own masks, no
 cache) for greedy tokens and per-node logits, exact enumeration for the law of the first two tokens.
 Every test that relies on the window also shows that it matters: with the window switched off
-(:func:`spec.llm.adapter.windowed` returning ``None``) the same check fails.
+(:func:`spec.llm.adapter.windowed` returning ``None``) the same check fails.  The dynamic cache and the
+static one (:class:`~spec.llm.static_cache.StaticTreeCache`, eager here, padded as its CUDA graphs are)
+are both checked.
 """
 
 from __future__ import annotations
@@ -27,8 +29,10 @@ from spec.llm.adapter import (  # noqa: E402
     tree_logits,
     windowed,
 )
+import spec.llm.static_cache as static_cache  # noqa: E402
+from spec.llm.adapter import forward_masked  # noqa: E402
 from spec.llm.generate import ar_generate, generate, resolve_cache  # noqa: E402
-from spec.llm.static_cache import StaticTreeCache, cache_keyword  # noqa: E402
+from spec.llm.static_cache import StaticTreeCache, cache_keyword, holds_layers  # noqa: E402
 from spec.tree import dfs_order, random_tree  # noqa: E402
 from tests.spec.llm.conftest import greedy_decode  # noqa: E402
 from tests.spec.llm.test_generate import SAMPLES, VOCAB, exact_two_token_law, two_token_counts  # noqa: E402
@@ -78,6 +82,8 @@ def window_off(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 CASES = [("dyspec", "traversal"), ("chain", "sps"), ("fixed", "multidraft")]
+#: The KV caches a windowed decode runs on: ``static-padded`` pads forwards to powers of two, as its CUDA graphs do.
+CACHES = ["dynamic", "static", "static-padded"]
 
 
 #: Families whose greedy tokens here change when the window is ignored (measured while writing the test; on
@@ -86,18 +92,19 @@ CASES = [("dyspec", "traversal"), ("chain", "sps"), ("fixed", "multidraft")]
 GREEDY_BITES = {"gpt_oss", "mistral", "mixtral", "phi3", "qwen2"}
 
 
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_a_sliding_window_target_decodes_greedily_far_past_its_window(
-        name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        name: str, cache: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A window of 3 and 29 positions decoded (5 prompt, 24 new), trees of up to 6 nodes: a host tree builder, the
-    device chain and a device tree give plain greedy decoding.  Where the window changes the greedy tokens,
-    switching it off in the tree pass leaves greedy decoding."""
+    device chain and a device tree give plain greedy decoding, on either cache.  Where the window changes the
+    greedy tokens, switching it off in the tree pass leaves greedy decoding."""
     target, draft = tiny(name, 0, 3), tiny(name, 1, 3)
     assert attention_window(target) == AttentionWindow(3, not FAMILIES[name][4])
     prompt, n = [3, 1, 4, 1, 5], 24
     ref = greedy_decode(target, prompt, n)
-    assert ar_generate(target, prompt, temperature=0, max_new_tokens=n).tokens == ref
-    kw: dict[str, Any] = dict(temperature=0, max_new_tokens=n, budget=6, draft_temperature=1.0)
+    assert ar_generate(target, prompt, temperature=0, max_new_tokens=n, cache=cache).tokens == ref
+    kw: dict[str, Any] = dict(temperature=0, max_new_tokens=n, budget=6, draft_temperature=1.0, cache=cache)
     for builder, verifier in CASES:
         assert generate(target, draft, prompt, builder, verifier, **kw).tokens == ref, (builder, verifier)
     window_off(monkeypatch)
@@ -105,8 +112,10 @@ def test_a_sliding_window_target_decodes_greedily_far_past_its_window(
     assert all(left) if name in GREEDY_BITES else not any(left)
 
 
+@pytest.mark.parametrize("cache", CACHES)
 @pytest.mark.parametrize("name", sorted(FAMILIES))
-def test_tree_logits_equal_plain_decoding_past_the_window(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_tree_logits_equal_plain_decoding_past_the_window(name: str, cache: str,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """Every node's logits from one tree forward equal a full forward of context + its path, with a window
     of 4 after 9 context positions and paths up to 6 deep (so it cuts off ancestors too); with the window
     switched off, no tree's logits do."""
@@ -115,9 +124,22 @@ def test_tree_logits_equal_plain_decoding_past_the_window(name: str, monkeypatch
     chain = DraftTree.build(list(range(-1, 5)), [7, 3, 7, 11, 2, 9], "topk", {}, 50)
     trees = [chain, random_tree(12, 2, vocab=50), random_tree(9, 1, vocab=50)]
 
-    assert max(node_logit_error(model, ctx, tree) for tree in trees) < 1e-5
+    assert max(node_logit_error(model, ctx, tree, cache) for tree in trees) < 1e-5
     window_off(monkeypatch)
-    assert min(node_logit_error(model, ctx, tree) for tree in trees) > 1e-5
+    assert min(node_logit_error(model, ctx, tree, cache) for tree in trees) > 1e-5
+
+
+@pytest.mark.parametrize("name", sorted(n for n, family in FAMILIES.items() if not family[4]))
+def test_the_static_cache_windows_only_the_sliding_layers(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model that takes its masks by layer kind gets the window in its ``sliding_attention`` layers only: the
+    static cache's two mask buffers.  Given one windowed mask for every layer (as a Mistral takes it), its full
+    layer loses what lies a window back, and the node logits leave plain decoding's."""
+    model = tiny(name, 0, 4, vocab=50, scale=1.0)
+    ctx = [int(t) for t in np.random.default_rng(0).integers(0, 50, size=9)]
+    tree = random_tree(12, 2, vocab=50)
+    assert node_logit_error(model, ctx, tree, "static-padded") < 1e-5
+    monkeypatch.setattr(static_cache, "attention_window", lambda m: AttentionWindow(4, False))
+    assert node_logit_error(model, ctx, tree, "static-padded") > 1e-5
 
 
 def test_windowed_cuts_what_lies_a_window_back() -> None:
@@ -221,11 +243,17 @@ def tiny_llama4(seed: int, chunk: int, floor: int, scale: float = 10.0, vocab: i
     return model
 
 
-def node_logit_error(model: Any, ctx: list[int], tree: DraftTree) -> float:
-    """Largest gap between a tree forward's node logits and full forwards of context + each path."""
-    cache = transformers.DynamicCache()
+def node_logit_error(model: Any, ctx: list[int], tree: DraftTree, kind: str = "dynamic") -> float:
+    """Largest gap between a tree forward's node logits and full forwards of context + each path, on a cache of
+    ``kind`` (one of :data:`CACHES`)."""
     with torch.no_grad():
-        model(input_ids=torch.tensor([ctx]), use_cache=True, **{cache_keyword(model): cache})
+        if kind == "dynamic":
+            cache: Any = transformers.DynamicCache()
+            model(input_ids=torch.tensor([ctx]), use_cache=True, **{cache_keyword(model): cache})
+        else:  # the context fed through the static cache's own (windowed) forward
+            cache = StaticTreeCache(model, 64, pad=kind == "static-padded")
+            n = len(ctx)
+            forward_masked(model, cache, ctx, np.arange(n), np.tril(np.ones((n, n), dtype=bool)))
         want = torch.stack([model(input_ids=torch.tensor([ctx + list(tree.path(i))])).logits[0, -1]
                             for i in range(tree.size)])
     return float((tree_logits(model, cache, tree, len(ctx), order=dfs_order(tree)) - want).abs().max())
@@ -252,20 +280,30 @@ def test_llama4_decodes_greedily_within_its_span_and_why_it_is_limited(monkeypat
     assert node_logit_error(tuned, ctx, chain) < 1e-5 < node_logit_error(tuned, ctx, bushy)
 
 
-def test_auto_cache_is_dynamic_for_a_windowed_pair_on_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``auto`` means the static cache on CUDA, which holds full-attention layers only: a pair with a window
-    (either model) gets the dynamic cache, which applies it.  An explicit ``static`` is still refused."""
+def test_auto_cache_is_static_for_a_windowed_pair_on_cuda_and_dynamic_for_other_layer_kinds(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``auto`` means the static cache on CUDA, which holds full-attention and sliding-window layers: a pair with
+    a window keeps it.  A model with another layer kind (chunks, linear attention) gets the dynamic cache, and
+    the static cache refuses it by name."""
     import spec.llm.generate as gen
 
     monkeypatch.setattr(gen, "model_device", lambda model: torch.device("cuda"))
     llama = transformers.LlamaForCausalLM(transformers.LlamaConfig(vocab_size=13, num_hidden_layers=1, **_BASE))
-    mistral = tiny("mistral", 0, 6)
+    mistral, gemma = tiny("mistral", 0, 6), tiny("gemma3", 0, 6)
+    assert holds_layers(mistral) and holds_layers(gemma)
     assert resolve_cache(llama, "auto", llama) == "static"
-    assert resolve_cache(mistral, "auto", llama) == "dynamic"
-    assert resolve_cache(llama, "auto", mistral) == "dynamic"
-    assert resolve_cache(mistral, "static") == "static"
-    with pytest.raises(ValueError, match="sliding window.*cache='dynamic'"):
-        StaticTreeCache(mistral, 64)
+    assert resolve_cache(mistral, "auto", llama) == "static"
+    assert resolve_cache(llama, "auto", gemma) == "static"
+    chunked = tiny_llama4(0, 256, 8192)
+    assert chunked.config.layer_types and "chunked_attention" in chunked.config.layer_types
+    assert not holds_layers(chunked)
+    assert resolve_cache(chunked, "auto", llama) == "dynamic"
+    assert resolve_cache(llama, "auto", chunked) == "dynamic"
+    with pytest.raises(ValueError, match=r"full-attention and sliding-window layers only.*chunked_attention.*"
+                                         r"cache='dynamic'"):
+        StaticTreeCache(chunked, 64)
+    with pytest.raises(ValueError, match="no sliding window"):  # a window's mask for a model without one
+        StaticTreeCache(llama, 64).forward([1], [0], np.ones((1, 1), dtype=bool), np.ones((1, 1), dtype=bool))
 
 
 # ---------------------------------------------------------------- losslessness past the window
@@ -275,8 +313,9 @@ LAW_VOCAB = VOCAB  # the two-token law helpers of test_generate count over VOCAB
 #: writing the test (``window_effect`` below, asserted): the window moves that law by a total variation of
 #: 0.34 on the Mistral (a window of 2 on both layers) and 0.30 on the Qwen2 (a window of 1 on one layer of two).
 LAW_TARGETS = {"mistral": (2, 2, [1, 3, 2, 0]), "qwen2": (1, 1, [1, 3, 2, 0, 2, 1])}
-LAW_CASES = [("mistral", "chain", "sps"), ("mistral", "dyspec", "traversal"), ("qwen2", "chain", "asps"),
-             ("qwen2", "fixed", "multidraft")]
+LAW_CASES = [("mistral", "chain", "sps", "dynamic"), ("mistral", "dyspec", "traversal", "dynamic"),
+             ("qwen2", "chain", "asps", "dynamic"), ("qwen2", "fixed", "multidraft", "dynamic"),
+             ("mistral", "fixed", "multidraft", "static"), ("qwen2", "dyspec", "traversal", "static")]
 LAW_ALPHA = bonferroni(1e-3, len(LAW_CASES))
 
 
@@ -288,8 +327,10 @@ def law_pair(name: str, window: int | None = None) -> tuple[Any, Any, list[int]]
     return target, tiny(name, seed + 10, size, vocab=LAW_VOCAB, scale=8.0), prompt
 
 
-def counts_of(target: Any, draft: Any, prompt: list[int], builder: str, verifier: str) -> np.ndarray:
-    return two_token_counts(target, draft, builder, verifier, {"width": 2} if builder == "fixed" else {}, prompt=prompt)
+def counts_of(target: Any, draft: Any, prompt: list[int], builder: str, verifier: str,
+              cache: str = "dynamic") -> np.ndarray:
+    return two_token_counts(target, draft, builder, verifier, {"width": 2} if builder == "fixed" else {}, prompt=prompt,
+                            cache=cache)
 
 
 def window_effect(name: str) -> float:
@@ -298,17 +339,17 @@ def window_effect(name: str) -> float:
     return 0.5 * float(np.abs(exact_two_token_law(target, prompt=prompt) - exact_two_token_law(wide, prompt=prompt)).sum())
 
 
-@pytest.mark.parametrize(("name", "builder", "verifier"), LAW_CASES)
-def test_first_two_tokens_follow_a_windowed_target_law(name: str, builder: str, verifier: str) -> None:
-    """Chi-square of the first two tokens at T = 1 against the windowed target's exact law.
+@pytest.mark.parametrize(("name", "builder", "verifier", "cache"), LAW_CASES)
+def test_first_two_tokens_follow_a_windowed_target_law(name: str, builder: str, verifier: str, cache: str) -> None:
+    """Chi-square of the first two tokens at T = 1 against the windowed target's exact law, on either cache.
 
-    False-fail rate 1e-3 over the four cases (Bonferroni); 700 samples on 16 cells detect a total variation
+    False-fail rate 1e-3 over the six cases (Bonferroni); 700 samples on 16 cells detect a total variation
     of about ``detectable_tv(16, 700, LAW_ALPHA)`` (≈ 0.16) with probability 0.999, less than the window's
     own effect on these laws (asserted), so a decode that ignored the window would be caught (shown below)."""
     assert window_effect(name) > detectable_tv(16, SAMPLES, LAW_ALPHA)
     target, draft, prompt = law_pair(name)
     law = exact_two_token_law(target, prompt=prompt)
-    result = chi_square_check(counts_of(target, draft, prompt, builder, verifier), law, LAW_ALPHA)
+    result = chi_square_check(counts_of(target, draft, prompt, builder, verifier, cache), law, LAW_ALPHA)
     assert result.passed, (result, detectable_tv(16, SAMPLES, LAW_ALPHA))
 
 
