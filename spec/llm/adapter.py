@@ -445,12 +445,14 @@ def forward_unchecked(
     loop asks once per call, not once per forward), else looked up.
     """
     n, have = len(tokens), cache_length(cache)
-    window = attention_window(model)
+    static = cache if isinstance(cache, StaticTreeCache) else None
+    if static is not None and static.model is not model:
+        raise ValueError("this StaticTreeCache belongs to another model")
+    # a static cache read its window once, for the layout of its mask buffers
+    window = attention_window(model) if static is None else static.window
     near = None if window is None else windowed(np.asarray(allowed, dtype=bool), positions, window.size)
-    if isinstance(cache, StaticTreeCache):
-        if cache.model is not model:
-            raise ValueError("this StaticTreeCache belongs to another model")
-        return cache.forward(tokens, positions, allowed, near)
+    if static is not None:
+        return static.forward(tokens, positions, allowed, near)
     device, dtype = (_device(model), _dtype(model)) if where is None else where
     if isinstance(tokens, torch.Tensor):
         ids = tokens.reshape(1, n)

@@ -30,9 +30,8 @@ from spec.llm.adapter import (  # noqa: E402
     windowed,
 )
 import spec.llm.static_cache as static_cache  # noqa: E402
-from spec.llm.adapter import forward_masked  # noqa: E402
-from spec.llm.generate import ar_generate, generate, resolve_cache  # noqa: E402
-from spec.llm.static_cache import StaticTreeCache, cache_keyword, holds_layers  # noqa: E402
+from spec.llm.generate import _prefill, ar_generate, generate, resolve_cache  # noqa: E402
+from spec.llm.static_cache import StaticTreeCache, holds_layers  # noqa: E402
 from spec.tree import dfs_order, random_tree  # noqa: E402
 from tests.spec.llm.conftest import greedy_decode  # noqa: E402
 from tests.spec.llm.test_generate import SAMPLES, VOCAB, exact_two_token_law, two_token_counts  # noqa: E402
@@ -247,13 +246,10 @@ def node_logit_error(model: Any, ctx: list[int], tree: DraftTree, kind: str = "d
     """Largest gap between a tree forward's node logits and full forwards of context + each path, on a cache of
     ``kind`` (one of :data:`CACHES`)."""
     with torch.no_grad():
-        if kind == "dynamic":
-            cache: Any = transformers.DynamicCache()
-            model(input_ids=torch.tensor([ctx]), use_cache=True, **{cache_keyword(model): cache})
-        else:  # the context fed through the static cache's own (windowed) forward
-            cache = StaticTreeCache(model, 64, pad=kind == "static-padded")
-            n = len(ctx)
-            forward_masked(model, cache, ctx, np.arange(n), np.tril(np.ones((n, n), dtype=bool)))
+        # the decode loop's prefill: the model's own forward, or the static cache's own (windowed) one
+        padded = kind == "static-padded"
+        cache = transformers.DynamicCache() if kind == "dynamic" else StaticTreeCache(model, 64, pad=padded)
+        _prefill(model, cache, ctx)
         want = torch.stack([model(input_ids=torch.tensor([ctx + list(tree.path(i))])).logits[0, -1]
                             for i in range(tree.size)])
     return float((tree_logits(model, cache, tree, len(ctx), order=dfs_order(tree)) - want).abs().max())
