@@ -26,7 +26,15 @@ Side by side in one run, on the same prompts, every method decodes exactly
   :func:`~spec.llm.generate.resolve_verify_backend` says), e.g. ``dyspec:traversal:torch`` beside
   ``dyspec:traversal:numpy`` (same tokens); a ``:dtemp=T`` flag drafts at temperature ``T``
   (``generate``'s ``draft_temperature``) instead of the row's, e.g.
-  ``fixed/draw=topk:traversal:dtemp=1``, whose tree at temperature 0 branches.
+  ``fixed/draw=topk:traversal:dtemp=1``, whose tree at temperature 0 branches;
+  a ``:graph`` flag (a ``chain`` with a chain verifier) runs every step after
+  the first as one fixed-shape piece of device work, captured as one CUDA
+  graph (``generate``'s ``step_graph``, on the static cache whatever ``--cache``
+  says), e.g. ``chain:sps:graph``.  Its steps are not split into builder,
+  verifier and forwards, so its cost columns come from
+  :meth:`~spec.llm.step_graph.ChainStepGraph.profile` after the first prompt:
+  the step against its forwards alone (``bld+ver %``: the difference, of the
+  target forward), with ``step_*`` fields in the JSON.
 
 Figures per method and temperature: tokens per target step, tokens/s
 (prefill included, all prompts together), speedup against ``ar``,
@@ -102,6 +110,7 @@ class Method:
     params: tuple[tuple[str, Any], ...] = ()  # builder parameters (generate's builder_params), in the given order
     backend: str = "auto"  # generate's verify_backend
     draft_temperature: float | None = None  # generate's draft_temperature (None: the row's temperature)
+    step_graph: bool = False  # generate's step_graph: each chain step one fixed-shape graph
 
     @property
     def ours(self) -> bool:
@@ -115,7 +124,8 @@ class Method:
         shown = "".join(f"/{k}={v}" for k, v in self.params)
         return (f"{self.builder}{shown}+{self.verifier}@{self.budget}" + ("/host" if self.on_host else "")
                 + ("" if self.backend == "auto" else f"/{self.backend}")
-                + ("" if self.draft_temperature is None else f"/dtemp={self.draft_temperature:g}"))
+                + ("" if self.draft_temperature is None else f"/dtemp={self.draft_temperature:g}")
+                + ("/graph" if self.step_graph else ""))
 
 
 def _builder_params(text: str, fields: list[str]) -> tuple[tuple[str, Any], ...]:
@@ -150,6 +160,7 @@ def parse_method(text: str, budget: int, chain_budget: int) -> Method:
     """
     from spec.builders import BUILDERS, make_builder
     from spec.llm.generate import VERIFIERS
+    from spec.llm.verify import CHAIN_METHODS
 
     text = text.strip()
     if text in BASELINES:
@@ -160,10 +171,10 @@ def parse_method(text: str, budget: int, chain_budget: int) -> Method:
     verifier, *flags = verifier.split(":")
     dtemp = [f for f in flags if f.startswith("dtemp=")]
     flags = [f for f in flags if not f.startswith("dtemp=")]
-    unknown = [f for f in flags if f not in ("host", "torch", "numpy")]
+    unknown = [f for f in flags if f not in ("host", "torch", "numpy", "graph")]
     if unknown or len(set(flags)) != len(flags) or {"torch", "numpy"} <= set(flags) or len(dtemp) > 1:
         raise ValueError(f"method {text!r}: the fields after the verifier are flags, each at most once: 'host', "
-                         f"one of 'torch' / 'numpy', and 'dtemp=T'; got {':'.join(flags + dtemp)!r}")
+                         f"'graph', one of 'torch' / 'numpy', and 'dtemp=T'; got {':'.join(flags + dtemp)!r}")
     draft_temperature = None
     if dtemp:
         try:
@@ -176,7 +187,11 @@ def parse_method(text: str, budget: int, chain_budget: int) -> Method:
     if on_host and builder not in ("chain", "fixed"):
         raise ValueError(f"method {text!r}: only the chain and fixed builders (drafted on the device) take the flag "
                          f"'host'")
-    backend = next((f for f in flags if f != "host"), "auto")
+    step_graph = "graph" in flags
+    if step_graph and (builder != "chain" or on_host or "numpy" in flags):
+        raise ValueError(f"method {text!r}: the flag 'graph' (generate's step_graph) takes the chain builder drafting "
+                         f"on the device with a chain verifier, without 'host' or 'numpy'")
+    backend = next((f for f in flags if f not in ("host", "graph")), "auto")
     if not sep or builder not in BUILDERS or verifier not in VERIFIERS:
         raise ValueError(
             f"method {text!r}: use one of {', '.join(BASELINES)} or BUILDER:VERIFIER[@BUDGET] with a builder of "
@@ -196,7 +211,9 @@ def parse_method(text: str, budget: int, chain_budget: int) -> Method:
         make_builder(builder, **dict(params))  # refuse unknown or bad parameters before any model loads
     except ValueError as err:
         raise ValueError(f"method {text!r}: {err}") from None
-    return Method(text, builder, verifier, n, on_host, params, backend, draft_temperature)
+    if step_graph and verifier not in CHAIN_METHODS:
+        raise ValueError(f"method {text!r}: the flag 'graph' needs a chain verifier ({', '.join(CHAIN_METHODS)})")
+    return Method(text, builder, verifier, n, on_host, params, backend, draft_temperature, step_graph)
 
 
 def heldout_prompts(tokenizer: Any, n: int, length: int, val_every: int = 50) -> list[list[int]]:
@@ -241,6 +258,8 @@ def _run_one(method: Method, target: Any, draft: Any, prompt: list[int], tempera
     from spec.llm.generate import ar_generate, generate
 
     device = model_device(target)
+    if method.step_graph:  # the fused steps run on the static cache whatever the others use
+        cache = "static"
     if method.ours:
         if method.builder is None:
             out = ar_generate(target, prompt, temperature=temperature, max_new_tokens=new_tokens, seed=seed,
@@ -250,10 +269,12 @@ def _run_one(method: Method, target: Any, draft: Any, prompt: list[int], tempera
             out = generate(target, draft, prompt, method.builder, method.verifier, budget=method.budget,
                            temperature=temperature, max_new_tokens=new_tokens, seed=seed, cache=cache,
                            builder_params=dict(method.params), chain_on_device=not method.on_host,
-                           verify_backend=method.backend, draft_temperature=method.draft_temperature)
+                           verify_backend=method.backend, draft_temperature=method.draft_temperature,
+                           step_graph=method.step_graph)
         s = out.summary()
         return {"tokens": out.tokens, "seconds": out.total_s, "steps": len(out.steps), "tree": s["mean_tree_size"],
-                "build_s": s["build_s"], "draft_s": s["draft_s"], "target_s": s["target_s"], "verify_s": s["verify_s"]}
+                "build_s": s["build_s"], "draft_s": s["draft_s"], "target_s": s["target_s"], "verify_s": s["verify_s"],
+                "graph_s": s["graph_s"]}
     ids = torch.tensor([prompt], device=device)
     kw = _hf_kwargs(temperature, new_tokens, pad=0)
     if method.name == "ar-static":
@@ -287,6 +308,31 @@ def _ops_per_step(method: Method, target: Any, draft: Any, prompt: list[int], te
     run, count = count_ops(lambda: _run_one(method, target, draft, prompt, temperature, new_tokens, seed, cache),
                            (target, draft))
     return count.per(max(1, run["steps"]))
+
+
+def _step_profile(method: Method, target: Any, draft: Any, prompt: list[int], temperature: float,
+                  cache: str, reps: int = 50) -> dict[str, float]:
+    """A ``graph`` row's costs, which its fused steps do not split: :meth:`ChainStepGraph.profile
+    <spec.llm.step_graph.ChainStepGraph.profile>` after the prompt, on the step graph the row's decodes used."""
+    from spec.builders import make_builder
+    from spec.llm.generate import _draft_sampling, _new_cache, _prefill, cache_capacity
+    from spec.llm.sampling import Sampling
+    from spec.llm.step_graph import shared_chain_step
+    from tmc.multidraft import Draw
+
+    assert method.verifier is not None and method.budget is not None
+    sampling = Sampling(temperature)
+    dtemp = method.draft_temperature
+    d_sampling = sampling if dtemp is None else _draft_sampling(dtemp, None, None)
+    iid = make_builder("chain", **dict(method.params)).draw == Draw.IID
+    slots = cache_capacity(len(prompt), 0, method.budget)
+    t_cache, d_cache = (_new_cache(m, cache, role, slots, None) for m, role in ((target, "target"), (draft, "draft")))
+    for model, kv in ((target, t_cache), (draft, d_cache)):
+        _prefill(model, kv, prompt[:-1])
+    step = shared_chain_step(target, draft, t_cache, d_cache, k=method.budget, verifier=method.verifier, iid=iid,
+                             sampling=sampling, d_sampling=d_sampling, vocab=int(target.config.vocab_size))
+    past = len(prompt) - 1
+    return step.profile(past, prompt[-1], past, [prompt[-1]], reps=reps)
 
 
 def _pct(part: float | None, whole: float | None) -> float | None:
@@ -404,7 +450,8 @@ def run_decode_bench(
 
     cache = resolve_cache(target, cache, draft)
     device = model_device(target)
-    if cache == "static":  # no timed run may grow a shared cache: growing drops every graph it captured
+    if cache == "static" or any(m.step_graph for m in methods):  # no timed run may grow a shared cache:
+        # growing drops every graph it captured
         _presize_static_caches(target, draft, prompts, methods, new_tokens)
     rows: list[dict[str, Any]] = []
     n = len(methods)
@@ -425,6 +472,11 @@ def run_decode_bench(
             ref = next(([r["tokens"] for r in runs[k][0]] for k, m in enumerate(methods) if m.name == "ar"), None)
             for method, per_round in zip(methods, runs):
                 row = {"prompts": len(prompts), **_row(method, temp, [r for rr in per_round for r in rr])}
+                if method.step_graph:  # its fused steps are one graph: the split comes from a profile
+                    prof = _step_profile(method, target, draft, list(prompts[0]), temp, "static")
+                    row.update({f"step_{k}": v for k, v in prof.items()}, overhead_pct=prof["overhead_pct"],
+                               builder_pct=None, verify_pct=None,
+                               draft_pct=100.0 * (prof["forwards_ms"] - prof["target_ms"]) / prof["target_ms"])
                 if count_ops and method.ours:
                     row["ops_per_step"] = _ops_per_step(method, target, draft, list(prompts[0]), temp, new_tokens,
                                                         seed, cache)
@@ -537,7 +589,8 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--methods", default=",".join(DEFAULT_METHODS),
                    help="decode: comma-separated ar, ar-static, ar-loop, hf-assisted, "
                         "BUILDER[/KEY=VALUE...]:VERIFIER[:FLAG...][@BUDGET] with flags host (chain, fixed), "
-                        "torch or numpy (the verifier backend), dtemp=T (the draft's own temperature)")
+                        "torch or numpy (the verifier backend), dtemp=T (the draft's own temperature), graph "
+                        "(chain + chain verifier: each step one fixed-shape CUDA graph, generate's step_graph)")
     g.add_argument("--budget", type=int, default=16, help="decode: tree budget of methods without @ (default 16)")
     g.add_argument("--chain-budget", type=int, default=4, help="decode: chain length of chain methods without @ (default 4)")
     g.add_argument("--prompts", type=int, default=8, help="decode: held-out prompts (default 8)")

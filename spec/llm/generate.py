@@ -55,6 +55,7 @@ from spec.llm.adapter import (
 from spec.llm.host_verify import verify_chain_numpy, verify_tree_numpy
 from spec.llm.sampling import Sampling, logits_fault
 from spec.llm.static_cache import cache_keyword, holds_layers, model_device, model_dtype, shared_static_cache
+from spec.llm.step_graph import ChainStepGraph, shared_chain_step
 from spec.llm.verify import (
     CHAIN_METHODS,
     TREE_METHODS,
@@ -101,6 +102,7 @@ class StepStats:
     target_s: float  # the one target forward over the tree
     verify_s: float  # the verifier
     draft_s: float = 0.0  # the draft forwards (part of build_s)
+    graph_s: float = 0.0  # a fused step (step_graph): all of it, not split into the parts above
 
 @dataclass(frozen=True)
 class GenerateOutput:
@@ -126,6 +128,7 @@ class GenerateOutput:
             "draft_s": float(sum(x.draft_s for x in s)),
             "target_s": float(sum(x.target_s for x in s)),
             "verify_s": float(sum(x.verify_s for x in s)),
+            "graph_s": float(sum(x.graph_s for x in s)),
             "total_s": self.total_s,
             "tokens_per_s": len(self.tokens) / self.total_s if self.total_s > 0 else 0.0,
         }
@@ -291,6 +294,20 @@ def _device_chain(b: TreeBuilder, verifier: str) -> bool:
     """Whether a step can be drafted and verified on the device (:func:`_chain_step`): a
     :class:`ChainBuilder` itself (a subclass may draw otherwise) with a chain verifier."""
     return type(b) is ChainBuilder and verifier in CHAIN_METHODS
+
+
+def _check_step_graph(b: TreeBuilder, verifier: str, chain_on_device: bool, cache: str, backend: str) -> None:
+    """``ValueError`` naming what keeps ``step_graph=True`` from running (:class:`ChainStepGraph`'s needs)."""
+    if type(b) is not ChainBuilder or b.confidence is not None:
+        raise ValueError("step_graph=True needs the 'chain' builder with no confidence stop (a chain of fixed length)")
+    if verifier not in CHAIN_METHODS:
+        raise ValueError(f"step_graph=True needs a chain verifier ({', '.join(CHAIN_METHODS)}), got {verifier!r}")
+    if not chain_on_device:
+        raise ValueError("step_graph=True drafts on the device: it needs chain_on_device=True")
+    if cache != "static":
+        raise ValueError(f"step_graph=True needs cache='static' (explicit slots), got {cache!r}")
+    if backend == "numpy":
+        raise ValueError("step_graph=True verifies on the device: it needs verify_backend 'torch' or 'auto'")
 
 
 def _device_shape(b: TreeBuilder, verifier: str, budget: int, drafting: Sampling,
@@ -485,6 +502,7 @@ def generate(
     graphs: bool | None = None,
     chain_on_device: bool = True,
     verify_backend: str = "auto",
+    step_graph: bool = False,
 ) -> GenerateOutput:
     """Speculative decoding of ``max_new_tokens`` tokens after ``input_ids`` (module doc).
 
@@ -547,10 +565,20 @@ def generate(
     except for a chain drafted on a GPU whose rows are large, ``(budget + 1)
     x V`` above :data:`HOST_VERIFY_MAX_ENTRIES` (:func:`resolve_verify_backend`);
     the tokens are the same (tested).
+    ``step_graph``: run each step of a ``chain`` builder (no ``confidence``
+    stop) with a chain verifier as ONE piece of fixed-shape device work, the
+    draft forwards, draws, target forward and verifier together, captured as
+    one CUDA graph when the caches capture graphs
+    (:class:`~spec.llm.step_graph.ChainStepGraph`; needs ``cache`` static and the
+    torch verifier).  The first step, which feeds the prompt to the draft,
+    takes the usual path.  The tokens are the same (tested on the CPU, where
+    the same work runs eagerly).  Off by default: on the CPU it only adds work.
     """
     t_start = time.perf_counter()
     if not isinstance(chain_on_device, bool):
         raise ValueError(f"chain_on_device must be True or False, got {chain_on_device!r}")
+    if not isinstance(step_graph, bool):
+        raise ValueError(f"step_graph must be True or False, got {step_graph!r}")
     vocab = _vocab(target, "target")
     d_vocab = _vocab(draft, "draft")  # a draft of another size works on the target's ids (LLMDraft's vocab)
     check_attention(target, "target")
@@ -579,6 +607,8 @@ def generate(
     if fixed_shape is not None:  # the host path asks this of every tree it verifies
         verifiers_for(verifier, {fixed_shape[1]}, b.adaptive_widths)
     backend = resolve_verify_backend(target, verify_backend, on_device, (budget + 1) * vocab)
+    if step_graph:
+        _check_step_graph(b, verifier, chain_on_device, cache, verify_backend)
     rng = np.random.default_rng(seed)
     sampler = RngSampler(rng)
     where = (device, model_dtype(target))
@@ -597,8 +627,27 @@ def generate(
     steps: list[StepStats] = []
     state = b.initial_state()
     shape = None if fixed_shape is None else _Shape.of(*fixed_shape, order, vocab, device)
+    fused: ChainStepGraph | None = None
+    d_state: tuple[int, tuple[int, ...]] | None = None  # (past, pending) of the draft while steps run fused
     while len(out) < max_new_tokens:
         t0 = time.perf_counter()
+        if step_graph and (d_state is not None or 1 <= len(d_step.pending) <= 2):
+            assert isinstance(b, ChainBuilder)
+            if d_state is None:  # the draft's state passes from its LLMDraft to the fused steps
+                d_state = (d_step.past_len, d_step.pending)
+            if fused is None:
+                fused = shared_chain_step(target, draft, t_cache, d_cache, k=budget, verifier=verifier,
+                                          iid=b.draw == Draw.IID, sampling=sampling, d_sampling=d_sampling, vocab=vocab)
+            u_draft = rng.random(budget) if fused.iid else None
+            got = fused.step(t_past, root, *d_state, u_draft, rng.random(fused.noise))
+            t3 = time.perf_counter()
+            kept, stopped = _cut_at_stop(got.tokens[: max_new_tokens - len(out)], stops)
+            out.extend(kept)
+            steps.append(StepStats(budget, got.n_accepted, len(kept), budget, 0.0, 0.0, 0.0, 0.0, t3 - t0))
+            if stopped or len(kept) < len(got.tokens):
+                break
+            t_past, root, d_state = got.t_past, got.tokens[-1], (got.d_past, got.pending)
+            continue
         if on_device:
             assert isinstance(b, ChainBuilder)
             res, size, (t1, t2) = _chain_step(d_step, target, t_cache, t_past, root, budget, b.draw == Draw.IID,

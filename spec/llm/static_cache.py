@@ -204,6 +204,7 @@ class StaticTreeCache:
         self._sizes: dict[int, _Size] = {}
         self._slots: torch.Tensor | None = None  # write slots of the forward in flight
         self._pool: Any = None
+        self.step_graphs: dict[Any, Any] = {}  # fused steps over this cache (spec.llm.step_graph.shared_chain_step)
         self._allocate(_round_capacity(check_int("capacity", capacity, minimum=1)))
 
     # --- the transformers cache protocol ---------------------------------------------------

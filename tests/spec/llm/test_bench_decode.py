@@ -56,7 +56,9 @@ def test_parse_method() -> None:
                 "chain:sps:torch:numpy", "dyspec:traversal:numpy:numpy", "chain:sps:host:host", "dyspec:traversal:",
                 "dyspec:traversal:dtemp=", "dyspec:traversal:dtemp=x", "dyspec:traversal:dtemp=-1",
                 "dyspec:traversal:dtemp=nan", "dyspec:traversal:dtemp=inf", "dyspec:traversal:dtemp=1:dtemp=1",
-                "dyspec:traversal:dtemp", "chain/confidence=0:sps", "chain/confidence=1.5:sps@20"):
+                "dyspec:traversal:dtemp", "chain/confidence=0:sps", "chain/confidence=1.5:sps@20",
+                "dyspec:traversal:graph", "chain:traversal:graph", "chain:sps:host:graph", "chain:sps:numpy:graph",
+                "chain:sps:graph:graph"):
         with pytest.raises(ValueError, match="method"):
             parse_method(bad, 16, 4)
 
@@ -103,6 +105,25 @@ def test_host_chain_rows_run_beside_device_chain_rows(pair: tuple[object, object
     report = run_decode_bench(target, draft, [[4, 4, 1]], methods, temperatures=(0.0,), new_tokens=8, warmup=False)
     assert [r["method"] for r in report["rows"]] == ["ar", "chain+block@3", "chain+block@3/host"]
     assert all(r["agree_ar"] == 1.0 for r in report["rows"])
+
+
+def test_graph_rows_run_beside_device_chain_rows(pair: tuple[object, object]) -> None:
+    """A ``graph`` row (fused steps on the static cache, whatever ``cache`` the others use) decodes the device
+    chain's tokens; its costs come from ``ChainStepGraph.profile``, which does not split builder and verifier."""
+    target, draft = pair
+    graph = parse_method("chain:asps:torch:graph@3", 16, 4)
+    assert graph.step_graph and graph.backend == "torch" and graph.label == "chain+asps@3/torch/graph"
+    methods = [parse_method(m, budget=6, chain_budget=3) for m in ("ar", "chain:asps", "chain:asps:graph")]
+    report = run_decode_bench(target, draft, [[4, 4, 1], [2, 7, 1]], methods, temperatures=(0.0, 1.0), new_tokens=12,
+                              warmup=False, cache="dynamic")
+    rows = {(r["temperature"], r["method"]): r for r in report["rows"]}
+    for temp in (0.0, 1.0):
+        fused, plain = rows[(temp, "chain+asps@3/graph")], rows[(temp, "chain+asps@3")]
+        assert fused["tokens_per_step"] == plain["tokens_per_step"]
+        assert fused["builder_pct"] is None and fused["verify_pct"] is None and "step_overhead_pct" in fused
+        assert min(fused["step_step_ms"], fused["step_forwards_ms"], fused["step_target_ms"]) > 0
+        assert "step_ms" not in plain
+    assert rows[(0.0, "chain+asps@3/graph")]["agree_ar"] == 1.0
 
 
 def test_every_method_runs_and_greedy_rows_equal_ar(pair: tuple[object, object]) -> None:

@@ -208,3 +208,58 @@ def test_windowed_models_replay_graphs_on_the_static_cache(name: str) -> None:
         graphed = generate(t_gpu, d_gpu, prompt, "dyspec", "traversal", **kw)
         eager = generate(t_gpu, d_gpu, prompt, "dyspec", "traversal", cache="static", graphs=False, **kw)
         assert graphed.tokens == eager.tokens
+
+
+@pytest.mark.parametrize("verifier", ["sps", "asps", "block"])
+def test_fused_chain_steps_replay_one_graph(pairs: tuple[tuple[object, object], tuple[object, object]],
+                                           verifier: str) -> None:
+    """``step_graph=True`` on CUDA captures the whole chain step once and replays it every later step, in later
+    decodes too: greedy decoding equals plain greedy decoding on the CPU, and at T = 1 the graphed run gives the
+    tokens of the same fused step run eagerly (``graphs=False``) and of the usual device chain, on every seed; a
+    window of 3 (Mistral, Gemma 3) decodes greedily past it."""
+    from spec.llm.static_cache import shared_static_cache
+    from tests.spec.llm.conftest import greedy_decode
+    from tests.spec.llm.test_windows import tiny
+
+    (t_cpu, _), (t_gpu, d_gpu) = pairs
+    prompt = [2, 7, 1, 8, 2, 8]
+    ref = ar_generate(t_cpu, prompt, temperature=0, max_new_tokens=40).tokens
+    t_cache = shared_static_cache(t_gpu, "target", 1, graphs=True)
+    for draw in ("iid", "topk"):
+        for run in range(2):
+            out = generate(t_gpu, d_gpu, prompt, "chain", verifier, budget=4, temperature=0, max_new_tokens=40,
+                           step_graph=True, builder_params={"draw": draw})
+            assert out.tokens == ref, draw
+            fused = [s for s in t_cache.step_graphs.values() if s.iid == (draw == "iid") and s.verifier == verifier
+                     and s.sampling.temperature == 0]
+            assert len(fused) == 1 and fused[0].graphs and fused[0].captures == 1  # once, in the first decode
+            assert fused[0].replays == (run + 1) * (len(out.steps) - 1) > 0
+    for seed in range(5):
+        kw = dict(budget=4, temperature=1.0, max_new_tokens=40, seed=seed)
+        graphed = generate(t_gpu, d_gpu, prompt, "chain", verifier, step_graph=True, **kw)
+        eager = generate(t_gpu, d_gpu, prompt, "chain", verifier, step_graph=True, cache="static", graphs=False, **kw)
+        plain = generate(t_gpu, d_gpu, prompt, "chain", verifier, **kw)
+        assert graphed.tokens == eager.tokens == plain.tokens, seed
+    for name in ("mistral", "gemma3"):
+        target, draft = tiny(name, 0, 3), tiny(name, 1, 3)
+        want = greedy_decode(target, [3, 1, 4, 1, 5], 24)
+        got = generate(target.cuda(), draft.cuda(), [3, 1, 4, 1, 5], "chain", verifier, temperature=0, budget=4,
+                       max_new_tokens=24, draft_temperature=1.0, step_graph=True)
+        assert got.tokens == want, name
+
+
+def test_fused_step_profile_on_cuda(pairs: tuple[tuple[object, object], tuple[object, object]]) -> None:
+    """``ChainStepGraph.profile`` captures its forwards-only graphs and times them next to the step's."""
+    from spec.llm.generate import _new_cache, _prefill
+    from spec.llm.sampling import Sampling
+    from spec.llm.step_graph import ChainStepGraph
+
+    _, (t_gpu, d_gpu) = pairs
+    tc, dc = _new_cache(t_gpu, "static", "target", 128, None), _new_cache(d_gpu, "static", "draft", 128, None)
+    _prefill(t_gpu, tc, [1, 2, 3])
+    _prefill(d_gpu, dc, [1, 2, 3])
+    step = ChainStepGraph(t_gpu, d_gpu, tc, dc, k=4, verifier="sps", iid=True, sampling=Sampling(),
+                          d_sampling=Sampling(), vocab=37)
+    got = step.profile(3, 4, 3, [4], reps=20)
+    assert step.graphs and step.captures == 1 and min(got["step_ms"], got["forwards_ms"], got["target_ms"]) > 0
+    assert (tc.length, dc.length) == (3, 3)

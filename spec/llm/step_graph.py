@@ -1,0 +1,357 @@
+"""A whole chain step as one fixed-shape piece of device work, captured as ONE CUDA graph (DESIGN.md §8).
+
+With the static cache (:mod:`spec.llm.static_cache`) every forward of a step
+replays a captured graph, yet a chain step on a GPU still dispatches some
+150 torch operations from Python between them: the draws, the rows, the
+forwards' inputs, the verifier (:mod:`spec.llm.opcount`).  On an H100 that
+host work costs more than the target forward it surrounds.
+:class:`ChainStepGraph` removes it for the one step whose shape no draw can
+change, a chain of ``k`` tokens verified by a chain verifier (``sps``,
+``asps``, ``block``): everything the step does is tensor work on the
+device whose shapes are fixed in advance, so it can be captured once and
+replayed.
+
+**Lengths live on the device.**  Per step the host uploads six integers and
+the step's uniforms in one copy: the target cache length ``t_len`` (the
+context before the root), the draft cache length ``d_len``, the root token,
+and the draft's one or two *pending* tokens (the tokens of the context the
+draft has not fed yet).  Every position, write slot and mask row is formed
+from those on the device: both caches hold the context at slots equal to its
+positions (a chain's accepted path is a prefix, so no gather is ever
+needed), so a token at position ``s`` may see exactly the slots ``≤ s``
+(cut to ``> s - window`` in a sliding window's layers).
+
+**One pending token or two.**  A step feeds the draft its pending tokens,
+then draws ``x_1`` and feeds ``x_1 .. x_{k-1}`` one forward each, drawing
+``x_{i+1}`` from the row after ``x_i``; ``x_k`` is never fed.  So after a
+step that accepted all ``k`` drafts the draft lacks ``x_k`` and the target's
+extra token ``y`` (two pending tokens), and after any other step only ``y``
+(one).  The first draft forward therefore always takes two tokens: the
+pending pair, or ``y`` and a padding row at the next slot (the row after
+``y`` is then read from row 0, and ``x_1``'s forward overwrites the padding
+row's keys and values before anything can attend to them).
+
+**One transfer a step.**  The graph's output holds a fault flag (logits
+:func:`~spec.llm.sampling.process_logits` would refuse), the accepted count
+``n``, the emitted token ``y`` and the drafts; the host reads it once and
+works out the next step's lengths and pending tokens itself.
+
+The work is :func:`spec.llm.generate._chain_step`'s, on the same uniforms in
+the same order, so the tokens are the same (tested on the CPU, where the
+same buffers run eagerly; a test checks that the step dispatches no
+operation that synchronises with the host).  Batch size 1, both models on
+one device, both caches :class:`~spec.llm.static_cache.StaticTreeCache`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+from numpy.typing import NDArray
+
+from spec.llm.adapter import sync
+from spec.llm.sampling import Sampling, categorical_draw, logits_fault
+from spec.llm.static_cache import StaticTreeCache, _round_capacity, _Size
+from spec.llm.verify import CHAIN_METHODS, _chain_head, noise_size
+from tmc.validate import check_int
+
+__all__ = ["ChainStepGraph", "ChainStepResult", "shared_chain_step"]
+
+_INTS = 6  # t_len, d_len, root, pending[0], pending[1], two pending tokens (0/1)
+
+
+class ChainStepResult(NamedTuple):
+    """What one step emitted, and the state the next step starts from (host values)."""
+
+    n_accepted: int  # drafts accepted
+    tokens: list[int]  # the accepted drafts, then the target's token
+    drafted: list[int]  # the k draft tokens
+    t_past: int  # target cache length after the step (the next root is tokens[-1])
+    d_past: int  # draft cache length after the step
+    pending: tuple[int, ...]  # the draft's pending tokens for the next step (one or two)
+
+
+def _vocab_of(model: Any) -> int:
+    return int(model.config.vocab_size)
+
+
+class ChainStepGraph:
+    """One chain step of ``k`` draft tokens and a chain verifier, as fixed-shape device work (module doc).
+
+    ``t_cache`` and ``d_cache``: the target's and the draft's
+    :class:`StaticTreeCache`.  ``iid``: the drafts are drawn by inverse CDF
+    from their rows (else each row's argmax, a ``topk`` chain, whose rows the
+    verifier does not take).  ``sampling`` / ``d_sampling`` process the
+    target's and the draft's logits; ``vocab`` is the decode's vocabulary
+    (the target's; a draft of another size works on it as
+    :class:`~spec.llm.adapter.LLMDraft` does).  The step is captured as one
+    CUDA graph when both caches capture graphs (``graphs``), else it runs
+    eagerly on the same buffers.  ``captures`` and ``replays`` count graphs
+    captured and replayed.
+    """
+
+    def __init__(self, target: Any, draft: Any, t_cache: StaticTreeCache, d_cache: StaticTreeCache, *, k: int,
+                 verifier: str, iid: bool, sampling: Sampling, d_sampling: Sampling, vocab: int) -> None:
+        for name, cache, model in (("t_cache", t_cache, target), ("d_cache", d_cache, draft)):
+            if not isinstance(cache, StaticTreeCache):
+                raise ValueError(f"{name} must be a StaticTreeCache (cache='static'), got {type(cache).__name__}")
+            if cache.model is not model:
+                raise ValueError(f"{name} belongs to another model")
+        if t_cache.device != d_cache.device:
+            raise ValueError(f"target and draft caches must be on one device, got {t_cache.device} and {d_cache.device}")
+        if verifier not in CHAIN_METHODS:
+            raise ValueError(f"verifier must be one of {CHAIN_METHODS} (a chain verifier), got {verifier!r}")
+        self.k = check_int("k", k, minimum=1)
+        self.vocab = check_int("vocab", vocab, minimum=1)
+        if _vocab_of(target) != self.vocab:
+            raise ValueError(f"vocab {self.vocab} differs from the target's {_vocab_of(target)}")
+        self.target, self.draft, self.t_cache, self.d_cache = target, draft, t_cache, d_cache
+        self.verifier, self.iid, self.sampling, self.d_sampling = verifier, bool(iid), sampling, d_sampling
+        self._d_vocab = _vocab_of(draft)
+        self.device = t_cache.device
+        self.graphs = t_cache.graphs and d_cache.graphs
+        self.noise = noise_size(verifier, self.k)
+        self.captures = 0
+        self.replays = 0
+        n = _INTS + self.k + self.noise
+        self._host = torch.zeros(n, dtype=torch.int64, pin_memory=self.device.type == "cuda")
+        self._host_np: NDArray[np.int64] = self._host.numpy()
+        with torch.inference_mode(False):
+            self._staged = torch.zeros(n, dtype=torch.int64, device=self.device)
+            self._steps = torch.arange(max(2, self.k + 1), dtype=torch.int64, device=self.device)
+        self._ints = self._staged[:_INTS]
+        self._u = self._staged[_INTS:].view(torch.float64)
+        self._layout: tuple[torch.Tensor, torch.Tensor] | None = None  # the caches' kv the buffers were made for
+        self._graph: Any = None
+        self._out: tuple[torch.Tensor, list[torch.Tensor], torch.Tensor] | None = None
+
+    # --- buffers ---------------------------------------------------------------------------
+
+    def _prepare(self, t_need: int, d_need: int) -> None:
+        """Grow the caches to hold ``t_need`` / ``d_need`` slots; (re)make the buffers when a cache moved."""
+        for cache, need in ((self.t_cache, t_need), (self.d_cache, d_need)):
+            if need > cache.capacity:
+                cache._allocate(_round_capacity(max(need, 2 * cache.capacity)))
+        layout = (self.t_cache.kv, self.d_cache.kv)
+        if self._layout is not None and layout[0] is self._layout[0] and layout[1] is self._layout[1]:
+            return
+        self._first = self.d_cache._new_size(2)  # the pending token(s): always two rows
+        self._next = self.d_cache._new_size(1)  # x_1 .. x_{k-1}
+        self._verify = self.t_cache._new_size(self.k + 1)  # the root and the k drafts
+        with torch.inference_mode(False):
+            self._t_cols = torch.arange(self.t_cache.capacity, dtype=torch.int64, device=self.device)
+            self._d_cols = torch.arange(self.d_cache.capacity, dtype=torch.int64, device=self.device)
+        self._layout = layout
+        self._graph = None  # it points at the old buffers
+
+    # --- the step's device work --------------------------------------------------------------
+
+    def _forward(self, cache: StaticTreeCache, buf: _Size, cols: torch.Tensor, tokens: torch.Tensor,
+                 start: torch.Tensor) -> torch.Tensor:
+        """Logits ``(n, V_model)`` of ``tokens`` at positions (= slots) ``start, start + 1, ...``, each seeing the
+        slots up to its own (cut to the window where the model has one); the cache's host length is left alone."""
+        pos = start + self._steps[: buf.size]
+        buf.index[0].copy_(tokens)
+        buf.index[1].copy_(pos)
+        buf.index[2].copy_(pos)
+        seen = cols[None, :] <= pos[:, None]
+        window = cache.window
+        if window is None:
+            buf.allowed.copy_(seen)
+        else:
+            near = seen & (cols[None, :] > pos[:, None] - window.size)
+            if buf.near is not None:  # full-attention layers and windowed ones
+                buf.allowed.copy_(seen)
+                buf.near.copy_(near)
+            else:
+                buf.allowed.copy_(near)
+        logits: torch.Tensor = cache._eager(buf)[0]
+        return logits
+
+    def _draft_logits(self, buf: _Size, tokens: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+        """The draft's logits on the decode vocabulary (``LLMDraft``'s rule: ids it cannot embed go in as 0)."""
+        if self._d_vocab < self.vocab:
+            tokens = torch.where(tokens < self._d_vocab, tokens, 0)
+        logits = self._forward(self.d_cache, buf, self._d_cols, tokens, start)
+        extra = self.vocab - self._d_vocab
+        if extra < 0:
+            return logits[..., : self.vocab]
+        if extra > 0:
+            pad = torch.full((logits.shape[0], extra), -torch.inf, dtype=logits.dtype, device=logits.device)
+            return torch.cat([logits, pad], dim=-1)
+        return logits
+
+    @torch.no_grad()
+    def _run(self) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:
+        """The step from the staged inputs: ``(out, draft logits rows, target logits)``, with no host sync.
+
+        ``out`` is int64 ``(3 + k,)``: the fault flag, the accepted count, the emitted token, the drafts."""
+        ints, u, k = self._ints, self._u, self.k
+        t_len, d_len, root, two = ints[0], ints[1], ints[2], ints[5]
+        first = self._draft_logits(self._first, ints[3:5], d_len)  # (2, V)
+        raw = [first.index_select(0, ints[5:6])]  # the row after the pending tokens
+        start = d_len + 1 + two  # the slot of x_1
+        top = min(self.vocab, self._d_vocab) - 1  # LLMDraft.draft_tree's clamp
+        rows, drafts = [], []
+        prev = self.d_sampling.probs_unchecked(raw[0])  # (1, V)
+        for i in range(k):
+            rows.append(prev)
+            tok = categorical_draw(prev, u[i : i + 1]) if self.iid else prev.argmax(dim=-1)
+            drafts.append(tok.clamp(0, top))
+            if i == k - 1:
+                break
+            raw.append(self._draft_logits(self._next, drafts[-1], start + i))
+            prev = self.d_sampling.probs_unchecked(raw[-1])
+        x = torch.cat(drafts) if k > 1 else drafts[0]
+        t_logits = self._forward(self.t_cache, self._verify, self._t_cols, torch.cat([root.reshape(1), x]), t_len)
+        p, t_fault = self.sampling.probs_with_fault(t_logits)
+        draft_raw = torch.cat(raw) if len(raw) > 1 else raw[0]
+        fault = logits_fault(draft_raw) | (logits_fault(t_logits) if t_fault is None else t_fault)
+        q = (torch.cat(rows) if k > 1 else rows[0]) if self.iid else None
+        _, head = _chain_head(self.verifier, x, q, p, u[k:], trusted=True)  # (bad = 0, n, y)
+        return torch.cat([fault.to(torch.int64).reshape(1), head[1:], x]), raw, t_logits
+
+    def _capture(self) -> None:
+        """Warm up on a side stream (twice: the caches' slots past their lengths only), then capture."""
+        stream = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self._run()
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):  # a pool of its own: it replays in any order with the caches' graphs
+            self._out = self._run()
+        self._graph = graph
+        self.captures += 1
+
+    def _execute(self) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:
+        if not self.graphs:
+            return self._run()
+        if self._graph is None:
+            self._capture()
+        self._graph.replay()
+        self.replays += 1
+        assert self._out is not None
+        return self._out
+
+    # --- the host side -----------------------------------------------------------------------
+
+    def step(self, t_past: int, root: int, d_past: int, pending: Sequence[int],
+             u_draft: NDArray[np.float64] | None, u_verify: NDArray[np.float64]) -> ChainStepResult:
+        """One step after ``t_past`` target positions (the root ``root`` not among them) and ``d_past``
+        draft positions followed by ``pending`` (one or two tokens); one upload, one transfer back.
+
+        ``u_draft``: the ``k`` uniforms of an ``iid`` chain (``None`` for ``topk``); ``u_verify``: the
+        verifier's :func:`~spec.llm.verify.noise_size` uniforms.  Both caches' lengths must be
+        ``t_past`` and ``d_past``; afterwards they hold the context and the accepted path.  Logits a
+        :class:`~spec.llm.sampling.Sampling` refuses raise its ``ValueError`` (the draft's first).
+        """
+        k = self.k
+        if self.t_cache.length != t_past or self.d_cache.length != d_past:
+            raise ValueError(f"the caches hold {self.t_cache.length} / {self.d_cache.length} positions, "
+                             f"not t_past {t_past} / d_past {d_past}")
+        if not 1 <= len(pending) <= 2:
+            raise ValueError(f"pending must hold one or two tokens, got {len(pending)}")
+        if (u_draft is None) == self.iid or (u_draft is not None and len(u_draft) != k) or len(u_verify) != self.noise:
+            raise ValueError(f"give {k} draft uniforms for an iid chain (None for topk) and {self.noise} "
+                             f"verifier uniforms, got {None if u_draft is None else len(u_draft)} and {len(u_verify)}")
+        self._prepare(t_past + k + 1, d_past + k + 1)
+        h = self._host_np
+        h[:_INTS] = (t_past, d_past, root, pending[0], pending[-1], len(pending) - 1)
+        hu = h[_INTS:].view(np.float64)
+        if u_draft is not None:
+            hu[:k] = u_draft
+        hu[k:] = u_verify
+        self._staged.copy_(self._host, non_blocking=self.device.type == "cuda")
+        out, raw, t_logits = self._execute()
+        got = out.tolist()  # the step's one transfer
+        if got[0]:  # name the fault: the draft's logits first, then the target's
+            for row in raw:
+                self.d_sampling.probs(row)
+            self.sampling.probs(t_logits)
+            raise RuntimeError("a logits fault was flagged but not found again")
+        n, y, drafted = got[1], got[2], got[3:]
+        t_next = t_past + 1 + n
+        d_next = d_past + len(pending) + min(n, k - 1)
+        self.t_cache.length, self.d_cache.length = t_next, d_next
+        nxt = (drafted[-1], y) if n == k else (y,)
+        return ChainStepResult(n, drafted[:n] + [y], drafted, t_next, d_next, nxt)
+
+    @torch.no_grad()
+    def profile(self, t_past: int, root: int, d_past: int, pending: Sequence[int], reps: int = 50) -> dict[str, float]:
+        """Milliseconds per replay of the whole step and of its forwards alone, from the state a decode
+        left (the caches' lengths do not change; slots past them are scratch).
+
+        ``forwards_ms``: the same ``k`` draft forwards and target forward with no draws and no verifier
+        (tokens = the root); ``target_ms``: the target forward alone.  So ``step_ms - forwards_ms`` is what
+        the builder and the verifier add, ``overhead_pct`` that as a share of ``target_ms`` (the 5% bound of
+        DESIGN.md §10).  Each is timed over ``reps`` runs after a warm-up, device synchronised.
+        """
+        reps = check_int("reps", reps, minimum=1)
+        k = self.k
+        u_draft = np.full(k, 0.5) if self.iid else None
+        self.step(t_past, root, d_past, pending, u_draft, np.full(self.noise, 0.5))  # stage and capture
+        self.t_cache.length, self.d_cache.length = t_past, d_past
+
+        def forwards() -> torch.Tensor:
+            ints = self._ints
+            x = ints[2].reshape(1)
+            self._draft_logits(self._first, ints[3:5], ints[1])
+            for i in range(k - 1):
+                self._draft_logits(self._next, x, ints[1] + 2 + i)
+            return self._forward(self.t_cache, self._verify, self._t_cols, ints[2].expand(k + 1).contiguous(), ints[0])
+
+        def target() -> torch.Tensor:
+            ints = self._ints
+            return self._forward(self.t_cache, self._verify, self._t_cols, ints[2].expand(k + 1).contiguous(), ints[0])
+
+        def timed(run: Any) -> float:
+            for _ in range(3):
+                run()
+            sync(self.device)
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                run()
+            sync(self.device)
+            return (time.perf_counter() - t0) / reps * 1e3
+
+        if self.graphs:
+            assert self._graph is not None
+            step_ms = timed(self._graph.replay)
+            forwards_ms, target_ms = timed(self._captured(forwards).replay), timed(self._captured(target).replay)
+        else:
+            step_ms, forwards_ms, target_ms = timed(self._run), timed(forwards), timed(target)
+        return {"step_ms": step_ms, "forwards_ms": forwards_ms, "target_ms": target_ms,
+                "overhead_pct": 100.0 * (step_ms - forwards_ms) / target_ms}
+
+    def _captured(self, fn: Any) -> Any:
+        """``fn`` captured as a CUDA graph of its own, after a warm-up on a side stream (:meth:`profile`)."""
+        stream = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            fn()
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        return graph
+
+
+def shared_chain_step(target: Any, draft: Any, t_cache: StaticTreeCache, d_cache: StaticTreeCache, *, k: int,
+                      verifier: str, iid: bool, sampling: Sampling, d_sampling: Sampling, vocab: int) -> ChainStepGraph:
+    """The :class:`ChainStepGraph` of these caches and settings, made once and reused across decodes (as
+    :func:`~spec.llm.static_cache.shared_static_cache` reuses the caches), so a decode replays the graph an
+    earlier one captured: only a cache that grew since makes it capture again."""
+    per_cache = t_cache.step_graphs
+    key = (id(d_cache), k, verifier, bool(iid), sampling, d_sampling, vocab)
+    step = per_cache.get(key)
+    if step is None or step.d_cache is not d_cache or step.target is not target or step.draft is not draft:
+        step = ChainStepGraph(target, draft, t_cache, d_cache, k=k, verifier=verifier, iid=iid, sampling=sampling,
+                              d_sampling=d_sampling, vocab=vocab)
+        per_cache[key] = step
+    return step

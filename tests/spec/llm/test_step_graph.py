@@ -1,0 +1,236 @@
+"""A whole chain step as one piece of fixed-shape device work (``generate(..., step_graph=True)``).
+
+:class:`spec.llm.step_graph.ChainStepGraph` does the work of the device chain
+(:func:`spec.llm.generate._chain_step`) with every length on the device, so
+that on CUDA the step can be captured as one graph.  On the CPU the same
+buffers run eagerly; these tests check that the tokens and per-step accepted
+counts equal the device chain's on the same seed (both pending cases: a step
+after one that accepted every draft feeds the draft two tokens), that greedy
+decoding is reproduced past a sliding window and with a draft of another
+vocabulary size, and that the step reads no tensor value on the host: it
+runs on the ``meta`` device, where any such read raises.  The capture itself
+is tested in ``test_cuda.py``.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from spec.llm import static_cache  # noqa: E402
+from spec.llm.generate import generate  # noqa: E402
+from spec.llm.models import tiny_pair  # noqa: E402
+from spec.llm.sampling import Sampling  # noqa: E402
+from spec.llm.static_cache import StaticTreeCache  # noqa: E402
+from spec.llm.step_graph import ChainStepGraph  # noqa: E402
+from spec.llm.verify import CHAIN_METHODS  # noqa: E402
+
+from .conftest import greedy_decode  # noqa: E402
+from .test_generate import _tiny  # noqa: E402
+from .test_windows import GREEDY_BITES, tiny  # noqa: E402
+
+pytestmark = pytest.mark.llm
+
+
+@pytest.fixture(scope="module")
+def pair() -> tuple[Any, Any]:
+    """A sharp target and a draft that is the target with noise on its output layer: long accepted runs
+    (every draft accepted in many steps) and rejections, at T = 0 and T = 1 (measured while writing)."""
+    target, _ = tiny_pair(29, seed=3)
+    with torch.no_grad():
+        target.lm_head.weight.mul_(12.0)
+    draft = copy.deepcopy(target)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        draft.lm_head.weight.add_(0.2 * torch.randn_like(draft.lm_head.weight))
+    return target, draft
+
+
+#: (temperature, top_k, top_p, draft_temperature)
+SETTINGS = [(0.0, None, None, None), (1.0, None, None, None), (0.7, 9, 0.9, None), (0.0, None, None, 1.0),
+            (1.0, None, None, 0.6)]
+
+
+@pytest.mark.parametrize(("verifier", "draw", "k"), list(itertools.product(CHAIN_METHODS, ("iid", "topk"), (1, 4))))
+def test_fused_steps_give_the_device_chains_tokens(pair: tuple[Any, Any], verifier: str, draw: str, k: int) -> None:
+    target, draft = pair
+    full = partial = 0
+    for (temp, top_k, top_p, dtemp), seed in itertools.product(SETTINGS, (0, 1)):
+        kw: dict[str, Any] = dict(budget=k, temperature=temp, top_k=top_k, top_p=top_p, draft_temperature=dtemp,
+                                  max_new_tokens=40, seed=seed, cache="static", builder_params={"draw": draw})
+        ref = generate(target, draft, [5, 3, 5], "chain", verifier, **kw)
+        got = generate(target, draft, [5, 3, 5], "chain", verifier, step_graph=True, **kw)
+        assert got.tokens == ref.tokens, (temp, top_k, top_p, dtemp, seed)
+        assert [s.accepted for s in got.steps] == [s.accepted for s in ref.steps]
+        fused = [s for s in got.steps if s.graph_s > 0]
+        assert len(fused) == len(got.steps) - 1  # all but the first, which feeds the prompt to the draft
+        assert all(s.build_s == s.target_s == s.verify_s == 0.0 and s.draft_forwards == k for s in fused)
+        full += sum(s.accepted == k for s in fused[:-1])  # the next step feeds the draft two pending tokens
+        partial += sum(s.accepted < k for s in fused[:-1])
+        if temp == 0:
+            assert got.tokens == greedy_decode(target, [5, 3, 5], 40)
+    assert full >= 5 and partial >= 5, (full, partial)
+
+
+def test_fused_steps_stop_at_eos_and_length(pair: tuple[Any, Any]) -> None:
+    target, draft = pair
+    plain = generate(target, draft, [1, 2], "chain", "sps", temperature=1.0, max_new_tokens=30, budget=3, seed=4,
+                     cache="static")
+    eos = plain.tokens[9]
+    for n in (1, 2, 7, 30):
+        kw: dict[str, Any] = dict(temperature=1.0, max_new_tokens=n, budget=3, seed=4, eos_token_id=eos, cache="static")
+        got = generate(target, draft, [1, 2], "chain", "sps", step_graph=True, **kw)
+        assert got.tokens == generate(target, draft, [1, 2], "chain", "sps", **kw).tokens
+        assert len(got.tokens) <= n and (eos not in got.tokens or got.tokens[-1] == eos)
+
+
+@pytest.mark.parametrize("name", ["mistral", "gemma3", "qwen2"])
+def test_fused_steps_decode_greedily_past_a_sliding_window(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A window of 3, 29 positions: every layer windowed (Mistral) or only the sliding ones (Gemma 3, Qwen2).
+    With the window read as absent, the fused steps leave greedy decoding where the window bites."""
+    target, draft = tiny(name, 0, 3), tiny(name, 1, 3)
+    prompt, n = [3, 1, 4, 1, 5], 24
+    ref = greedy_decode(target, prompt, n)
+    kw: dict[str, Any] = dict(temperature=0, max_new_tokens=n, budget=4, draft_temperature=1.0, cache="static",
+                              step_graph=True)
+    for verifier in CHAIN_METHODS:
+        assert generate(target, draft, prompt, "chain", verifier, **kw).tokens == ref, verifier
+    if name in GREEDY_BITES:  # fresh models: the shared static caches read the window when they are made
+        monkeypatch.setattr(static_cache, "attention_window", lambda model: None)
+        target, draft = tiny(name, 0, 3), tiny(name, 1, 3)
+        assert generate(target, draft, prompt, "chain", "sps", **kw).tokens != ref
+
+
+@pytest.mark.parametrize("draft_vocab", [11, 16])
+def test_fused_steps_with_a_draft_of_another_vocabulary_size(draft_vocab: int) -> None:
+    """The second prompt makes the target emit ids the 11-token draft lacks: they go in as id 0."""
+    target, draft = _tiny(13, 0, scale=40.0), _tiny(draft_vocab, 1, layers=1, scale=40.0)
+    for prompt, verifier, dtemp in itertools.product(([3, 1, 4, 1, 5], [12, 11, 2]), CHAIN_METHODS, (None, 1.0)):
+        out = generate(target, draft, prompt, "chain", verifier, temperature=0, max_new_tokens=16, budget=4,
+                       cache="static", draft_temperature=dtemp, step_graph=True)
+        assert out.tokens == greedy_decode(target, prompt, 16), (prompt, verifier, dtemp)
+
+
+def _meta_step(target: Any, draft: Any, verifier: str, iid: bool, sampling: Sampling, k: int = 4) -> torch.Tensor:
+    """The step's device work on copies of the models on the ``meta`` device (shapes, no values)."""
+    t, d = copy.deepcopy(target).to("meta"), copy.deepcopy(draft).to("meta")
+    tc, dc = StaticTreeCache(t, 64), StaticTreeCache(d, 64)
+    tc.length, dc.length = 6, 5
+    step = ChainStepGraph(t, d, tc, dc, k=k, verifier=verifier, iid=iid, sampling=sampling, d_sampling=sampling,
+                          vocab=int(t.config.vocab_size))
+    step._prepare(6 + k + 1, 5 + k + 1)
+    out, raw, t_logits = step._run()
+    assert out.device.type == "meta" and tuple(out.shape) == (3 + k,)
+    assert len(raw) == k and tuple(t_logits.shape) == (k + 1, t.config.vocab_size)
+    return out
+
+
+@pytest.mark.parametrize(("verifier", "iid"), list(itertools.product(CHAIN_METHODS, (True, False))))
+def test_the_step_reads_no_value_on_the_host(pair: tuple[Any, Any], verifier: str, iid: bool) -> None:
+    """Every sampling setting, and windowed models of both kinds: the step runs on the ``meta`` device,
+    where reading a value (``.item()``, ``bool``, ``tolist``) raises, so nothing in it waits for the device
+    and a CUDA graph can capture it whole."""
+    target, draft = pair
+    for sampling in (Sampling(0.0), Sampling(1.0), Sampling(0.7, top_k=5, top_p=0.9)):
+        _meta_step(target, draft, verifier, iid, sampling)
+    for name in ("mistral", "gemma3"):
+        _meta_step(tiny(name, 0, 3), tiny(name, 1, 3), verifier, iid, Sampling(1.0))
+
+
+def test_the_meta_check_catches_a_host_read(pair: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check has teeth: with the rows processed by the checked ``Sampling.probs`` (which reads a flag on
+    the host to raise its ``ValueError``), the step no longer runs on the meta device."""
+    target, draft = pair
+    monkeypatch.setattr(Sampling, "probs_unchecked", Sampling.probs)
+    with pytest.raises((RuntimeError, NotImplementedError), match="meta"):
+        _meta_step(target, draft, "sps", True, Sampling(1.0))
+
+
+@pytest.mark.parametrize("which", ["draft", "target"])
+def test_bad_logits_in_a_fused_step_raise_the_usual_error(pair: tuple[Any, Any], which: str,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """NaN logits appearing after two fused steps raise ``process_logits``' ValueError, as on the other paths."""
+    real = ChainStepGraph._execute
+    calls = [0]
+    poison: list[Any] = []
+
+    def poisoned(self: ChainStepGraph) -> Any:
+        calls[0] += 1
+        if calls[0] == 3:
+            with torch.no_grad():
+                poison[0].lm_head.weight[:, 0] = float("nan")
+        return real(self)
+
+    monkeypatch.setattr(ChainStepGraph, "_execute", poisoned)
+    for temperature in (0.0, 1.0):
+        target, draft = (copy.deepcopy(m) for m in pair)
+        calls[0] = 0
+        poison[:] = [draft if which == "draft" else target]
+        with pytest.raises(ValueError, match="logits contain NaN"):
+            generate(target, draft, [1, 2], "chain", "sps", temperature=temperature, max_new_tokens=40, budget=2,
+                     cache="static", step_graph=True)
+        assert calls[0] == 3
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    (dict(step_graph=1), "step_graph must be True or False"),
+    (dict(builder_params={"confidence": 0.5}), "the 'chain' builder with no confidence stop"),
+    (dict(builder="fixed"), "the 'chain' builder"),
+    (dict(verifier="traversal"), "needs a chain verifier"),
+    (dict(chain_on_device=False), "chain_on_device=True"),
+    (dict(cache="dynamic"), "needs cache='static'"),
+    (dict(cache="auto"), "needs cache='static'"),  # auto is dynamic on the CPU
+    (dict(verify_backend="numpy"), "verify_backend 'torch' or 'auto'"),
+])
+def test_step_graph_needs_a_fixed_chain_on_the_static_cache(pair: tuple[Any, Any], kwargs: dict[str, Any],
+                                                            match: str) -> None:
+    target, draft = pair
+    args: dict[str, Any] = dict(builder="chain", verifier="sps", cache="static", step_graph=True, max_new_tokens=4)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        generate(target, draft, [1, 2], **args)
+
+
+def test_chain_step_graph_refuses_bad_arguments(pair: tuple[Any, Any]) -> None:
+    target, draft = pair
+    tc, dc = StaticTreeCache(target, 64), StaticTreeCache(draft, 64)
+    kw: dict[str, Any] = dict(k=3, verifier="sps", iid=True, sampling=Sampling(), d_sampling=Sampling(), vocab=29)
+    with pytest.raises(ValueError, match="t_cache must be a StaticTreeCache"):
+        ChainStepGraph(target, draft, transformers.DynamicCache(), dc, **kw)
+    with pytest.raises(ValueError, match="d_cache belongs to another model"):
+        ChainStepGraph(target, draft, tc, tc, **kw)
+    with pytest.raises(ValueError, match="a chain verifier"):
+        ChainStepGraph(target, draft, tc, dc, **{**kw, "verifier": "traversal"})
+    with pytest.raises(ValueError, match="k must be"):
+        ChainStepGraph(target, draft, tc, dc, **{**kw, "k": 0})
+    with pytest.raises(ValueError, match="vocab 30 differs from the target's 29"):
+        ChainStepGraph(target, draft, tc, dc, **{**kw, "vocab": 30})
+    step = ChainStepGraph(target, draft, tc, dc, **kw)
+    u3, u4 = np.full(3, 0.5), np.full(4, 0.5)
+    with pytest.raises(ValueError, match="the caches hold 0 / 0 positions, not t_past 2 / d_past 0"):
+        step.step(2, 1, 0, [1], u3, u4)
+    with pytest.raises(ValueError, match="pending must hold one or two tokens, got 3"):
+        step.step(0, 1, 0, [1, 2, 3], u3, u4)
+    for u_draft, u_verify in ((None, u4), (u4, u4), (u3, u3)):
+        with pytest.raises(ValueError, match="give 3 draft uniforms for an iid chain"):
+            step.step(0, 1, 0, [1], u_draft, u_verify)
+
+
+def test_profile_times_the_step_and_its_forwards(pair: tuple[Any, Any]) -> None:
+    """``profile`` (the benchmark's source for a fused row's overhead) leaves the caches' lengths as they were."""
+    target, draft = pair
+    tc, dc = StaticTreeCache(target, 64), StaticTreeCache(draft, 64)
+    tc.length = dc.length = 0
+    step = ChainStepGraph(target, draft, tc, dc, k=3, verifier="block", iid=True, sampling=Sampling(),
+                          d_sampling=Sampling(), vocab=29)
+    got = step.profile(0, 4, 0, [4], reps=2)
+    assert set(got) == {"step_ms", "forwards_ms", "target_ms", "overhead_pct"}
+    assert all(np.isfinite(v) for v in got.values()) and min(got["step_ms"], got["forwards_ms"], got["target_ms"]) > 0
+    assert (tc.length, dc.length) == (0, 0)
