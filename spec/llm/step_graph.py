@@ -290,7 +290,8 @@ class ChainStepGraph:
         ``forwards_ms``: the same ``k`` draft forwards and target forward with no draws and no verifier
         (tokens = the root); ``target_ms``: the target forward alone.  So ``step_ms - forwards_ms`` is what
         the builder and the verifier add, ``overhead_pct`` that as a share of ``target_ms`` (the 5% bound of
-        DESIGN.md §10).  Each is timed over ``reps`` runs after a warm-up, device synchronised.
+        DESIGN.md §10).  Each is the median of ``reps`` runs, device synchronised around each; the three take
+        turns (order rotated), after two warm-up rounds, so a slow spell of the machine falls on all three.
         """
         reps = check_int("reps", reps, minimum=1)
         k = self.k
@@ -310,22 +311,23 @@ class ChainStepGraph:
             ints = self._ints
             return self._forward(self.t_cache, self._verify, self._t_cols, ints[2].expand(k + 1).contiguous(), ints[0])
 
-        def timed(run: Any) -> float:
-            for _ in range(3):
-                run()
-            sync(self.device)
-            t0 = time.perf_counter()
-            for _ in range(reps):
-                run()
-            sync(self.device)
-            return (time.perf_counter() - t0) / reps * 1e3
-
         if self.graphs:
             assert self._graph is not None
-            step_ms = timed(self._graph.replay)
-            forwards_ms, target_ms = timed(self._captured(forwards).replay), timed(self._captured(target).replay)
+            runs = {"step": self._graph.replay, "forwards": self._captured(forwards).replay,
+                    "target": self._captured(target).replay}
         else:
-            step_ms, forwards_ms, target_ms = timed(self._run), timed(forwards), timed(target)
+            runs = {"step": self._run, "forwards": forwards, "target": target}
+        names = list(runs)
+        times: dict[str, list[float]] = {name: [] for name in names}
+        for r in range(-2, reps):  # two warm-up rounds, then the three take turns, the order rotated
+            for name in names[r % 3 :] + names[: r % 3]:
+                sync(self.device)
+                t0 = time.perf_counter()
+                runs[name]()
+                sync(self.device)
+                if r >= 0:
+                    times[name].append(time.perf_counter() - t0)
+        step_ms, forwards_ms, target_ms = (1e3 * float(np.median(times[name])) for name in names)
         return {"step_ms": step_ms, "forwards_ms": forwards_ms, "target_ms": target_ms,
                 "overhead_pct": 100.0 * (step_ms - forwards_ms) / target_ms}
 
