@@ -234,3 +234,21 @@ def test_profile_times_the_step_and_its_forwards(pair: tuple[Any, Any]) -> None:
     assert set(got) == {"step_ms", "forwards_ms", "target_ms", "overhead_pct"}
     assert all(np.isfinite(v) for v in got.values()) and min(got["step_ms"], got["forwards_ms"], got["target_ms"]) > 0
     assert (tc.length, dc.length) == (0, 0)
+
+
+def test_fused_steps_grow_the_caches_they_outrun(pair: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Caches sized far too small up front (64 slots for 100 positions) grow during the fused steps: the step
+    rebuilds its buffers for the new ones, and the tokens stay the device chain's."""
+    from spec.llm import generate as gen
+
+    target, draft = pair
+    kw: dict[str, Any] = dict(budget=4, temperature=1.0, max_new_tokens=96, seed=3, cache="static")
+    ref = generate(target, draft, [5, 3, 5, 1], "chain", "block", **kw)
+    small_t, small_d = copy.deepcopy(target), copy.deepcopy(draft)  # fresh shared caches
+    monkeypatch.setattr(gen, "cache_capacity", lambda *args: 1)
+    got = generate(small_t, small_d, [5, 3, 5, 1], "chain", "block", step_graph=True, **kw)
+    assert got.tokens == ref.tokens
+    caches = [static_cache.shared_static_cache(m, role, 1) for m, role in ((small_t, "target"), (small_d, "draft"))]
+    assert all(c.capacity >= 100 for c in caches)
+    (step,) = caches[0].step_graphs.values()
+    assert step._layout is not None and step._layout[0] is caches[0].kv and step._layout[1] is caches[1].kv
