@@ -30,7 +30,8 @@ Side by side in one run, on the same prompts, every method decodes exactly
   a ``:graph`` flag (a ``chain`` with a chain verifier) runs every step after
   the first as one fixed-shape piece of device work, captured as one CUDA
   graph (``generate``'s ``step_graph``, on the static cache whatever ``--cache``
-  says), e.g. ``chain:sps:graph``.  Its steps are not split into builder,
+  says), e.g. ``chain:sps:graph``; ``:compiled`` does the same with the step's
+  draws and verifier compiled by ``torch.compile`` first (``compile_step``).  Its steps are not split into builder,
   verifier and forwards, so its cost columns come from
   :meth:`~spec.llm.step_graph.ChainStepGraph.profile` after the first prompt:
   the step against its forwards alone (``bld+ver %``: the difference, of the
@@ -111,6 +112,7 @@ class Method:
     backend: str = "auto"  # generate's verify_backend
     draft_temperature: float | None = None  # generate's draft_temperature (None: the row's temperature)
     step_graph: bool = False  # generate's step_graph: each chain step one fixed-shape graph
+    compile_step: bool = False  # generate's compile_step: the fused step's draws and verifier compiled
 
     @property
     def ours(self) -> bool:
@@ -125,7 +127,7 @@ class Method:
         return (f"{self.builder}{shown}+{self.verifier}@{self.budget}" + ("/host" if self.on_host else "")
                 + ("" if self.backend == "auto" else f"/{self.backend}")
                 + ("" if self.draft_temperature is None else f"/dtemp={self.draft_temperature:g}")
-                + ("/graph" if self.step_graph else ""))
+                + ("/compiled" if self.compile_step else "/graph" if self.step_graph else ""))
 
 
 def _builder_params(text: str, fields: list[str]) -> tuple[tuple[str, Any], ...]:
@@ -171,10 +173,10 @@ def parse_method(text: str, budget: int, chain_budget: int) -> Method:
     verifier, *flags = verifier.split(":")
     dtemp = [f for f in flags if f.startswith("dtemp=")]
     flags = [f for f in flags if not f.startswith("dtemp=")]
-    unknown = [f for f in flags if f not in ("host", "torch", "numpy", "graph")]
+    unknown = [f for f in flags if f not in ("host", "torch", "numpy", "graph", "compiled")]
     if unknown or len(set(flags)) != len(flags) or {"torch", "numpy"} <= set(flags) or len(dtemp) > 1:
         raise ValueError(f"method {text!r}: the fields after the verifier are flags, each at most once: 'host', "
-                         f"'graph', one of 'torch' / 'numpy', and 'dtemp=T'; got {':'.join(flags + dtemp)!r}")
+                         f"'graph' or 'compiled', one of 'torch' / 'numpy', and 'dtemp=T'; got {':'.join(flags + dtemp)!r}")
     draft_temperature = None
     if dtemp:
         try:
@@ -187,11 +189,13 @@ def parse_method(text: str, budget: int, chain_budget: int) -> Method:
     if on_host and builder not in ("chain", "fixed"):
         raise ValueError(f"method {text!r}: only the chain and fixed builders (drafted on the device) take the flag "
                          f"'host'")
-    step_graph = "graph" in flags
-    if step_graph and (builder != "chain" or on_host or "numpy" in flags):
-        raise ValueError(f"method {text!r}: the flag 'graph' (generate's step_graph) takes the chain builder drafting "
-                         f"on the device with a chain verifier, without 'host' or 'numpy'")
-    backend = next((f for f in flags if f not in ("host", "graph")), "auto")
+    compile_step = "compiled" in flags
+    step_graph = "graph" in flags or compile_step
+    if {"graph", "compiled"} <= set(flags) or (step_graph and (builder != "chain" or on_host or "numpy" in flags)):
+        raise ValueError(f"method {text!r}: the flag 'graph' (generate's step_graph), or 'compiled' (step_graph and "
+                         f"compile_step), takes the chain builder drafting on the device with a chain verifier, "
+                         f"without 'host' or 'numpy'")
+    backend = next((f for f in flags if f not in ("host", "graph", "compiled")), "auto")
     if not sep or builder not in BUILDERS or verifier not in VERIFIERS:
         raise ValueError(
             f"method {text!r}: use one of {', '.join(BASELINES)} or BUILDER:VERIFIER[@BUDGET] with a builder of "
@@ -212,8 +216,9 @@ def parse_method(text: str, budget: int, chain_budget: int) -> Method:
     except ValueError as err:
         raise ValueError(f"method {text!r}: {err}") from None
     if step_graph and verifier not in CHAIN_METHODS:
-        raise ValueError(f"method {text!r}: the flag 'graph' needs a chain verifier ({', '.join(CHAIN_METHODS)})")
-    return Method(text, builder, verifier, n, on_host, params, backend, draft_temperature, step_graph)
+        raise ValueError(f"method {text!r}: the flags 'graph' and 'compiled' need a chain verifier "
+                         f"({', '.join(CHAIN_METHODS)})")
+    return Method(text, builder, verifier, n, on_host, params, backend, draft_temperature, step_graph, compile_step)
 
 
 def heldout_prompts(tokenizer: Any, n: int, length: int, val_every: int = 50) -> list[list[int]]:
@@ -270,7 +275,7 @@ def _run_one(method: Method, target: Any, draft: Any, prompt: list[int], tempera
                            temperature=temperature, max_new_tokens=new_tokens, seed=seed, cache=cache,
                            builder_params=dict(method.params), chain_on_device=not method.on_host,
                            verify_backend=method.backend, draft_temperature=method.draft_temperature,
-                           step_graph=method.step_graph)
+                           step_graph=method.step_graph, compile_step=method.compile_step)
         s = out.summary()
         return {"tokens": out.tokens, "seconds": out.total_s, "steps": len(out.steps), "tree": s["mean_tree_size"],
                 "build_s": s["build_s"], "draft_s": s["draft_s"], "target_s": s["target_s"], "verify_s": s["verify_s"],
@@ -314,8 +319,8 @@ def _step_profile(method: Method, target: Any, draft: Any, prompt: list[int], te
                   cache: str, reps: int = 50) -> dict[str, float]:
     """A ``graph`` row's costs, which its fused steps do not split: :meth:`ChainStepGraph.profile
     <spec.llm.step_graph.ChainStepGraph.profile>` after the prompt, on the step graph the row's decodes used."""
-    from spec.builders import make_builder
-    from spec.llm.generate import _draft_sampling, _new_cache, _prefill, cache_capacity
+    from spec.builders import ChainBuilder, make_builder
+    from spec.llm.generate import COMPILE_BACKEND, _draft_sampling, _new_cache, _prefill, cache_capacity
     from spec.llm.sampling import Sampling
     from spec.llm.step_graph import shared_chain_step
     from tmc.multidraft import Draw
@@ -324,13 +329,16 @@ def _step_profile(method: Method, target: Any, draft: Any, prompt: list[int], te
     sampling = Sampling(temperature)
     dtemp = method.draft_temperature
     d_sampling = sampling if dtemp is None else _draft_sampling(dtemp, None, None)
-    iid = make_builder("chain", **dict(method.params)).draw == Draw.IID
+    chain = make_builder("chain", **dict(method.params))
+    assert isinstance(chain, ChainBuilder)
+    iid = chain.draw == Draw.IID
     slots = cache_capacity(len(prompt), 0, method.budget)
     t_cache, d_cache = (_new_cache(m, cache, role, slots, None) for m, role in ((target, "target"), (draft, "draft")))
     for model, kv in ((target, t_cache), (draft, d_cache)):
         _prefill(model, kv, prompt[:-1])
     step = shared_chain_step(target, draft, t_cache, d_cache, k=method.budget, verifier=method.verifier, iid=iid,
-                             sampling=sampling, d_sampling=d_sampling, vocab=int(target.config.vocab_size))
+                             sampling=sampling, d_sampling=d_sampling, vocab=int(target.config.vocab_size),
+                             compile_backend=COMPILE_BACKEND if method.compile_step else None)
     past = len(prompt) - 1
     return step.profile(past, prompt[-1], past, [prompt[-1]], reps=reps)
 
@@ -590,7 +598,8 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                    help="decode: comma-separated ar, ar-static, ar-loop, hf-assisted, "
                         "BUILDER[/KEY=VALUE...]:VERIFIER[:FLAG...][@BUDGET] with flags host (chain, fixed), "
                         "torch or numpy (the verifier backend), dtemp=T (the draft's own temperature), graph "
-                        "(chain + chain verifier: each step one fixed-shape CUDA graph, generate's step_graph)")
+                        "(chain + chain verifier: each step one fixed-shape CUDA graph, generate's step_graph), "
+                        "compiled (graph, with the step's draws and verifier compiled first: compile_step)")
     g.add_argument("--budget", type=int, default=16, help="decode: tree budget of methods without @ (default 16)")
     g.add_argument("--chain-budget", type=int, default=4, help="decode: chain length of chain methods without @ (default 4)")
     g.add_argument("--prompts", type=int, default=8, help="decode: held-out prompts (default 8)")

@@ -89,6 +89,8 @@ VERIFY_BACKENDS = ("auto", "torch", "numpy")
 #: 5 and 21 rows (SpS 0.35 against 1.26 ms, 0.74 against 1.19 ms), tied with SpS at V = 32000
 #: with 5 rows, and lost from there on (SpS at V = 128256: 11.6 against 1.1 ms).
 HOST_VERIFY_MAX_ENTRIES = 1 << 17
+#: The ``torch.compile`` backend of ``compile_step=True`` (the CPU tests trace with ``"eager"``: no code generation).
+COMPILE_BACKEND = "inductor"
 
 @dataclass(frozen=True)
 class StepStats:
@@ -503,6 +505,7 @@ def generate(
     chain_on_device: bool = True,
     verify_backend: str = "auto",
     step_graph: bool = False,
+    compile_step: bool = False,
 ) -> GenerateOutput:
     """Speculative decoding of ``max_new_tokens`` tokens after ``input_ids`` (module doc).
 
@@ -573,12 +576,20 @@ def generate(
     torch verifier).  The first step, which feeds the prompt to the draft,
     takes the usual path.  The tokens are the same (tested on the CPU, where
     the same work runs eagerly).  Off by default: on the CPU it only adds work.
+    ``compile_step`` (with ``step_graph``): the step's draws and verifier go
+    through ``torch.compile`` (inductor, whole graphs) first, so the captured
+    graph launches a few fused kernels for them instead of some 150 small
+    ones; the first step of each setting pays the compilation.
     """
     t_start = time.perf_counter()
     if not isinstance(chain_on_device, bool):
         raise ValueError(f"chain_on_device must be True or False, got {chain_on_device!r}")
     if not isinstance(step_graph, bool):
         raise ValueError(f"step_graph must be True or False, got {step_graph!r}")
+    if not isinstance(compile_step, bool):
+        raise ValueError(f"compile_step must be True or False, got {compile_step!r}")
+    if compile_step and not step_graph:
+        raise ValueError("compile_step=True compiles the fused step: it needs step_graph=True")
     vocab = _vocab(target, "target")
     d_vocab = _vocab(draft, "draft")  # a draft of another size works on the target's ids (LLMDraft's vocab)
     check_attention(target, "target")
@@ -637,16 +648,17 @@ def generate(
                 d_state = (d_step.past_len, d_step.pending)
             if fused is None:
                 fused = shared_chain_step(target, draft, t_cache, d_cache, k=budget, verifier=verifier,
-                                          iid=b.draw == Draw.IID, sampling=sampling, d_sampling=d_sampling, vocab=vocab)
+                                          iid=b.draw == Draw.IID, sampling=sampling, d_sampling=d_sampling, vocab=vocab,
+                                          compile_backend=COMPILE_BACKEND if compile_step else None)
             u_draft = rng.random(budget) if fused.iid else None
-            got = fused.step(t_past, root, *d_state, u_draft, rng.random(fused.noise))
+            one = fused.step(t_past, root, *d_state, u_draft, rng.random(fused.noise))
             t3 = time.perf_counter()
-            kept, stopped = _cut_at_stop(got.tokens[: max_new_tokens - len(out)], stops)
+            kept, stopped = _cut_at_stop(one.tokens[: max_new_tokens - len(out)], stops)
             out.extend(kept)
-            steps.append(StepStats(budget, got.n_accepted, len(kept), budget, 0.0, 0.0, 0.0, 0.0, t3 - t0))
-            if stopped or len(kept) < len(got.tokens):
+            steps.append(StepStats(budget, one.n_accepted, len(kept), budget, 0.0, 0.0, 0.0, 0.0, t3 - t0))
+            if stopped or len(kept) < len(one.tokens):
                 break
-            t_past, root, d_state = got.t_past, got.tokens[-1], (got.d_past, got.pending)
+            t_past, root, d_state = one.t_past, one.tokens[-1], (one.d_past, one.pending)
             continue
         if on_device:
             assert isinstance(b, ChainBuilder)

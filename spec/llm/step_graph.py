@@ -36,6 +36,15 @@ row's keys and values before anything can attend to them).
 ``n``, the emitted token ``y`` and the drafts; the host reads it once and
 works out the next step's lengths and pending tokens itself.
 
+**Fewer kernels** (``compile_backend``, :func:`~spec.llm.generate.generate`'s
+``compile_step``).  Captured as it is, the step holds some 150-180 small
+kernels besides the forwards' (draws, rows, masks, the verifier's head:
+counted on the CPU with :func:`spec.llm.opcount.count_ops`); a GPU runs each
+for a few microseconds even inside a graph.  With a backend named, each
+draw and the verifier's head go through ``torch.compile`` as whole graphs
+of fixed shapes first (``fullgraph``: a host read is an error, not a
+silent split), so the capture records inductor's fused kernels instead.
+
 The work is :func:`spec.llm.generate._chain_step`'s, on the same uniforms in
 the same order, so the tokens are the same (tested on the CPU, where the
 same buffers run eagerly; a test checks that the step dispatches no
@@ -45,6 +54,7 @@ one device, both caches :class:`~spec.llm.static_cache.StaticTreeCache`.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -79,6 +89,46 @@ def _vocab_of(model: Any) -> int:
     return int(model.config.vocab_size)
 
 
+#: Graphs dynamo may keep per code object (``_draw_row``, ``_verify_head``): one per setting (sampling, verifier,
+#: chain length, vocabulary) a process decodes with; its default (8) is hit by a benchmark's rows.
+RECOMPILE_LIMIT = 256
+
+
+def _compiled(fn: Any, backend: str) -> Any:
+    """``fn`` through ``torch.compile`` as one whole graph (``fullgraph``: a break, e.g. a host read, is an error,
+    not a silent split) of fixed shapes, called with dynamo's recompile limit raised to :data:`RECOMPILE_LIMIT`
+    (each setting is a specialisation of the same code)."""
+    compiled: Any = torch.compile(fn, fullgraph=True, dynamic=False, backend=backend)
+    config = torch._dynamo.config
+    limit = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"  # older torch's name
+
+    def call(*args: Any) -> Any:
+        with config.patch(**{limit: max(RECOMPILE_LIMIT, getattr(config, limit))}):
+            return compiled(*args)
+
+    return call
+
+
+def _draw_row(logits: torch.Tensor, u: torch.Tensor, *, sampling: Sampling, iid: bool,
+              top: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One draft draw: the processed row ``(1, V)`` of ``logits`` and the token ``(1,)`` drawn from it by
+    inverse CDF with ``u`` ``(1,)`` (``iid``) or its argmax, clamped to ``[0, top]``
+    (:meth:`spec.llm.adapter.LLMDraft.draft_tree`'s rule)."""
+    row = sampling.probs_unchecked(logits)
+    tok = categorical_draw(row, u) if iid else row.argmax(dim=-1)
+    return row, tok.clamp(0, top)
+
+
+def _verify_head(t_logits: torch.Tensor, x: torch.Tensor, q: torch.Tensor | None, u: torch.Tensor,
+                 draft_raw: torch.Tensor, *, sampling: Sampling, verifier: str) -> torch.Tensor:
+    """The step's output row: the fault flag of the draft's and the target's logits, the verifier's accepted
+    count and emitted token (:func:`spec.llm.verify._chain_head`, trusted), then the drafts ``x``."""
+    p, t_fault = sampling.probs_with_fault(t_logits)
+    fault = logits_fault(draft_raw) | (logits_fault(t_logits) if t_fault is None else t_fault)
+    _, head = _chain_head(verifier, x, q, p, u, trusted=True)  # (bad = 0, n, y)
+    return torch.cat([fault.to(torch.int64).reshape(1), head[1:], x])
+
+
 class ChainStepGraph:
     """One chain step of ``k`` draft tokens and a chain verifier, as fixed-shape device work (module doc).
 
@@ -91,11 +141,13 @@ class ChainStepGraph:
     :class:`~spec.llm.adapter.LLMDraft` does).  The step is captured as one
     CUDA graph when both caches capture graphs (``graphs``), else it runs
     eagerly on the same buffers.  ``captures`` and ``replays`` count graphs
-    captured and replayed.
+    captured and replayed.  ``compile_backend``: a ``torch.compile`` backend for the draws and the
+    verifier's head (module doc), or ``None``.
     """
 
     def __init__(self, target: Any, draft: Any, t_cache: StaticTreeCache, d_cache: StaticTreeCache, *, k: int,
-                 verifier: str, iid: bool, sampling: Sampling, d_sampling: Sampling, vocab: int) -> None:
+                 verifier: str, iid: bool, sampling: Sampling, d_sampling: Sampling, vocab: int,
+                 compile_backend: str | None = None) -> None:
         for name, cache, model in (("t_cache", t_cache, target), ("d_cache", d_cache, draft)):
             if not isinstance(cache, StaticTreeCache):
                 raise ValueError(f"{name} must be a StaticTreeCache (cache='static'), got {type(cache).__name__}")
@@ -128,6 +180,15 @@ class ChainStepGraph:
         self._layout: tuple[torch.Tensor, torch.Tensor] | None = None  # the caches' kv the buffers were made for
         self._graph: Any = None
         self._out: tuple[torch.Tensor, list[torch.Tensor], torch.Tensor] | None = None
+        if compile_backend is not None and not isinstance(compile_backend, str):
+            raise ValueError(f"compile_backend must be None or a torch.compile backend name, got {compile_backend!r}")
+        self.compile_backend = compile_backend
+        draw = functools.partial(_draw_row, sampling=d_sampling, iid=self.iid, top=min(self.vocab, self._d_vocab) - 1)
+        head = functools.partial(_verify_head, sampling=sampling, verifier=verifier)
+        if compile_backend is None:
+            self._draw, self._head = draw, head
+        else:
+            self._draw, self._head = _compiled(draw, compile_backend), _compiled(head, compile_backend)
 
     # --- buffers ---------------------------------------------------------------------------
 
@@ -195,25 +256,18 @@ class ChainStepGraph:
         first = self._draft_logits(self._first, ints[3:5], d_len)  # (2, V)
         raw = [first.index_select(0, ints[5:6])]  # the row after the pending tokens
         start = d_len + 1 + two  # the slot of x_1
-        top = min(self.vocab, self._d_vocab) - 1  # LLMDraft.draft_tree's clamp
         rows, drafts = [], []
-        prev = self.d_sampling.probs_unchecked(raw[0])  # (1, V)
         for i in range(k):
+            prev, tok = self._draw(raw[-1], u[i : i + 1])
             rows.append(prev)
-            tok = categorical_draw(prev, u[i : i + 1]) if self.iid else prev.argmax(dim=-1)
-            drafts.append(tok.clamp(0, top))
-            if i == k - 1:
-                break
-            raw.append(self._draft_logits(self._next, drafts[-1], start + i))
-            prev = self.d_sampling.probs_unchecked(raw[-1])
+            drafts.append(tok)
+            if i < k - 1:
+                raw.append(self._draft_logits(self._next, tok, start + i))
         x = torch.cat(drafts) if k > 1 else drafts[0]
         t_logits = self._forward(self.t_cache, self._verify, self._t_cols, torch.cat([root.reshape(1), x]), t_len)
-        p, t_fault = self.sampling.probs_with_fault(t_logits)
-        draft_raw = torch.cat(raw) if len(raw) > 1 else raw[0]
-        fault = logits_fault(draft_raw) | (logits_fault(t_logits) if t_fault is None else t_fault)
         q = (torch.cat(rows) if k > 1 else rows[0]) if self.iid else None
-        _, head = _chain_head(self.verifier, x, q, p, u[k:], trusted=True)  # (bad = 0, n, y)
-        return torch.cat([fault.to(torch.int64).reshape(1), head[1:], x]), raw, t_logits
+        draft_raw = torch.cat(raw) if k > 1 else raw[0]
+        return self._head(t_logits, x, q, u[k:], draft_raw), raw, t_logits
 
     def _capture(self) -> None:
         """Warm up on a side stream (twice: the caches' slots past their lengths only), then capture."""
@@ -345,15 +399,16 @@ class ChainStepGraph:
 
 
 def shared_chain_step(target: Any, draft: Any, t_cache: StaticTreeCache, d_cache: StaticTreeCache, *, k: int,
-                      verifier: str, iid: bool, sampling: Sampling, d_sampling: Sampling, vocab: int) -> ChainStepGraph:
+                      verifier: str, iid: bool, sampling: Sampling, d_sampling: Sampling, vocab: int,
+                      compile_backend: str | None = None) -> ChainStepGraph:
     """The :class:`ChainStepGraph` of these caches and settings, made once and reused across decodes (as
     :func:`~spec.llm.static_cache.shared_static_cache` reuses the caches), so a decode replays the graph an
     earlier one captured: only a cache that grew since makes it capture again."""
     per_cache = t_cache.step_graphs
-    key = (id(d_cache), k, verifier, bool(iid), sampling, d_sampling, vocab)
+    key = (id(d_cache), k, verifier, bool(iid), sampling, d_sampling, vocab, compile_backend)
     step = per_cache.get(key)
     if step is None or step.d_cache is not d_cache or step.target is not target or step.draft is not draft:
         step = ChainStepGraph(target, draft, t_cache, d_cache, k=k, verifier=verifier, iid=iid, sampling=sampling,
-                              d_sampling=d_sampling, vocab=vocab)
+                              d_sampling=d_sampling, vocab=vocab, compile_backend=compile_backend)
         per_cache[key] = step
     return step

@@ -58,7 +58,8 @@ def test_parse_method() -> None:
                 "dyspec:traversal:dtemp=nan", "dyspec:traversal:dtemp=inf", "dyspec:traversal:dtemp=1:dtemp=1",
                 "dyspec:traversal:dtemp", "chain/confidence=0:sps", "chain/confidence=1.5:sps@20",
                 "dyspec:traversal:graph", "chain:traversal:graph", "chain:sps:host:graph", "chain:sps:numpy:graph",
-                "chain:sps:graph:graph"):
+                "chain:sps:graph:graph", "chain:sps:graph:compiled", "dyspec:traversal:compiled",
+                "chain:multidraft:compiled", "chain:sps:host:compiled"):
         with pytest.raises(ValueError, match="method"):
             parse_method(bad, 16, 4)
 
@@ -113,6 +114,9 @@ def test_graph_rows_run_beside_device_chain_rows(pair: tuple[object, object]) ->
     target, draft = pair
     graph = parse_method("chain:asps:torch:graph@3", 16, 4)
     assert graph.step_graph and graph.backend == "torch" and graph.label == "chain+asps@3/torch/graph"
+    compiled = parse_method("chain:block:compiled", 16, 4)
+    assert compiled.step_graph and compiled.compile_step and compiled.label == "chain+block@4/compiled"
+    assert not graph.compile_step
     methods = [parse_method(m, budget=6, chain_budget=3) for m in ("ar", "chain:asps", "chain:asps:graph")]
     report = run_decode_bench(target, draft, [[4, 4, 1], [2, 7, 1]], methods, temperatures=(0.0, 1.0), new_tokens=12,
                               warmup=False, cache="dynamic")

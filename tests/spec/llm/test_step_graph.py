@@ -188,6 +188,8 @@ def test_bad_logits_in_a_fused_step_raise_the_usual_error(pair: tuple[Any, Any],
     (dict(cache="dynamic"), "needs cache='static'"),
     (dict(cache="auto"), "needs cache='static'"),  # auto is dynamic on the CPU
     (dict(verify_backend="numpy"), "verify_backend 'torch' or 'auto'"),
+    (dict(compile_step=1), "compile_step must be True or False"),
+    (dict(compile_step=True, step_graph=False), "compile_step=True compiles the fused step: it needs step_graph=True"),
 ])
 def test_step_graph_needs_a_fixed_chain_on_the_static_cache(pair: tuple[Any, Any], kwargs: dict[str, Any],
                                                             match: str) -> None:
@@ -252,3 +254,49 @@ def test_fused_steps_grow_the_caches_they_outrun(pair: tuple[Any, Any], monkeypa
     assert all(c.capacity >= 100 for c in caches)
     (step,) = caches[0].step_graphs.values()
     assert step._layout is not None and step._layout[0] is caches[0].kv and step._layout[1] is caches[1].kv
+
+
+@pytest.mark.parametrize(("verifier", "draw"), list(itertools.product(CHAIN_METHODS, ("iid", "topk"))))
+def test_compiled_steps_trace_whole_and_give_the_same_tokens(pair: tuple[Any, Any], verifier: str, draw: str,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """``compile_step=True`` puts the draws and the verifier through ``torch.compile(fullgraph=True)``; here with the
+    ``eager`` backend (dynamo traces, no code is generated), so any graph break would raise.  The tokens stay the
+    device chain's, and dynamo made new graphs."""
+    from spec.llm import generate as gen
+
+    monkeypatch.setattr(gen, "COMPILE_BACKEND", "eager")
+    target, draft = pair
+    before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    for temp, seed in itertools.product((0.0, 1.0), (0, 1)):
+        kw: dict[str, Any] = dict(budget=3, temperature=temp, max_new_tokens=24, seed=seed, cache="static",
+                                  builder_params={"draw": draw})
+        ref = generate(target, draft, [5, 3, 5], "chain", verifier, **kw)
+        got = generate(target, draft, [5, 3, 5], "chain", verifier, step_graph=True, compile_step=True, **kw)
+        assert got.tokens == ref.tokens, (temp, seed)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > before
+
+
+def test_a_host_read_breaks_the_compiled_step(pair: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """``fullgraph=True`` has teeth: a draw whose rows go through the checked ``Sampling.probs`` (a host read)
+    cannot be traced whole, and the decode raises instead of running a split graph."""
+    from spec.llm import generate as gen
+
+    monkeypatch.setattr(gen, "COMPILE_BACKEND", "eager")
+    monkeypatch.setattr(Sampling, "probs_unchecked", Sampling.probs)
+    torch._dynamo.reset()
+    target, draft = pair
+    with pytest.raises(Exception, match="(?i)graph break|data-dependent|Unsupported|item"):
+        generate(target, draft, [5, 3, 5], "chain", "sps", budget=3, max_new_tokens=12, cache="static",
+                 step_graph=True, compile_step=True)
+    torch._dynamo.reset()
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # torch's own code
+def test_compiled_steps_with_inductor_on_the_cpu(pair: tuple[Any, Any]) -> None:
+    """The real thing, on the CPU: inductor's generated kernels for the draws and the verifier give the device
+    chain's tokens (their float64 rows differ from eager torch's by about 1e-18, far below what moves a draw)."""
+    target, draft = pair
+    kw: dict[str, Any] = dict(budget=3, temperature=1.0, max_new_tokens=24, seed=2, cache="static")
+    ref = generate(target, draft, [5, 3, 5], "chain", "block", **kw)
+    got = generate(target, draft, [5, 3, 5], "chain", "block", step_graph=True, compile_step=True, **kw)
+    assert got.tokens == ref.tokens
