@@ -285,7 +285,7 @@ def test_a_host_read_breaks_the_compiled_step(pair: tuple[Any, Any], monkeypatch
     monkeypatch.setattr(Sampling, "probs_unchecked", Sampling.probs)
     torch._dynamo.reset()
     target, draft = pair
-    with pytest.raises(Exception, match="(?i)graph break|data-dependent|Unsupported|item"):
+    with pytest.raises(torch._dynamo.exc.TorchDynamoException):  # dynamo refuses the data-dependent branch
         generate(target, draft, [5, 3, 5], "chain", "sps", budget=3, max_new_tokens=12, cache="static",
                  step_graph=True, compile_step=True)
     torch._dynamo.reset()
