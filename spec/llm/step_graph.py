@@ -311,9 +311,15 @@ class ChainStepGraph:
                              f"not t_past {t_past} / d_past {d_past}")
         if not 1 <= len(pending) <= 2:
             raise ValueError(f"pending must hold one or two tokens, got {len(pending)}")
+        for name, tok in (("root", root), *((f"pending[{i}]", t) for i, t in enumerate(pending))):
+            if check_int(name, tok, minimum=0) >= self.vocab:  # an id past the embedding would fault on the device
+                raise ValueError(f"{name} = {tok} is outside the vocabulary [0, {self.vocab})")
         if (u_draft is None) == self.iid or (u_draft is not None and len(u_draft) != k) or len(u_verify) != self.noise:
             raise ValueError(f"give {k} draft uniforms for an iid chain (None for topk) and {self.noise} "
                              f"verifier uniforms, got {None if u_draft is None else len(u_draft)} and {len(u_verify)}")
+        for name, u in (("u_draft", u_draft), ("u_verify", u_verify)):
+            if u is not None and not bool(np.all((np.asarray(u) >= 0.0) & (np.asarray(u) < 1.0))):
+                raise ValueError(f"{name} must lie in [0, 1), got {np.asarray(u).tolist()}")
         self._prepare(t_past + k + 1, d_past + k + 1)
         h = self._host_np
         h[:_INTS] = (t_past, d_past, root, pending[0], pending[-1], len(pending) - 1)

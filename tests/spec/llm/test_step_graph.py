@@ -223,6 +223,17 @@ def test_chain_step_graph_refuses_bad_arguments(pair: tuple[Any, Any]) -> None:
     for u_draft, u_verify in ((None, u4), (u4, u4), (u3, u3)):
         with pytest.raises(ValueError, match="give 3 draft uniforms for an iid chain"):
             step.step(0, 1, 0, [1], u_draft, u_verify)
+    with pytest.raises(ValueError, match=r"root = 29 is outside the vocabulary \[0, 29\)"):
+        step.step(0, 29, 0, [1], u3, u4)
+    with pytest.raises(ValueError, match=r"pending\[1\] = 30 is outside the vocabulary"):
+        step.step(0, 1, 0, [1, 30], u3, u4)
+    with pytest.raises(ValueError, match=r"pending\[0\] must be"):
+        step.step(0, 1, 0, [-1], u3, u4)
+    with pytest.raises(ValueError, match=r"u_draft must lie in \[0, 1\)"):
+        step.step(0, 1, 0, [1], np.array([0.5, 1.0, 0.5]), u4)
+    with pytest.raises(ValueError, match=r"u_verify must lie in \[0, 1\)"):
+        step.step(0, 1, 0, [1], u3, np.array([0.5, 0.5, np.nan, 0.5]))
+    assert (tc.length, dc.length) == (0, 0)  # nothing ran
 
 
 def test_profile_times_the_step_and_its_forwards(pair: tuple[Any, Any]) -> None:
