@@ -24,7 +24,8 @@ Side by side in one run, on the same prompts, every method decodes exactly
   verifier sets ``verify_backend`` (default ``auto``: numpy, but torch for
   a chain drafted on a GPU with a chain verifier and large rows, as
   :func:`~spec.llm.generate.resolve_verify_backend` says), e.g. ``dyspec:traversal:torch`` beside
-  ``dyspec:traversal:numpy`` (same tokens); a ``:dtemp=T`` flag drafts at temperature ``T``
+  ``dyspec:traversal:numpy`` (same tokens), and ``:device`` walks ``multidraft`` / ``traversal`` on a
+  tree drafted on the device there too (``fixed/draw=iid:traversal:device``); a ``:dtemp=T`` flag drafts at temperature ``T``
   (``generate``'s ``draft_temperature``) instead of the row's, e.g.
   ``fixed/draw=topk:traversal:dtemp=1``, whose tree at temperature 0 branches;
   a ``:graph`` flag (a ``chain`` with a chain verifier) runs every step after
@@ -156,7 +157,7 @@ def parse_method(text: str, budget: int, chain_budget: int) -> Method:
 
     ``/KEY=VALUE`` fields set builder parameters, e.g. ``wetap/w_min=4/w_max=16:traversal@16``.
     Flags: ``host`` (the chain and fixed builders only: the host builder
-    instead of drafting on the device, ``chain_on_device=False``), ``torch`` or ``numpy`` (the
+    instead of drafting on the device, ``chain_on_device=False``), ``torch``, ``numpy`` or ``device`` (the
     ``verify_backend``; default ``auto``) and ``dtemp=T`` (``draft_temperature``; default: the
     row's temperature), e.g. ``chain:sps:host:torch`` or ``fixed/draw=topk:traversal:dtemp=1``.
     """
@@ -173,10 +174,12 @@ def parse_method(text: str, budget: int, chain_budget: int) -> Method:
     verifier, *flags = verifier.split(":")
     dtemp = [f for f in flags if f.startswith("dtemp=")]
     flags = [f for f in flags if not f.startswith("dtemp=")]
-    unknown = [f for f in flags if f not in ("host", "torch", "numpy", "graph", "compiled")]
-    if unknown or len(set(flags)) != len(flags) or {"torch", "numpy"} <= set(flags) or len(dtemp) > 1:
+    unknown = [f for f in flags if f not in ("host", "torch", "numpy", "device", "graph", "compiled")]
+    backends = {"torch", "numpy", "device"} & set(flags)
+    if unknown or len(set(flags)) != len(flags) or len(backends) > 1 or len(dtemp) > 1:
         raise ValueError(f"method {text!r}: the fields after the verifier are flags, each at most once: 'host', "
-                         f"'graph' or 'compiled', one of 'torch' / 'numpy', and 'dtemp=T'; got {':'.join(flags + dtemp)!r}")
+                         f"'graph' or 'compiled', one of 'torch' / 'numpy' / 'device', and 'dtemp=T'; "
+                         f"got {':'.join(flags + dtemp)!r}")
     draft_temperature = None
     if dtemp:
         try:
@@ -597,7 +600,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--methods", default=",".join(DEFAULT_METHODS),
                    help="decode: comma-separated ar, ar-static, ar-loop, hf-assisted, "
                         "BUILDER[/KEY=VALUE...]:VERIFIER[:FLAG...][@BUDGET] with flags host (chain, fixed), "
-                        "torch or numpy (the verifier backend), dtemp=T (the draft's own temperature), graph "
+                        "torch, numpy or device (the verifier backend), dtemp=T (the draft's own temperature), graph "
                         "(chain + chain verifier: each step one fixed-shape CUDA graph, generate's step_graph), "
                         "compiled (graph, with the step's draws and verifier compiled first: compile_step)")
     g.add_argument("--budget", type=int, default=16, help="decode: tree budget of methods without @ (default 16)")

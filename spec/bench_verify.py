@@ -13,10 +13,22 @@ number of tokens.  ``generate``'s ``verify_backend="auto"`` picks between them
 by the size of the target rows (:func:`spec.llm.generate.resolve_verify_backend`);
 the ``auto`` column says what it picks for that shape on that device.
 
+A second table does the same for the fixed-shape trees the decode loop
+drafts on the device (:class:`spec.builders.FixedBuilder`'s full trees of
+``--budgets`` nodes, two children a node, drawn i.i.d.) and the tree verifiers
+with a device walk (:mod:`spec.llm.tree_device`): ``device`` is
+:func:`~spec.llm.tree_device.tree_head` and one transfer of its result, ``host``
+the torch port's host walk after one copy of the rows
+(:func:`spec.llm.verify.verify_tree`), ``numpy`` the reference on host copies
+as ``generate``'s numpy backend calls it.  All three must give the same
+tokens.  ``ops`` counts the torch operations the device walk dispatches
+(:func:`spec.llm.opcount.count_ops`): on a GPU each launches a kernel, unless
+the step is captured in a graph.
+
 Run as ``tmc bench verify`` (``--device cuda``, ``--vocabs``, ``--rows``,
-``--calls``), or ``python -m spec.bench_verify`` without an installed package.
-Figures are medians of ``--calls`` timed calls after one untimed call, with the
-device synchronised before each.
+``--budgets``, ``--calls``), or ``python -m spec.bench_verify`` without an
+installed package.  Figures are medians of ``--calls`` timed calls after one
+untimed call, with the device synchronised before each.
 """
 
 from __future__ import annotations
@@ -30,11 +42,13 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["add_options", "bench", "main", "render", "run_verify_bench"]
+__all__ = ["add_options", "bench", "main", "render", "run_tree_verify_bench", "run_verify_bench"]
 
 METHODS = ("sps", "asps", "block")
 DEFAULT_VOCABS = (4096, 32000, 128256)
 DEFAULT_ROWS = (5, 21)
+DEFAULT_BUDGETS = (7, 15, 31)
+TREE_METHODS = ("multidraft", "traversal")
 
 
 def _positive_list(name: str, text: str, minimum: int = 1) -> list[int]:
@@ -80,11 +94,7 @@ def run_verify_bench(
     if not isinstance(calls, int) or calls < 1:
         raise ValueError(f"calls must be a positive integer, got {calls!r}")
     dev = parse_device(device)
-
-    def sync() -> None:
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-
+    sync = _syncer(dev)
     class _OnDevice:  # resolve_verify_backend reads the device of a model's first parameter
         def parameters(self) -> Any:
             yield torch.empty(0, device=dev)
@@ -118,15 +128,7 @@ def run_verify_bench(
                 accepted = on_device()
                 if on_host() != accepted:
                     raise RuntimeError(f"torch and numpy disagree on {method} at V = {vocab}, {n_rows} rows")
-                times = {}
-                for name, fn in (("torch", on_device), ("numpy", on_host)):
-                    ts = []
-                    for _ in range(calls):
-                        sync()
-                        t0 = time.perf_counter()
-                        fn()
-                        ts.append(time.perf_counter() - t0)
-                    times[name] = 1e3 * statistics.median(ts)
+                times = {name: _median_ms(fn, calls, sync) for name, fn in (("torch", on_device), ("numpy", on_host))}
                 row = {"vocab": vocab, "rows": n_rows, "method": method, "torch_ms": times["torch"],
                        "numpy_ms": times["numpy"], "accepted": accepted,
                        "auto": resolve_verify_backend(model, "auto", True, n_rows * vocab)}
@@ -137,15 +139,126 @@ def run_verify_bench(
     return {"device": str(dev), "torch": torch.__version__, "calls": calls, "seed": seed, "rows": out}
 
 
+def _syncer(dev: Any) -> Callable[[], None]:
+    import torch
+
+    def sync() -> None:
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+
+    return sync
+
+
+def _median_ms(fn: Callable[[], object], calls: int, sync: Callable[[], None]) -> float:
+    """Median milliseconds of ``calls`` timed calls of ``fn``, the device synchronised before each."""
+    ts = []
+    for _ in range(calls):
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return 1e3 * statistics.median(ts)
+
+
+def run_tree_verify_bench(
+    device: str | None = "cpu",
+    vocabs: Sequence[int] = DEFAULT_VOCABS,
+    budgets: Sequence[int] = DEFAULT_BUDGETS,
+    methods: Sequence[str] = TREE_METHODS,
+    calls: int = 200,
+    seed: int = 0,
+    progress: Callable[[str], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Median milliseconds per tree verification: the device walk, the torch host walk, numpy (module doc).
+
+    One row per ``(V, budget, method)``: ``device_ms``, ``host_ms``, ``numpy_ms``, ``accepted`` (the same
+    for all three, checked) and ``ops`` (operations the device walk dispatches).
+    """
+    import torch
+
+    from spec.builders import FixedBuilder
+    from spec.llm.host_verify import verify_tree_numpy
+    from spec.llm.models import parse_device
+    from spec.llm.opcount import count_ops
+    from spec.llm.tree_device import TreePlan, read_head, tree_head
+    from spec.llm.verify import verify_tree
+    from tmc.multidraft import DraftTree, Draw
+
+    if not vocabs or any(not isinstance(v, int) or v < 1 for v in vocabs):
+        raise ValueError(f"vocabs must be positive integers, got {list(vocabs)!r}")
+    if not budgets or any(not isinstance(b, int) or b < 1 for b in budgets):
+        raise ValueError(f"budgets must be positive integers (tree nodes), got {list(budgets)!r}")
+    if not methods or any(m not in TREE_METHODS for m in methods):
+        raise ValueError(f"methods must be among {TREE_METHODS}, got {list(methods)!r}")
+    if not isinstance(calls, int) or calls < 1:
+        raise ValueError(f"calls must be a positive integer, got {calls!r}")
+    dev = parse_device(device)
+    sync = _syncer(dev)
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    out: list[dict[str, Any]] = []
+    for vocab in vocabs:
+        for budget in budgets:
+            parents = FixedBuilder(width=2).full_shape(budget)
+            n = len(parents)
+            logits = 3 * torch.randn(n + 1, vocab, generator=gen, dtype=torch.float64)
+            q = torch.softmax(logits, -1)
+            p = torch.softmax(logits + torch.randn(n + 1, vocab, generator=gen, dtype=torch.float64), -1)
+            drawn = torch.multinomial(q[[par + 1 for par in parents]], 1, generator=gen)[:, 0]
+            q_dev, p_dev, tok_dev = q.to(dev), p.to(dev), drawn.to(dev)
+            plan = TreePlan.of(parents, Draw.IID, dev)
+            sampled = sorted(set(parents))
+            for method in methods:
+                u = rng.random(n + 1)
+                u_dev = torch.from_numpy(u).to(dev)
+
+                def on_device(method: str = method) -> list[int]:  # as generate's _tree_step with a plan
+                    head = tree_head(method, plan, tok_dev, q_dev, p_dev, u_dev, trusted=True)[1:]
+                    got = torch.cat([head, tok_dev]).tolist()
+                    return read_head(got[: head.shape[0]], got[head.shape[0]:]).tokens.tolist()
+
+                def on_host(method: str = method, u: Any = u) -> list[int]:
+                    tokens = tok_dev.tolist()
+                    return verify_tree(method, tokens, parents, Draw.IID, q_dev, p_dev, u).tokens.tolist()
+
+                def on_numpy(method: str = method, u: Any = u) -> list[int]:  # as _tree_step's numpy branch
+                    tokens = tok_dev.tolist()
+                    q_np = q_dev.cpu().numpy()
+                    tree = DraftTree(parents, tuple(tokens), (Draw.IID,) * n, {v: q_np[v + 1] for v in sampled}, vocab)
+                    return verify_tree_numpy(method, tree, p_dev.cpu().numpy(), u).tokens.tolist()
+
+                got, ops = count_ops(on_device)
+                if on_host() != got or on_numpy() != got:
+                    raise RuntimeError(f"the tree walks disagree on {method} at V = {vocab}, budget {budget}")
+                times = {name: _median_ms(fn, calls, sync)
+                         for name, fn in (("device", on_device), ("host", on_host), ("numpy", on_numpy))}
+                out.append({"vocab": vocab, "budget": budget, "method": method, "device_ms": times["device"],
+                            "host_ms": times["host"], "numpy_ms": times["numpy"], "accepted": len(got) - 1,
+                            "ops": ops.outside})
+                if progress:
+                    progress(f"  V={vocab} budget={budget} {method}: device {times['device']:.3f} ms, "
+                             f"host {times['host']:.3f} ms, numpy {times['numpy']:.3f} ms, {ops.outside} ops")
+    return out
+
+
 def render(report: dict[str, Any]) -> str:
     from tmc.commands.table import format_table
 
     table = [[str(r["vocab"]), str(r["rows"]), r["method"], f"{r['torch_ms']:.3f}", f"{r['numpy_ms']:.3f}",
               f"{r['numpy_ms'] / r['torch_ms']:.2f}", "numpy" if r["numpy_ms"] < r["torch_ms"] else "torch", r["auto"]]
              for r in report["rows"]]
-    return format_table(["V", "rows", "verifier", "torch ms", "numpy ms", "numpy / torch", "faster", "auto"], table,
+    text = format_table(["V", "rows", "verifier", "torch ms", "numpy ms", "numpy / torch", "faster", "auto"], table,
                         title=f"chain verification on {report['device']} (torch {report['torch']}), rows on the "
                               f"device, median of {report['calls']} calls")
+    if not report.get("trees"):
+        return text
+    trees = [[str(r["vocab"]), str(r["budget"]), r["method"], f"{r['device_ms']:.3f}", f"{r['host_ms']:.3f}",
+              f"{r['numpy_ms']:.3f}", f"{r['numpy_ms'] / r['device_ms']:.2f}", str(r["ops"]), str(r["accepted"])]
+             for r in report["trees"]]
+    return text + "\n\n" + format_table(
+        ["V", "nodes", "verifier", "device ms", "host ms", "numpy ms", "numpy / device", "ops", "accepted"], trees,
+        title=f"fixed-tree verification on {report['device']}: the device walk, the torch host walk, numpy; "
+              f"median of {report['calls']} calls")
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
@@ -155,6 +268,8 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                    help="verify: comma-separated vocabulary sizes (default 4096,32000,128256)")
     g.add_argument("--rows", default=",".join(map(str, DEFAULT_ROWS)),
                    help="verify: comma-separated target row counts, chain length + 1 (default 5,21)")
+    g.add_argument("--budgets", default=",".join(map(str, DEFAULT_BUDGETS)),
+                   help="verify: comma-separated node counts of the fixed trees (default 7,15,31; 0 for none)")
     g.add_argument("--calls", type=int, default=200, help="verify: timed calls per cell (default 200)")
 
 
@@ -174,9 +289,17 @@ def bench(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         rows = _positive_list("--rows", args.rows, minimum=2)
         if args.calls < 1:
             raise ValueError(f"--calls must be a positive integer, got {args.calls}")
+        budgets = [] if args.budgets.strip() == "0" else _positive_list("--budgets", args.budgets)
         print(f"timing chain verification on {device} ...", file=sys.stderr)
-        report = run_verify_bench(device, vocabs, rows, calls=args.calls, seed=args.seed,
-                                  progress=lambda m: print(m, file=sys.stderr, flush=True))
+
+        def progress(message: str) -> None:
+            print(message, file=sys.stderr, flush=True)
+
+        report = run_verify_bench(device, vocabs, rows, calls=args.calls, seed=args.seed, progress=progress)
+        if budgets:
+            print(f"timing fixed-tree verification on {device} ...", file=sys.stderr)
+            report["trees"] = run_tree_verify_bench(device, vocabs, budgets, calls=args.calls, seed=args.seed,
+                                                    progress=progress)
     except ValueError as err:
         fail(str(err))
     return report, render(report)

@@ -134,10 +134,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                      help="chain builder, or fixed builder drawing iid (or topk) with a tree verifier: draft through "
                           "the host builder, one row transfer per layer, instead of on the model's device (same "
                           "tokens; for comparison)")
-    dec.add_argument("--verify-backend", choices=["auto", "torch", "numpy"], default="auto",
+    dec.add_argument("--verify-backend", choices=["auto", "torch", "numpy", "device"], default="auto",
                      help="verifier implementation: the torch ports or their numpy references (same tokens); auto "
                           "(default): numpy, but torch for a chain drafted on a GPU with sps/asps/block whose "
-                          "(budget + 1) x vocabulary rows exceed 2**17 entries (the copy to the host would cost more)")
+                          "(budget + 1) x vocabulary rows exceed 2**17 entries (the copy to the host would cost more); "
+                          "device: torch, with multidraft/traversal on a tree drafted on the device walked there too")
     dec.add_argument("--no-ar", action="store_true", help="skip the autoregressive baseline run")
     add_seed(dec, "builder draws and verifier uniforms")
     add_json(dec)

@@ -56,6 +56,7 @@ from spec.llm.host_verify import verify_chain_numpy, verify_tree_numpy
 from spec.llm.sampling import Sampling, logits_fault
 from spec.llm.static_cache import cache_keyword, holds_layers, model_device, model_dtype, shared_static_cache
 from spec.llm.step_graph import ChainStepGraph, shared_chain_step
+from spec.llm.tree_device import DEVICE_TREE_METHODS, TreePlan, read_head, tree_head
 from spec.llm.verify import (
     CHAIN_METHODS,
     TREE_METHODS,
@@ -82,7 +83,7 @@ ORDERS = ("dfs", "bfs", "index")
 #: KV cache kinds ``generate`` accepts (``auto``: static on CUDA, dynamic elsewhere and for layer kinds it cannot hold).
 CACHES = ("auto", "dynamic", "static")
 #: Verifier implementations ``generate`` accepts (``auto``: :func:`resolve_verify_backend`).
-VERIFY_BACKENDS = ("auto", "torch", "numpy")
+VERIFY_BACKENDS = ("auto", "torch", "numpy", "device")
 #: ``auto``'s bound for a chain drafted on a GPU: the numpy references while a step's target rows,
 #: ``(budget + 1) x V`` float64 entries, number at most this (1 MiB), the torch ports above it.
 #: Measured on an H100 host (README, "Which implementation verifies"): numpy won at V = 4096 with
@@ -347,9 +348,12 @@ class _Shape:
     depths: NDArray[np.int64]  # position of the root and of each flattened node after 0 cached tokens
     ids: torch.Tensor  # node of each flattened position, on the device
     rows: torch.Tensor  # flattened position of the root (0) and of each node in index order, on the device
+    skeleton: DraftTree  # the shape with placeholder tokens (for spec.tree.keep_indices)
+    plan: TreePlan | None  # the device walk's tables (spec.llm.tree_device), when the step verifies with it
 
     @classmethod
-    def of(cls, parents: tuple[int, ...], kind: Draw, order: str, vocab: int, device: torch.device) -> _Shape:
+    def of(cls, parents: tuple[int, ...], kind: Draw, order: str, vocab: int, device: torch.device,
+           walk: bool = False) -> _Shape:
         point = np.zeros(vocab)
         point[0] = 1.0
         # the shape with placeholder tokens: masks, positions and layout depend on nothing else
@@ -360,7 +364,8 @@ class _Shape:
         where[list(ordr)] = np.arange(1, tree.size + 1)
         return cls(parents, kind, ordr, tree_mask(tree, ordr, with_root=True), position_ids(tree, 0, ordr, True),
                    torch.tensor(ordr, dtype=torch.long, device=device),
-                   torch.from_numpy(np.concatenate([[0], where])).to(device))
+                   torch.from_numpy(np.concatenate([[0], where])).to(device), tree,
+                   TreePlan.of(parents, kind, device) if walk else None)
 
     def allowed(self, past: int) -> NDArray[np.bool_]:
         """:func:`spec.tree.attention_mask` after ``past`` cached tokens."""
@@ -379,7 +384,10 @@ def _tree_step(
     :func:`~spec.llm.adapter.tree_logits` lays out the host-built tree; the
     fault and ``short`` flags and the tokens come to the host in one transfer, then the
     rows for the verifier, which gets the :class:`DraftTree` the host builder
-    would have built.  The uniforms come from ``rng`` in the host path's
+    would have built.  With a plan (``shape.plan``: ``verify_backend='torch'``
+    and ``multidraft`` / ``traversal``) the verifier runs on the device first
+    (:func:`spec.llm.tree_device.tree_head`) and that one transfer carries
+    its result as well: no rows are copied.  The uniforms come from ``rng`` in the host path's
     order (one per ``iid`` node, then the verifier's), so the tokens are those
     of :class:`FixedBuilder` / :class:`ChainBuilder` + :func:`_verify`
     (tested).  Returns the
@@ -401,8 +409,16 @@ def _tree_step(
     sync(device)
     t2 = time.perf_counter()
     fault = drafted.fault.to(device) | (logits_fault(logits) if t_fault is None else t_fault)
-    got = torch.cat([fault.to(torch.int64).reshape(1), drafted.short.to(device).to(torch.int64).reshape(1),
-                     drawn]).tolist()
+    flags = [fault.to(torch.int64).reshape(1), drafted.short.to(device).to(torch.int64).reshape(1)]
+    head, rng_state = None, rng.bit_generator.state
+    if shape.plan is not None:  # verified on the device: the flags, the result and the tokens in ONE transfer
+        u = rng.random(noise_size(verifier, n))
+        # trusted: p from logits the fault flag vouches for, q the rows the tokens were drawn from (a
+        # ranked token at q = 0 sets `short`), uniforms from random(); a flagged step's result is dropped
+        head = tree_head(verifier, shape.plan, drawn, _drafted_rows(drafted, kind, n, p), p,
+                         torch.from_numpy(u).to(device), trusted=True)[1:]
+        flags.append(head)
+    got = torch.cat([*flags, drawn]).tolist()
     if got[0]:  # name the fault: the draft's logits first, then the target's
         d_step.tree_fault()
         sampling.probs(logits)
@@ -410,7 +426,13 @@ def _tree_step(
     if got[1]:
         d_step.discard_tree()
         trim_cache(t_cache, t_past)
+        rng.bit_generator.state = rng_state  # no uniform used: the host path draws them
         return None
+    if head is not None:
+        tokens = got[2 + head.shape[0]:]
+        res = read_head(got[2 : 2 + head.shape[0]], tokens)
+        d_step.settle_tree(tokens)
+        return res, keep_indices(shape.skeleton, res.nodes, t_past, shape.order, with_root=True), (t1, t2)
     u = rng.random(noise_size(verifier, n))
     tokens = got[2:]
     rows = dict(zip(drafted.rows_of, drafted.q.cpu().numpy())) if kind == Draw.IID else {}  # topk: no rows
@@ -418,15 +440,20 @@ def _tree_step(
     if backend == "numpy":
         res = verify_tree_numpy(verifier, tree, p.cpu().numpy(), u)
     else:
-        q_rows = None
-        if kind == Draw.IID:
-            q_rows = torch.zeros((n + 1, p.shape[-1]), dtype=torch.float64, device=drafted.q.device)
-            q_rows[[node + 1 for node in drafted.rows_of]] = drafted.q
-            q_rows = q_rows.to(device)
         res = verify_tree(verifier, torch.tensor(tokens, dtype=torch.long), torch.tensor(shape.parents), kind,
-                          q_rows, p, torch.from_numpy(u))
+                          _drafted_rows(drafted, kind, n, p), p, torch.from_numpy(u))
     d_step.settle_tree(tokens)
     return res, keep_indices(tree, res.nodes, t_past, shape.order, with_root=True), (t1, t2)
+
+
+def _drafted_rows(drafted: Any, kind: Draw, n: int, p: torch.Tensor) -> torch.Tensor | None:
+    """The ``(N + 1, V)`` draft rows of a device-drafted tree in the verifiers' layout, on ``p``'s device
+    (rows of nodes without sampled children are 0, never read); ``None`` for ranked (``topk``) trees."""
+    if kind != Draw.IID:
+        return None
+    q_rows = torch.zeros((n + 1, p.shape[-1]), dtype=torch.float64, device=drafted.q.device)
+    q_rows[[node + 1 for node in drafted.rows_of]] = drafted.q
+    return q_rows.to(p.device)
 
 
 def _chain_step(
@@ -567,7 +594,12 @@ def generate(
     the CPU and, for small vocabularies, on a GPU), ``auto`` the numpy ones
     except for a chain drafted on a GPU whose rows are large, ``(budget + 1)
     x V`` above :data:`HOST_VERIFY_MAX_ENTRIES` (:func:`resolve_verify_backend`);
-    the tokens are the same (tested).
+    ``device`` is ``torch`` except that ``multidraft`` and ``traversal`` on a
+    tree drafted on the device verify there too (:mod:`spec.llm.tree_device`:
+    every node's tests as fixed-shape tensor work, so the step's one
+    transfer carries the result and no rows are copied; on the CPU 1.7-5x
+    slower than the host walk, ``tmc bench verify``); the tokens are the
+    same (tested).
     ``step_graph``: run each step of a ``chain`` builder (no ``confidence``
     stop) with a chain verifier as ONE piece of fixed-shape device work, the
     draft forwards, draws, target forward and verifier together, captured as
@@ -637,7 +669,8 @@ def generate(
     out: list[int] = []
     steps: list[StepStats] = []
     state = b.initial_state()
-    shape = None if fixed_shape is None else _Shape.of(*fixed_shape, order, vocab, device)
+    walk = backend == "device" and verifier in DEVICE_TREE_METHODS  # the tree step verifies on the device
+    shape = None if fixed_shape is None else _Shape.of(*fixed_shape, order, vocab, device, walk)
     fused: ChainStepGraph | None = None
     d_state: tuple[int, tuple[int, ...]] | None = None  # (past, pending) of the draft while steps run fused
     while len(out) < max_new_tokens:

@@ -42,6 +42,8 @@ def test_parse_method() -> None:
     torch_tree = parse_method("dyspec:traversal:torch@8", 16, 4)
     assert (torch_tree.on_host, torch_tree.backend, torch_tree.label) == (False, "torch", "dyspec+traversal@8/torch")
     assert parse_method("dyspec:traversal", 16, 4).backend == "auto"
+    device_tree = parse_method("fixed/draw=iid:traversal:device@8", 16, 4)  # the tree walked on the device
+    assert (device_tree.backend, device_tree.label) == ("device", "fixed/draw=iid+traversal@8/device")
     tree_on_chain = parse_method("chain:traversal:host", 16, 4)  # a tree verifier on a host-drafted chain
     assert (tree_on_chain.on_host, tree_on_chain.label) == (True, "chain+traversal@4/host")
     iid_tree = parse_method("fixed/draw=iid:traversal:host@8", 16, 4)  # a fixed i.i.d. tree drafted on the host
@@ -53,7 +55,8 @@ def test_parse_method() -> None:
     assert parse_method("dyspec:traversal", 16, 4).draft_temperature is None
     for bad in ("nope", "dyspec", "dyspec:nope", "nope:traversal", "chain:sps@0", "chain:sps@x", "chain:sps@-2",
                 "dyspec:traversal:host", "wetap:traversal:host", "chain:sps:gpu", "chain:sps:host:x",
-                "chain:sps:torch:numpy", "dyspec:traversal:numpy:numpy", "chain:sps:host:host", "dyspec:traversal:",
+                "chain:sps:torch:numpy", "chain:sps:device:torch", "fixed:traversal:numpy:device",
+                "dyspec:traversal:numpy:numpy", "chain:sps:host:host", "dyspec:traversal:",
                 "dyspec:traversal:dtemp=", "dyspec:traversal:dtemp=x", "dyspec:traversal:dtemp=-1",
                 "dyspec:traversal:dtemp=nan", "dyspec:traversal:dtemp=inf", "dyspec:traversal:dtemp=1:dtemp=1",
                 "dyspec:traversal:dtemp", "chain/confidence=0:sps", "chain/confidence=1.5:sps@20",

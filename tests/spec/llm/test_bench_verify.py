@@ -9,7 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from spec.bench_verify import main, render, run_verify_bench  # noqa: E402
+from spec.bench_verify import main, render, run_tree_verify_bench, run_verify_bench  # noqa: E402
 from spec.llm.generate import HOST_VERIFY_MAX_ENTRIES  # noqa: E402
 
 pytestmark = pytest.mark.llm
@@ -26,6 +26,28 @@ def test_every_cell_is_timed_on_both_backends_with_the_same_result() -> None:
     text = render(report)
     assert "numpy / torch" in text and "median of 3 calls" in text
     json.dumps(report)
+
+
+def test_every_tree_cell_is_timed_three_ways_with_the_same_result() -> None:
+    trees = run_tree_verify_bench("cpu", vocabs=(16, 50), budgets=(1, 3, 7), calls=2)
+    assert [(r["vocab"], r["budget"], r["method"]) for r in trees] == [
+        (v, b, m) for v in (16, 50) for b in (1, 3, 7) for m in ("multidraft", "traversal")]
+    for r in trees:
+        assert r["device_ms"] > 0 and r["host_ms"] > 0 and r["numpy_ms"] > 0
+        assert 0 <= r["accepted"] <= r["budget"] and r["ops"] > 0
+    report = run_verify_bench("cpu", vocabs=(16,), rows=(2,), calls=1)
+    assert "fixed-tree" not in render(report)
+    text = render({**report, "trees": trees})
+    assert "fixed-tree verification on cpu" in text and "numpy / device" in text
+    json.dumps(trees)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"vocabs": ()}, "vocabs"), ({"budgets": (0,)}, "budgets"), ({"budgets": ()}, "budgets"),
+    ({"methods": ("kseq",)}, "methods"), ({"calls": 0}, "calls"), ({"device": "gpu"}, "not a torch device")])
+def test_tree_bench_refuses_bad_arguments(kwargs: dict[str, object], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        run_tree_verify_bench(**{"device": "cpu", **kwargs})  # type: ignore[arg-type]
 
 
 def test_auto_column_follows_the_bound_on_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -57,7 +79,12 @@ def test_module_command(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--device", "cpu", "--vocabs", "8,40", "--rows", "3", "--calls", "2", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert [(r["vocab"], r["method"]) for r in report["rows"]] == [(8, "sps"), (8, "block"), (40, "sps"), (40, "block")]
+    assert [(r["vocab"], r["budget"]) for r in report["trees"]] == [(v, b) for v in (8, 40) for b in (7, 15, 31)
+                                                                    for _ in range(2)]
+    assert main(["--device", "cpu", "--vocabs", "8", "--rows", "3", "--budgets", "0", "--calls", "1", "--json"]) == 0
+    assert "trees" not in json.loads(capsys.readouterr().out)
     for argv, match in ((["--vocabs", "x"], "--vocabs takes"), (["--rows", "1"], "--rows must"),
+                        (["--budgets", "0,3"], "--budgets must"),
                         (["--calls", "0"], "--calls must"), (["--device", "gpu"], "'gpu' is not a torch device")):
         assert main(["--device", "cpu", *argv]) == 2
         err = capsys.readouterr().err.strip().splitlines()

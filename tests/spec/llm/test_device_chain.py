@@ -224,7 +224,8 @@ def test_bad_logits_raise_the_host_paths_error(which: str, verifier: str, temper
 @pytest.mark.parametrize(("verifier", "cache"), list(itertools.product(TREE_METHODS, ("dynamic", "static"))))
 def test_device_tree_equals_the_host_tree(pair: tuple[object, object], verifier: str, cache: str) -> None:
     """A fixed i.i.d. tree drafted on the device (``draft_tree``, shape from ``FixedBuilder.full_shape``)
-    gives the host path's tokens, accepted counts and forward counts, with either verifier backend.
+    gives the host path's tokens, accepted counts and forward counts, with every verifier backend (``device``:
+    ``multidraft`` and ``traversal`` walked on the device, ``spec.llm.tree_device``).
 
     The sharp rows of this pair make i.i.d. twins (siblings with one token) common: the device path feeds
     each twin, the host path each path once."""
@@ -236,7 +237,7 @@ def test_device_tree_equals_the_host_tree(pair: tuple[object, object], verifier:
                   builder_params={"draw": "iid", "width": width, "depth": depth}, top_k=top_k,
                   draft_temperature=dtemp)
         host = generate(target, draft, [5, 3, 5], "fixed", verifier, chain_on_device=False, **kw)
-        for backend in ("torch", "numpy"):
+        for backend in ("torch", "numpy", "device"):
             dev = generate(target, draft, [5, 3, 5], "fixed", verifier, chain_on_device=True, verify_backend=backend,
                            **kw)
             assert dev.tokens == host.tokens, (temperature, dtemp, seed, width, depth, budget, backend)
@@ -259,7 +260,7 @@ TOPK_SETTINGS = ((1.0, None, None, "device"), (0.6, 9, None, "device"), (0.0, No
 def test_device_topk_tree_equals_the_host_tree(pair: tuple[object, object], verifier: str, cache: str,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """A fixed top-k tree drafted on the device (ranked tokens, ``spec.llm.sampling.ranked_tokens``) gives
-    the host path's tokens, accepted counts and forward counts, with either verifier backend; where the
+    the host path's tokens, accepted counts and forward counts, with every verifier backend; where the
     draft's rows cannot keep ``width`` tokens the host path runs from the start, and a tree that comes out
     short (``discard_tree``) is redone on the host with the same tokens."""
     target, draft = pair
@@ -285,7 +286,7 @@ def test_device_topk_tree_equals_the_host_tree(pair: tuple[object, object], veri
                 generate(target, draft, [5, 3, 5], "fixed", verifier, **kw)
             assert "verifies iid trees only" in str(err)
             continue
-        for backend in ("torch", "numpy"):
+        for backend in ("torch", "numpy", "device"):
             before = dict(calls)
             dev = generate(target, draft, [5, 3, 5], "fixed", verifier, chain_on_device=True, verify_backend=backend,
                            **kw)

@@ -1,0 +1,377 @@
+"""Tree verifiers as fixed-shape device work: no host read inside the walk (DESIGN.md §4, §8).
+
+:func:`spec.llm.verify.verify_tree` copies a tree step's rows to the host in
+one transfer and walks the tree there, because which node is tested next
+depends on earlier tests.  For two verifiers that dependence is only in
+*which* tests are read, not in what they compute, so for a tree whose shape
+(parents and draw kinds) is known before the step (:class:`TreePlan`, made
+once per shape) the whole verification is a fixed sequence of batched tensor
+operations on the rows' device, and the step's result is one small int64
+row:
+
+* ``multidraft`` (:func:`tmc.multidraft.residual_walk_step`).  At a node, the
+  residual before its ``j``-th child is formed from the node's target row and
+  the laws of the children before it, whether or not the walk reaches the
+  node.  So every node's child tests and its emission residual are computed
+  at once, one batched pass per sibling rank over every node with children;
+  the accepted path is then ``depth`` pointer steps from the root.
+* ``traversal`` (:func:`tmc.traversal.traversal_tests`).  The walk stops at
+  the first test that passes, so every test it computes is one taken after
+  every earlier test failed, and a failed subtree changes its parent only
+  through the parent's own state and the deleted child's law and token
+  (:func:`tmc.traversal._delete_child`), never through the subtree's states.
+  So the state ``(a, 1 - a, r)`` of every test is computed top-down, level by
+  level and rank by rank, whatever the uniforms; the output is the first test
+  in post order whose uniform passes (the root's always does).
+
+The cost is every node's tests, ``O(N V)`` whatever is accepted; the host walk
+does at most that.  The operations are those of the host walk
+(:mod:`spec.llm.verify`) in the same order, row by row, so the tokens are
+the same (``tests/spec/llm/test_tree_device.py``: equal to the numpy
+references of :mod:`tmc` on identical noise, under the rounding caveat of
+:mod:`spec.llm.verify` for ``V >= 8``), and nothing in the walk reads a
+device value on the host (tested on the ``meta`` device), so a tree step can
+be captured in a CUDA graph and read back once.  The other tree verifiers
+(``ordered_traversal``, ``kseq``) choose their visiting order or their
+acceptance threshold from the rows and stay host walks.
+
+Batch rows are the nodes with children, sorted by their number of children
+(most first), so the nodes with a ``j``-th child are a prefix of the batch
+and rank ``j`` works on a slice: no masks, no scratch rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+from spec.llm.verify import (
+    Verified,
+    _check_method,
+    _float_tensor,
+    _long_tensor,
+    _normalised_rows,
+    _parse_draws,
+    _prepare_tree,
+    _residual_rows,
+    _rows_bad,
+    _total,
+    DrawsLike,
+    TensorLike,
+)
+from spec.llm.sampling import categorical_draw
+from tmc.multidraft import ROOT, Draw
+
+__all__ = ["DEVICE_TREE_METHODS", "TreePlan", "tree_head", "verify_tree_on_device"]
+
+Tensor = torch.Tensor
+F64 = torch.float64
+
+#: Tree verifiers with a device walk here; the others walk on the host (module doc).
+DEVICE_TREE_METHODS: tuple[str, ...] = ("multidraft", "traversal")
+
+
+class _Batch(NamedTuple):
+    """Nodes with children, most children first, and their children rank by rank (device tensors)."""
+
+    rows: Tensor  # (B,) int64: row of each node in the (N + 1, V) layout (node + 1)
+    kids: tuple[Tensor, ...]  # kids[j] (c_j,) int64: the j-th child of the first c_j batch nodes
+    kid_rows: tuple[Tensor, ...]  # kids[j] + 1
+    topk: Tensor  # (B, 1) bool: the node's children are ranked tokens (point-mass laws)
+    iid: Tensor  # (B, 1) bool: drawn i.i.d. from the node's draft row (else without replacement)
+    kinds: frozenset[Draw]  # the draw kinds present: a law no node uses is not formed
+
+
+@dataclass(frozen=True)
+class TreePlan:
+    """One tree shape's index tables on one device, made once and used by every step of that shape.
+
+    ``parents`` ``(N,)``: ``-1`` for the root, else an earlier node;
+    ``draws``: one :class:`~tmc.multidraft.Draw` per node, the same for
+    siblings.  ``ValueError`` for a malformed shape (the checks of
+    :func:`spec.llm.verify.verify_tree`).
+    """
+
+    parents: tuple[int, ...]
+    draws: tuple[Draw, ...]
+    device: torch.device
+    depth: int  # longest root-to-leaf path, in nodes
+    every: _Batch  # every node with children (multidraft)
+    levels: tuple[_Batch, ...]  # the nodes with children at depth 0 (the root), 1, ... (traversal)
+    post: Tensor  # (N + 1,) int64: the rows of the traversal's tests in order, the root's (0) last
+    paths: Tensor  # (N + 1, depth) int64: the nodes from the root's child down to row i's node, -1 after
+    lengths: Tensor  # (N + 1,) int64: depth of row i's node (0 for the root)
+    sampled_nodes: tuple[int, ...]  # the nodes whose children were drawn iid / swor (ROOT = -1)
+    sampled: Tensor  # (S,) int64: their rows
+    sampled_kids: Tensor  # (K,) int64: the children of those nodes
+    sampled_parent_rows: Tensor  # (K,) int64: their parents' rows
+    distinct: Tensor  # (P, 2) int64: sibling pairs drawn swor / topk, whose tokens must differ
+
+    @classmethod
+    def of(cls, parents: Sequence[int], draws: DrawsLike, device: torch.device | str = "cpu") -> TreePlan:
+        par = [int(p) for p in _long_tensor("parents", list(parents), torch.device("cpu")).tolist()]
+        n = len(par)
+        kinds = _parse_draws(draws, n)
+        kids: list[list[int]] = [[] for _ in range(n + 1)]
+        depth_of = [0] * (n + 1)
+        for i, p in enumerate(par):
+            if not ROOT <= p < i:
+                raise ValueError(f"parents[{i}] = {p}; a parent must be -1 (root) or an earlier node")
+            kids[p + 1].append(i)
+            depth_of[i + 1] = depth_of[p + 1] + 1
+        for node, group in enumerate(kids, start=ROOT):
+            if len({kinds[k] for k in group}) > 1:
+                raise ValueError(f"children of node {node} mix draw kinds {sorted({kinds[k].value for k in group})}")
+        dev = torch.device(device)
+        depth = max(depth_of)
+
+        def long(values: Sequence[int] | Sequence[Sequence[int]]) -> Tensor:
+            return torch.tensor(values, dtype=torch.int64, device=dev)
+
+        def batch(nodes: Sequence[int]) -> _Batch:
+            order = sorted((v for v in nodes if kids[v + 1]), key=lambda v: -len(kids[v + 1]))
+            width = len(kids[order[0] + 1]) if order else 0
+            ranks = [[kids[v + 1][j] for v in order if len(kids[v + 1]) > j] for j in range(width)]
+            kind = [kinds[kids[v + 1][0]] for v in order]
+            return _Batch(long([v + 1 for v in order]), tuple(long(r) for r in ranks),
+                          tuple(long([k + 1 for k in r]) for r in ranks),
+                          long([k == Draw.TOPK for k in kind]).bool()[:, None],
+                          long([k == Draw.IID for k in kind]).bool()[:, None], frozenset(kind))
+
+        by_depth: list[list[int]] = [[] for _ in range(depth + 1)]
+        for v in range(ROOT, n):
+            by_depth[depth_of[v + 1]].append(v)
+        paths = []
+        for v in range(ROOT, n):
+            path: list[int] = []
+            while v != ROOT:
+                path.append(v)
+                v = par[v]
+            paths.append(path[::-1] + [-1] * (depth - len(path)))
+        sampled = [v for v in range(ROOT, n) if kids[v + 1] and kinds[kids[v + 1][0]] != Draw.TOPK]
+        s_kids = [k for v in sampled for k in kids[v + 1]]
+        distinct = [(a, b) for group in kids if group and kinds[group[0]] != Draw.IID
+                    for i, a in enumerate(group) for b in group[i + 1:]]
+        return cls(tuple(par), kinds, dev, depth, batch(range(ROOT, n)), tuple(batch(level) for level in by_depth),
+                   long([r + 1 for r in _post_order(kids)] + [0]), long(paths).reshape(n + 1, depth),
+                   long(depth_of), tuple(sampled), long([v + 1 for v in sampled]), long(s_kids),
+                   long([par[k] + 1 for k in s_kids]), long(distinct).reshape(len(distinct), 2))
+
+    @property
+    def size(self) -> int:
+        return len(self.parents)
+
+
+def _post_order(kids: list[list[int]]) -> list[int]:
+    """Non-root nodes in the order Traversal tests them: each subtree after its children, siblings in draw order."""
+    out: list[int] = []
+    stack = [(ROOT, 0)]
+    while stack:
+        node, j = stack.pop()
+        group = kids[node + 1]
+        if j < len(group):
+            stack.append((node, j + 1))
+            stack.append((group[j], 0))
+        elif node != ROOT:
+            out.append(node)
+    return out
+
+
+# ------------------------------------------------------------------ shared rules, row by row
+
+
+def _laws(b: _Batch, q_b: Tensor, removed: Tensor, tok: Tensor) -> Tensor:
+    """The law each rank's child was drawn from (:func:`spec.llm.verify._proposal_laws`), ``(c, V)``;
+    marks ``tok`` removed from the without-replacement rows (``removed`` ``(c, V)`` bool, in place).
+    Only the kinds the batch holds are formed (each is a handful of kernels on a GPU)."""
+    c = tok.shape[0]
+    law = q_b  # iid: the node's draft row
+    if Draw.SWOR in b.kinds:
+        rest = torch.where(removed, 0.0, q_b)
+        swor = rest / _total(rest)
+        removed.scatter_(1, tok[:, None], True)
+        law = swor if b.kinds == {Draw.SWOR} else torch.where(b.iid[:c], q_b, swor)
+    if Draw.TOPK in b.kinds:
+        point = torch.zeros_like(q_b).scatter_(1, tok[:, None], 1.0)
+        law = point if b.kinds == {Draw.TOPK} else torch.where(b.topk[:c], point, law)
+    return law
+
+
+def _at(rows: Tensor, tok: Tensor) -> Tensor:
+    """``rows[i, tok[i]]``: ``(c,)``."""
+    return rows.gather(1, tok[:, None])[:, 0]
+
+
+def _acceptance(r_x: Tensor, law_x: Tensor) -> Tensor:
+    """``min(1, r(x) / law(x))`` elementwise, edge cases as :func:`tmc.residual.acceptance_probability`."""
+    return torch.where(r_x <= 0.0, 0.0, torch.where(law_x <= 0.0, 1.0, torch.clamp_max(r_x / law_x, 1.0)))
+
+
+def _child_state(value: Tensor, miss: Tensor, row: Tensor, law: Tensor, tok: Tensor) -> tuple[Tensor, Tensor]:
+    """``(a_i, 1 − a_i)`` of each child: :func:`tmc.traversal._child_state` row by row."""
+    q_t, r_t = _at(law, tok), _at(row, tok)
+    gap = torch.where(value >= 0.5, (r_t - q_t) - miss * r_t, value * r_t - q_t)
+    passed = gap >= 0.0
+    child_miss = torch.clamp_max(-gap / q_t, 1.0)
+    child_value = torch.where(child_miss <= 0.5, 1.0 - child_miss, _acceptance(value * r_t, q_t))
+    return torch.where(passed, 1.0, child_value), torch.where(passed, 0.0, child_miss)
+
+
+def _delete_child(value: Tensor, miss: Tensor, row: Tensor, law: Tensor, tok: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``(a, 1 − a, r)`` after deleting each row's child: :func:`tmc.traversal._delete_child` row by row."""
+    near = (value >= 0.5)[:, None]
+    excess = torch.clamp_min(torch.where(near, (row - law) - miss[:, None] * row, value[:, None] * row - law), 0.0)
+    h = _total(excess)
+    new_row = torch.where(h > 0.0, excess / h, _residual_rows(row, law, tok))
+    total = miss + h[:, 0]
+    empty = total <= 0.0
+    new_value = torch.where(empty, 1.0, torch.clamp_max(h[:, 0] / total, 1.0))
+    new_miss = torch.where(empty, 0.0, torch.clamp_max(miss / total, 1.0))
+    return new_value, new_miss, new_row
+
+
+# ------------------------------------------------------------------ the walks
+
+
+def _multidraft(plan: TreePlan, tok: Tensor, q: Tensor, p: Tensor, u: Tensor) -> tuple[Tensor, Tensor]:
+    """Recursive residual verification: the accepted node's row ``()`` and the row emitted from ``(V,)``."""
+    b = plan.every
+    r = p.index_select(0, b.rows)
+    q_b = q.index_select(0, b.rows)
+    removed = torch.zeros_like(r, dtype=torch.bool)
+    chosen = torch.full((r.shape[0],), -1, dtype=torch.int64, device=p.device)  # accepted child's row, -1: none yet
+    for kids, kid_rows in zip(b.kids, b.kid_rows):
+        c = kids.shape[0]
+        t = tok.index_select(0, kids)
+        law = _laws(b, q_b[:c], removed[:c], t)
+        open_ = chosen[:c] < 0
+        passed = open_ & (u.index_select(0, kids) < _acceptance(_at(r[:c], t), _at(law, t)))
+        chosen[:c] = torch.where(passed, kid_rows, chosen[:c])
+        r[:c] = torch.where((open_ & ~passed)[:, None], _residual_rows(r[:c], law, t), r[:c])
+    emit = p.index_copy(0, b.rows, r)  # a leaf emits from its target row
+    step = torch.full((p.shape[0],), -1, dtype=torch.int64, device=p.device).index_copy(0, b.rows, chosen)
+    at = torch.zeros(1, dtype=torch.int64, device=p.device)
+    for _ in range(plan.depth):
+        nxt = step.index_select(0, at)
+        at = torch.where(nxt >= 0, nxt, at)
+    return at[0], emit.index_select(0, at)[0]
+
+
+def _traversal(plan: TreePlan, tok: Tensor, q: Tensor, p: Tensor, u: Tensor) -> tuple[Tensor, Tensor]:
+    """Traversal Verification: the passing test's row ``()`` and the row emitted from ``(V,)``."""
+    value = torch.ones(p.shape[0], dtype=F64, device=p.device)  # each node's a: set on entry, final after its level
+    miss = torch.zeros_like(value)
+    final = p.clone()  # each node's residual row after all its children were deleted
+    for b in plan.levels:
+        if not b.kids:
+            continue
+        v, m, row = value.index_select(0, b.rows), miss.index_select(0, b.rows), p.index_select(0, b.rows)
+        q_b = q.index_select(0, b.rows)
+        removed = torch.zeros_like(row, dtype=torch.bool)
+        for kids, kid_rows in zip(b.kids, b.kid_rows):
+            c = kids.shape[0]
+            t = tok.index_select(0, kids)
+            law = _laws(b, q_b[:c], removed[:c], t)
+            kid_value, kid_miss = _child_state(v[:c], m[:c], row[:c], law, t)
+            value.index_copy_(0, kid_rows, kid_value)
+            miss.index_copy_(0, kid_rows, kid_miss)
+            v[:c], m[:c], row[:c] = _delete_child(v[:c], m[:c], row[:c], law, t)
+        value.index_copy_(0, b.rows, v)
+        final.index_copy_(0, b.rows, row)
+    tests = plan.post
+    passes = u.index_select(0, (tests - 1).clamp_min(0)) < value.index_select(0, tests)
+    passes[-1] = True  # the root's test
+    at = tests.index_select(0, passes.to(torch.int64).argmax().reshape(1))  # argmax: the first pass
+    return at[0], final.index_select(0, at)[0]
+
+
+_WALKS = {"multidraft": _multidraft, "traversal": _traversal}
+
+
+# ------------------------------------------------------------------ entry points
+
+
+def _flags(plan: TreePlan, tok_raw: Tensor, q_raw: Tensor | None, p_raw: Tensor, u: Tensor) -> Tensor:
+    """0-d bool: some value is invalid (the host checks of :func:`spec.llm.verify._prepare_tree` then say which)."""
+    vocab = p_raw.shape[1]
+    bad = _rows_bad(p_raw) | ((tok_raw < 0) | (tok_raw >= vocab)).any() | ~((u >= 0.0) & (u < 1.0)).all()
+    tok = tok_raw.clamp(0, vocab - 1)
+    pairs = plan.distinct
+    if pairs.numel():
+        bad = bad | (tok.index_select(0, pairs[:, 0]) == tok.index_select(0, pairs[:, 1])).any()
+    if q_raw is not None and plan.sampled_nodes:
+        drafted = q_raw.index_select(0, plan.sampled_parent_rows).gather(1, tok.index_select(0, plan.sampled_kids)[:, None])
+        bad = bad | _rows_bad(q_raw.index_select(0, plan.sampled)) | (drafted <= 0.0).any()
+    return bad
+
+
+def tree_head(method: str, plan: TreePlan, draft_tokens: Tensor, draft_probs: Tensor | None, target_probs: Tensor,
+              uniforms: Tensor, *, trusted: bool = False) -> Tensor:
+    """One tree step on the device, not synchronised: int64 ``(3 + depth,)`` = ``(bad, n, y, nodes…)``, the
+    validation flag (0 when ``trusted``), the accepted count, the emitted token and the accepted nodes from
+    the root's child down (``-1`` after the ``n``-th).
+
+    Arrays as :func:`spec.llm.verify.verify_tree` takes them, all on ``plan.device``: ``draft_tokens`` ``(N,)``,
+    ``draft_probs`` ``(N + 1, V)`` (``None`` when every node is ``topk``), ``target_probs`` ``(N + 1, V)``,
+    ``uniforms`` ``(N + 1,)``.  Shapes are checked on the host (no sync); values are flagged on the device,
+    unless ``trusted`` (then token ids must lie in ``[0, V)``: an id outside indexes out of range).
+    """
+    walk = _WALKS[_check_method(method, DEVICE_TREE_METHODS)]
+    n = plan.size
+    p_raw = _float_tensor("target_probs", target_probs, plan.device)
+    tok_raw = _long_tensor("draft_tokens", draft_tokens, plan.device)
+    u = _float_tensor("uniforms", uniforms, plan.device)
+    if p_raw.ndim != 2 or p_raw.shape[1] == 0:
+        raise ValueError(f"target_probs must be a 2-D (N + 1, V) array with V >= 1, got shape {tuple(p_raw.shape)}")
+    vocab = int(p_raw.shape[1])
+    for name, got, want in (("draft_tokens", tuple(tok_raw.shape), (n,)),
+                            ("target_probs", tuple(p_raw.shape), (n + 1, vocab)), ("uniforms", tuple(u.shape), (n + 1,))):
+        if got != want:
+            raise ValueError(f"{name} has shape {got}; expected {want} for a tree of {n} nodes")
+    q_raw = None
+    if draft_probs is None:
+        if plan.sampled_nodes:
+            node = plan.sampled_nodes[0]
+            kind = plan.draws[plan.parents.index(node)].value
+            raise ValueError(f"draft_probs is None but node {node} has children drawn '{kind}'")
+        q = torch.zeros_like(p_raw)
+    else:
+        q_raw = _float_tensor("draft_probs", draft_probs, plan.device)
+        if tuple(q_raw.shape) != (n + 1, vocab):
+            raise ValueError(f"draft_probs has shape {tuple(q_raw.shape)}; expected (N + 1, V) = {(n + 1, vocab)}")
+        q = _normalised_rows(q_raw)
+    if trusted:
+        bad, tok = torch.zeros((), dtype=torch.bool, device=plan.device), tok_raw
+    else:
+        bad, tok = _flags(plan, tok_raw, q_raw, p_raw, u), tok_raw.clamp(0, vocab - 1)
+    at, row = walk(plan, tok, q, _normalised_rows(p_raw), u)
+    y = categorical_draw(row, u[n])
+    return torch.cat([bad.to(torch.int64).reshape(1), plan.lengths.index_select(0, at.reshape(1)), y.reshape(1),
+                      plan.paths.index_select(0, at.reshape(1))[0]])
+
+
+def read_head(got: Sequence[int], tokens: Sequence[int]) -> Verified:
+    """The :class:`Verified` of a host copy of :func:`tree_head`'s row after its flag (``(n, y, nodes…)``)."""
+    n, y, nodes = got[0], got[1], tuple(got[2 : 2 + got[0]])
+    return Verified(torch.tensor([tokens[i] for i in nodes] + [y], dtype=torch.int64), n, nodes)
+
+
+def verify_tree_on_device(method: str, plan: TreePlan, draft_tokens: TensorLike, draft_probs: TensorLike | None,
+                          target_probs: TensorLike, uniforms: TensorLike, *, trusted: bool = False) -> Verified:
+    """:func:`spec.llm.verify.verify_tree` for ``multidraft`` / ``traversal`` on a planned shape, with ONE host
+    transfer: the flag, the result and the draft tokens.  Same tokens as the host walk on the same uniforms;
+    the same ``ValueError`` for bad values (found by the host checks once the flag is read).  The tokens come
+    back as a host tensor.  Inputs off ``plan.device`` are moved there first."""
+    dev = plan.device
+    args = (_long_tensor("draft_tokens", draft_tokens, dev),
+            None if draft_probs is None else _float_tensor("draft_probs", draft_probs, dev),
+            _float_tensor("target_probs", target_probs, dev), _float_tensor("uniforms", uniforms, dev))
+    head = tree_head(method, plan, *args, trusted=trusted)
+    got = torch.cat([head, args[0].to(torch.int64)]).tolist()
+    if got[0]:
+        _prepare_tree(args[0], list(plan.parents), plan.draws, args[1], args[2], args[3])  # raises the first ValueError
+        raise AssertionError("the device flagged a value the host checks accept")  # pragma: no cover
+    return read_head(got[1 : len(head)], got[len(head) :])

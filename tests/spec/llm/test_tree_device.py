@@ -1,0 +1,264 @@
+"""Device walks of the tree verifiers (spec.llm.tree_device) against the numpy references of tmc.
+
+STYLE.md rule 11: same uniforms, same tokens, exactly.  The cases are those of
+``test_verify_torch.py`` (random trees of every draw kind, V in 2..6, rows with
+exact zeros, target rows equal to the draft row or one-hot, edge uniforms),
+trees of a decode's fixed shapes at V = 4096, an empty tree and V = 1.  The
+plan's traversal order is checked against :func:`tmc.traversal.traversal_tests`,
+its paths against ``DraftTree.path``; the walk runs on the ``meta`` device,
+where any host read raises; bad input raises ``ValueError`` naming the argument.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from tmc import ALL_DRAWS, Draw, DraftTree  # noqa: E402
+from tmc.traversal import traversal_tests  # noqa: E402
+
+from spec.builders import FixedBuilder  # noqa: E402
+from spec.llm.tree_device import DEVICE_TREE_METHODS, TreePlan, tree_head, verify_tree_on_device  # noqa: E402
+from spec.llm.verify import TREE_METHODS, verify_tree  # noqa: E402
+from tests.spec.llm.test_verify_torch import (  # noqa: E402
+    DEVICES,
+    NUMPY_TREE,
+    TREE_BAD,
+    as_tensor,
+    tree_cases,
+)
+
+pytestmark = pytest.mark.llm
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread() -> Iterator[None]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def run(method: str, tree: DraftTree, q: np.ndarray | None, p: np.ndarray, u: np.ndarray, device: str,
+        trusted: bool = False, draws: object = None) -> list[int]:
+    plan = TreePlan.of(tree.parents, tree.draws if draws is None else draws, device)
+    out = verify_tree_on_device(method, plan, torch.tensor(tree.tokens), as_tensor(q, device), as_tensor(p, device),
+                                as_tensor(u, device), trusted=trusted)
+    got = [int(t) for t in out.tokens.tolist()]
+    assert out.n_accepted == len(out.nodes) == len(got) - 1
+    assert [tree.tokens[i] for i in out.nodes] == got[:-1]
+    assert all(tree.parents[b] == a for a, b in zip((-1,) + out.nodes, out.nodes))
+    return got
+
+
+def test_device_methods_are_tree_methods():
+    assert set(DEVICE_TREE_METHODS) <= set(TREE_METHODS)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_device_walks_equal_numpy_on_same_uniforms(device):
+    count = 240 if device == "cpu" else 80
+    checked = 0
+    for i, (tree, p, q, u) in enumerate(tree_cases(seed=4, count=count)):
+        for method in DEVICE_TREE_METHODS:
+            want = NUMPY_TREE[method](tree, p, u)
+            draws = [d.value for d in tree.draws] if i % 2 else None
+            assert run(method, tree, q, p, u, device, trusted=bool(i % 3), draws=draws) == want, (method, tree, p, u)
+            # the accepted nodes, not only their tokens (an iid twin carries the same token): the host walk's
+            host = verify_tree(method, list(tree.tokens), list(tree.parents), tree.draws, q, p, u)
+            plan = TreePlan.of(tree.parents, tree.draws, device)
+            out = verify_tree_on_device(method, plan, list(tree.tokens), q, p, u)
+            assert out.nodes == host.nodes
+            checked += 1
+    assert checked == 2 * count
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+#: Fixed shapes a decode verifies: FixedBuilder's full trees, a chain, a star.
+SHAPES = {
+    "fixed 2 wide": FixedBuilder(width=2).full_shape(7),
+    "fixed 3 wide, depth 2": FixedBuilder(width=3, depth=2).full_shape(9),
+    "chain of 5": tuple(range(-1, 4)),
+    "star of 4": (-1, -1, -1, -1),
+}
+
+
+def decode_tree(rng: np.random.Generator, parents: tuple[int, ...], kind: Draw, vocab: int,
+                sharp: float) -> tuple[DraftTree, np.ndarray, np.ndarray]:
+    """A tree drawn as a decode draws it from softmax rows (target = draft + noise), its p and q rows."""
+    n = len(parents)
+    logits = rng.normal(size=(n + 1, vocab)) * sharp
+    q = softmax(logits)
+    p = softmax(logits + rng.normal(size=(n + 1, vocab)))
+    tokens = [0] * n
+    for par in sorted(set(parents)):
+        kids = [i for i, x in enumerate(parents) if x == par]
+        row = q[par + 1]
+        if kind == Draw.TOPK:
+            toks = np.argsort(-row, kind="stable")[: len(kids)]
+        else:
+            toks = rng.choice(vocab, size=len(kids), replace=kind == Draw.IID, p=row)
+        for kid, tok in zip(kids, toks):
+            tokens[kid] = int(tok)
+    rows = {par: q[par + 1] for par in set(parents)} if kind != Draw.TOPK else {}
+    return DraftTree(parents, tuple(tokens), (kind,) * n, rows, vocab), p, q
+
+
+@pytest.mark.parametrize(("shape", "kind"), list(itertools.product(SHAPES, ALL_DRAWS)))
+def test_device_walks_equal_numpy_and_the_host_walk_at_vocabulary_4096(shape, kind):
+    rng = np.random.default_rng(11)
+    parents = SHAPES[shape]
+    accepted = 0
+    for sharp in (0.5, 3.0):  # flat rows (most drafts rejected) and sharp ones (long accepted paths)
+        for _ in range(4):
+            tree, p, q = decode_tree(rng, parents, kind, 4096, sharp)
+            u = rng.random(tree.size + 1)
+            for method in DEVICE_TREE_METHODS:
+                got = run(method, tree, None if kind == Draw.TOPK else q, p, u, "cpu", trusted=True)
+                assert got == NUMPY_TREE[method](tree, p, u), (shape, kind, method)
+                host = verify_tree(method, list(tree.tokens), list(parents), kind, q, p, u)
+                assert got == host.tokens.tolist()
+                accepted += len(got) - 1
+    assert accepted > 0  # the cases reach past the root
+
+
+def test_plan_orders_tests_as_tmc_and_records_each_path():
+    """The traversal order and the root-down paths come from the shape alone: tmc's own walk (its order
+    does not depend on the rows) and ``DraftTree.path`` give them independently."""
+    for tree, p, _q, _u in tree_cases(seed=9, count=60):
+        plan = TreePlan.of(tree.parents, tree.draws)
+        order = [t.node for t in traversal_tests(tree, p)]
+        assert [r - 1 for r in plan.post.tolist()] == order
+        for node in range(-1, tree.size):
+            depth = tree.node_depth(node)
+            row = plan.paths[node + 1].tolist()
+            nodes, rest = row[:depth], row[depth:]
+            assert tuple(tree.tokens[i] for i in nodes) == tree.path(node) and set(rest) <= {-1}
+            assert all(tree.parents[b] == a for a, b in zip([-1] + nodes, nodes)) and nodes[-1:] == [node][:depth]
+            assert plan.lengths[node + 1] == depth
+
+
+def test_empty_tree_emits_from_the_root_row():
+    p = np.array([[0.2, 0.3, 0.5]])
+    tree = DraftTree((), (), (), {}, 3)
+    for method in DEVICE_TREE_METHODS:
+        for u, want in ((0.0, 0), (0.25, 1), (0.6, 2), (math.nextafter(1.0, 0.0), 2)):
+            assert run(method, tree, None, p, np.array([u]), "cpu") == [want] == NUMPY_TREE[method](tree, p, [u])
+
+
+def test_one_token_vocabulary_accepts_every_draft():
+    tree = DraftTree.build([-1, 0, 0], [0, 0, 0], "iid", {-1: [1.0], 0: [1.0]}, 1)
+    ones = np.ones((4, 1))
+    for method in DEVICE_TREE_METHODS:
+        assert run(method, tree, ones, ones, np.full(4, 0.99), "cpu") == [0, 0, 0] == NUMPY_TREE[method](tree, ones, [0.99] * 4)
+
+
+@pytest.mark.parametrize(("kind", "method", "trusted"), list(itertools.product(ALL_DRAWS, DEVICE_TREE_METHODS, (False, True))))
+def test_device_walk_reads_nothing_on_the_host(kind, method, trusted):
+    """On the ``meta`` device tensors hold no data, so ``.item()``, ``bool()`` or ``.tolist()`` of any of
+    them raises: the whole step, checks included, runs without one.  Teeth: the host walk raises there."""
+    meta = "meta"
+    plan = TreePlan.of(FixedBuilder(width=2).full_shape(7), kind, meta)
+    q = torch.empty(8, 64, dtype=torch.float64, device=meta)
+    tok = torch.empty(7, dtype=torch.int64, device=meta)
+    u = torch.empty(8, dtype=torch.float64, device=meta)
+    head = tree_head(method, plan, tok, None if kind == Draw.TOPK else q, q, u, trusted=trusted)
+    assert head.device.type == meta and tuple(head.shape) == (3 + plan.depth,)
+    with pytest.raises(NotImplementedError):
+        verify_tree(method, tok, list(plan.parents), kind, q, q, u)
+
+
+def device_args(args: tuple) -> tuple:
+    """A ``TREE_BAD`` case for the device walks: the host-only methods swapped for ``traversal``."""
+    method, *rest = args
+    return ("traversal" if method in ("kseq", "ordered_traversal") else method, *rest)
+
+
+#: Where the device entry point words a shape error its own way (its plan is made first).
+DEVICE_MESSAGES = {
+    "parents length": r"draft_tokens has shape \(2,\); expected \(1,\) for a tree of 1 nodes",
+    "target shape": r"target_probs has shape \(2, 2\); expected \(3, 2\) for a tree of 2 nodes",
+    "uniforms length": r"uniforms has shape \(2,\); expected \(3,\) for a tree of 2 nodes",
+}
+
+
+@pytest.mark.parametrize("case", list(TREE_BAD), ids=list(TREE_BAD))
+def test_device_bad_input_raises(case):
+    args, match = TREE_BAD[case]
+    method, tok, parents, draws, q, p, u = device_args(args)
+    with pytest.raises(ValueError, match=DEVICE_MESSAGES.get(case, match)):
+        verify_tree_on_device(method, TreePlan.of(parents, draws), tok, q, p, u)
+
+
+def test_device_walk_refuses_host_only_methods_and_bad_plans():
+    plan = TreePlan.of([-1, -1], "iid")
+    r2 = [[0.5, 0.5]] * 3
+    for method in ("kseq", "ordered_traversal", "sps"):
+        with pytest.raises(ValueError, match="method must be one of 'multidraft', 'traversal'"):
+            verify_tree_on_device(method, plan, [0, 1], r2, r2, [0.1] * 3)
+    with pytest.raises(ValueError, match=r"draft_probs is None but node -1 has children drawn 'swor'"):
+        verify_tree_on_device("multidraft", TreePlan.of([-1, -1], "swor"), [0, 1], None, r2, [0.1] * 3)
+    with pytest.raises(ValueError, match=r"parents\[0\] = 0; a parent must be"):
+        TreePlan.of([0], "iid")
+
+
+def test_unread_draft_rows_may_hold_anything():
+    q = [[0.5, 0.5], [math.nan, -3.0], [7.0, 7.0]]
+    r2 = [[0.5, 0.5]] * 3
+    for method in DEVICE_TREE_METHODS:
+        got = verify_tree_on_device(method, TreePlan.of([-1, -1], "iid"), [0, 1], q, r2, [0.1, 0.2, 0.3])
+        assert got.tokens.tolist() == [0, 0]
+
+
+def test_float32_rows_give_the_float64_walk():
+    for tree, p, q, u in tree_cases(seed=6, count=40):
+        p32 = torch.tensor(p, dtype=torch.float32)
+        for method in DEVICE_TREE_METHODS:
+            plan = TreePlan.of(tree.parents, tree.draws)
+            want = verify_tree(method, list(tree.tokens), list(tree.parents), tree.draws, q, p32, u).tokens.tolist()
+            assert verify_tree_on_device(method, plan, list(tree.tokens), q, p32, u).tokens.tolist() == want
+
+
+# ------------------------------------------------------------------ in the decode loop
+
+
+@pytest.mark.parametrize("verifier", TREE_METHODS)
+def test_decode_loop_verifies_fixed_trees_on_the_device(verifier, monkeypatch):
+    """``generate(verify_backend='device')`` on a fixed i.i.d. tree drafted on the device: ``multidraft`` and
+    ``traversal`` run the device walk (``tree_head``, once a step) and never the host walk, the others the
+    host walk, as ``torch`` does for all; the tokens are the numpy references' either way
+    (``test_device_chain.py`` checks the same against the host-built tree for every setting)."""
+    pytest.importorskip("transformers")
+    import spec.llm.generate as gen
+    from spec.llm.models import tiny_pair
+
+    target, draft = tiny_pair(29, seed=3)
+    with torch.no_grad():  # sharp rows: accepted paths of several nodes
+        target.lm_head.weight.mul_(12.0)
+        draft.lm_head.weight.mul_(12.0)
+    calls = {"tree_head": 0, "verify_tree": 0}
+    for name in calls:
+        def spy(*args: object, _real: object = getattr(gen, name), _name: str = name, **kw: object) -> object:
+            calls[_name] += 1
+            return _real(*args, **kw)  # type: ignore[operator]
+        monkeypatch.setattr(gen, name, spy)
+    kw = dict(temperature=1.0, max_new_tokens=16, budget=7, seed=2, builder_params={"draw": "iid", "width": 2})
+    ref = gen.generate(target, draft, [5, 3, 5], "fixed", verifier, verify_backend="numpy", **kw)
+    assert max(s.accepted for s in ref.steps) >= 2
+    assert calls == {"tree_head": 0, "verify_tree": 0}
+    for backend in ("torch", "device"):
+        out = gen.generate(target, draft, [5, 3, 5], "fixed", verifier, verify_backend=backend, **kw)
+        assert out.tokens == ref.tokens
+        walked = backend == "device" and verifier in DEVICE_TREE_METHODS
+        assert calls == {"tree_head": len(out.steps) if walked else 0, "verify_tree": 0 if walked else len(out.steps)}
+        calls.update(tree_head=0, verify_tree=0)
