@@ -23,7 +23,9 @@ the torch port's host walk after one copy of the rows
 as ``generate``'s numpy backend calls it.  All three must give the same
 tokens.  ``ops`` counts the torch operations the device walk dispatches
 (:func:`spec.llm.opcount.count_ops`): on a GPU each launches a kernel, unless
-the step is captured in a graph.
+the step is captured in a graph.  ``--compile`` adds a column for the device
+walk through ``torch.compile`` (inductor, whole graph, fixed shapes), which
+fuses those operations into a few kernels; its compile time is not counted.
 
 Run as ``tmc bench verify`` (``--device cuda``, ``--vocabs``, ``--rows``,
 ``--budgets``, ``--calls``), or ``python -m spec.bench_verify`` without an
@@ -34,6 +36,7 @@ untimed call, with the device synchronised before each.
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import sys
 import time
@@ -168,11 +171,14 @@ def run_tree_verify_bench(
     calls: int = 200,
     seed: int = 0,
     progress: Callable[[str], None] | None = None,
+    compile_backend: str | None = None,
 ) -> list[dict[str, Any]]:
     """Median milliseconds per tree verification: the device walk, the torch host walk, numpy (module doc).
 
     One row per ``(V, budget, method)``: ``device_ms``, ``host_ms``, ``numpy_ms``, ``accepted`` (the same
-    for all three, checked) and ``ops`` (operations the device walk dispatches).
+    for all three, checked) and ``ops`` (operations the device walk dispatches); with a
+    ``compile_backend``, also ``compiled_ms``: the device walk through ``torch.compile`` with that backend
+    (same tokens, checked).
     """
     import torch
 
@@ -180,6 +186,7 @@ def run_tree_verify_bench(
     from spec.llm.host_verify import verify_tree_numpy
     from spec.llm.models import parse_device
     from spec.llm.opcount import count_ops
+    from spec.llm.step_graph import _compiled
     from spec.llm.tree_device import TreePlan, read_head, tree_head
     from spec.llm.verify import verify_tree
     from tmc.multidraft import DraftTree, Draw
@@ -192,6 +199,8 @@ def run_tree_verify_bench(
         raise ValueError(f"methods must be among {TREE_METHODS}, got {list(methods)!r}")
     if not isinstance(calls, int) or calls < 1:
         raise ValueError(f"calls must be a positive integer, got {calls!r}")
+    if compile_backend is not None and not isinstance(compile_backend, str):
+        raise ValueError(f"compile_backend must be None or a torch.compile backend name, got {compile_backend!r}")
     dev = parse_device(device)
     sync = _syncer(dev)
     gen = torch.Generator(device="cpu").manual_seed(seed)
@@ -212,10 +221,13 @@ def run_tree_verify_bench(
                 u = rng.random(n + 1)
                 u_dev = torch.from_numpy(u).to(dev)
 
-                def on_device(method: str = method) -> list[int]:  # as generate's _tree_step with a plan
-                    head = tree_head(method, plan, tok_dev, q_dev, p_dev, u_dev, trusted=True)[1:]
+                def walk(head_of: Callable[..., Any]) -> list[int]:  # as generate's _tree_step with a plan
+                    head = head_of(tok_dev, q_dev, p_dev, u_dev)[1:]
                     got = torch.cat([head, tok_dev]).tolist()
                     return read_head(got[: head.shape[0]], got[head.shape[0]:]).tokens.tolist()
+
+                eager = functools.partial(tree_head, method, plan, trusted=True)
+                on_device = functools.partial(walk, eager)
 
                 def on_host(method: str = method, u: Any = u) -> list[int]:
                     tokens = tok_dev.tolist()
@@ -230,14 +242,20 @@ def run_tree_verify_bench(
                 got, ops = count_ops(on_device)
                 if on_host() != got or on_numpy() != got:
                     raise RuntimeError(f"the tree walks disagree on {method} at V = {vocab}, budget {budget}")
-                times = {name: _median_ms(fn, calls, sync)
-                         for name, fn in (("device", on_device), ("host", on_host), ("numpy", on_numpy))}
-                out.append({"vocab": vocab, "budget": budget, "method": method, "device_ms": times["device"],
-                            "host_ms": times["host"], "numpy_ms": times["numpy"], "accepted": len(got) - 1,
+                runs: list[tuple[str, Callable[[], object]]] = [
+                    ("device", on_device), ("host", on_host), ("numpy", on_numpy)]
+                if compile_backend is not None:
+                    on_compiled = functools.partial(walk, _compiled(eager, compile_backend))
+                    if on_compiled() != got:  # the first call compiles
+                        raise RuntimeError(f"the compiled walk disagrees on {method} at V = {vocab}, budget {budget}")
+                    runs.append(("compiled", on_compiled))
+                times = {name: _median_ms(fn, calls, sync) for name, fn in runs}
+                out.append({"vocab": vocab, "budget": budget, "method": method,
+                            **{f"{name}_ms": ms for name, ms in times.items()}, "accepted": len(got) - 1,
                             "ops": ops.outside})
                 if progress:
-                    progress(f"  V={vocab} budget={budget} {method}: device {times['device']:.3f} ms, "
-                             f"host {times['host']:.3f} ms, numpy {times['numpy']:.3f} ms, {ops.outside} ops")
+                    progress(f"  V={vocab} budget={budget} {method}: "
+                             + ", ".join(f"{name} {ms:.3f} ms" for name, ms in times.items()) + f", {ops.outside} ops")
     return out
 
 
@@ -252,11 +270,14 @@ def render(report: dict[str, Any]) -> str:
                               f"device, median of {report['calls']} calls")
     if not report.get("trees"):
         return text
-    trees = [[str(r["vocab"]), str(r["budget"]), r["method"], f"{r['device_ms']:.3f}", f"{r['host_ms']:.3f}",
-              f"{r['numpy_ms']:.3f}", f"{r['numpy_ms'] / r['device_ms']:.2f}", str(r["ops"]), str(r["accepted"])]
+    compiled = "compiled_ms" in report["trees"][0]
+    trees = [[str(r["vocab"]), str(r["budget"]), r["method"], f"{r['device_ms']:.3f}",
+              *([f"{r['compiled_ms']:.3f}"] if compiled else []), f"{r['host_ms']:.3f}", f"{r['numpy_ms']:.3f}",
+              f"{r['numpy_ms'] / r['device_ms']:.2f}", str(r["ops"]), str(r["accepted"])]
              for r in report["trees"]]
     return text + "\n\n" + format_table(
-        ["V", "nodes", "verifier", "device ms", "host ms", "numpy ms", "numpy / device", "ops", "accepted"], trees,
+        ["V", "nodes", "verifier", "device ms", *(["compiled ms"] if compiled else []), "host ms", "numpy ms",
+         "numpy / device", "ops", "accepted"], trees,
         title=f"fixed-tree verification on {report['device']}: the device walk, the torch host walk, numpy; "
               f"median of {report['calls']} calls")
 
@@ -271,6 +292,8 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--budgets", default=",".join(map(str, DEFAULT_BUDGETS)),
                    help="verify: comma-separated node counts of the fixed trees (default 7,15,31; 0 for none)")
     g.add_argument("--calls", type=int, default=200, help="verify: timed calls per cell (default 200)")
+    g.add_argument("--compile", action="store_true",
+                   help="verify: also time the device tree walk through torch.compile (inductor; compile time apart)")
 
 
 def bench(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
@@ -299,7 +322,8 @@ def bench(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         if budgets:
             print(f"timing fixed-tree verification on {device} ...", file=sys.stderr)
             report["trees"] = run_tree_verify_bench(device, vocabs, budgets, calls=args.calls, seed=args.seed,
-                                                    progress=progress)
+                                                    progress=progress,
+                                                    compile_backend="inductor" if args.compile else None)
     except ValueError as err:
         fail(str(err))
     return report, render(report)

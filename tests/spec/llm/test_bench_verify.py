@@ -42,8 +42,19 @@ def test_every_tree_cell_is_timed_three_ways_with_the_same_result() -> None:
     json.dumps(trees)
 
 
+def test_tree_cells_time_the_compiled_walk_on_request() -> None:
+    """With a compile backend (here dynamo's ``eager``: a whole-graph trace, no code generation) the walk is
+    compiled, checked against the eager one and timed in its own column."""
+    trees = run_tree_verify_bench("cpu", vocabs=(16,), budgets=(3,), calls=2, compile_backend="eager")
+    assert [r["method"] for r in trees] == ["multidraft", "traversal"]
+    assert all(r["compiled_ms"] > 0 for r in trees)
+    report = {**run_verify_bench("cpu", vocabs=(16,), rows=(2,), calls=1), "trees": trees}
+    assert "compiled ms" in render(report)
+    torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("kwargs, match", [
-    ({"vocabs": ()}, "vocabs"), ({"budgets": (0,)}, "budgets"), ({"budgets": ()}, "budgets"),
+    ({"vocabs": ()}, "vocabs"), ({"budgets": (0,)}, "budgets"), ({"compile_backend": 3}, "compile_backend"), ({"budgets": ()}, "budgets"),
     ({"methods": ("kseq",)}, "methods"), ({"calls": 0}, "calls"), ({"device": "gpu"}, "not a torch device")])
 def test_tree_bench_refuses_bad_arguments(kwargs: dict[str, object], match: str) -> None:
     with pytest.raises(ValueError, match=match):

@@ -178,6 +178,68 @@ def test_device_walk_reads_nothing_on_the_host(kind, method, trusted):
         verify_tree(method, tok, list(plan.parents), kind, q, q, u)
 
 
+def head_tokens(head: torch.Tensor, tree: DraftTree) -> list[int]:
+    """The emitted tokens a :func:`tree_head` row stands for."""
+    got = head.tolist()
+    return [tree.tokens[i] for i in got[3 : 3 + got[1]]] + [got[2]]
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # torch's own code
+@pytest.mark.parametrize(("kind", "backend"), [(kind, "eager") for kind in ALL_DRAWS] + [(Draw.IID, "inductor")])
+def test_device_walk_compiles_as_one_graph(kind, backend):
+    """``torch.compile(..., fullgraph=True)`` traces the whole walk (a host read or a data-dependent branch
+    would break the graph, an error here) and the compiled walk gives the references' tokens; ``eager``
+    traces only, ``inductor`` generates the fused code a GPU would run (once, on the CPU: ~10-20 s)."""
+    import functools
+
+    parents = SHAPES["fixed 2 wide"]
+    plan = TreePlan.of(parents, kind)
+    rng = np.random.default_rng(13)
+    for method in DEVICE_TREE_METHODS:
+        compiled = torch.compile(functools.partial(tree_head, method, plan, trusted=True), fullgraph=True,
+                                 dynamic=False, backend=backend)
+        for _ in range(3):
+            tree, p, q = decode_tree(rng, parents, kind, 64, 3.0)
+            u = rng.random(tree.size + 1)
+            head = compiled(torch.tensor(tree.tokens), None if kind == Draw.TOPK else torch.tensor(q),
+                            torch.tensor(p), torch.tensor(u))
+            assert head_tokens(head, tree) == NUMPY_TREE[method](tree, p, u), (kind, method)
+    torch._dynamo.reset()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_device_walk_replays_as_a_cuda_graph():
+    """The walk captured once in a CUDA graph, then replayed on new rows, tokens and uniforms copied into
+    its input buffers: the references' tokens every time."""
+    parents = SHAPES["fixed 2 wide"]
+    rng = np.random.default_rng(17)
+    for kind, method in itertools.product((Draw.IID, Draw.SWOR), DEVICE_TREE_METHODS):
+        plan = TreePlan.of(parents, kind, "cuda")
+        n, vocab = len(parents), 512
+        tok = torch.zeros(n, dtype=torch.int64, device="cuda")
+        q = torch.full((n + 1, vocab), 1.0 / vocab, dtype=torch.float64, device="cuda")
+        p, u = q.clone(), torch.full((n + 1,), 0.5, dtype=torch.float64, device="cuda")
+        tok.copy_(torch.arange(n))  # distinct siblings for swor
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            tree_head(method, plan, tok, q, p, u, trusted=True)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            head = tree_head(method, plan, tok, q, p, u, trusted=True)
+        for _ in range(4):
+            tree, p_np, q_np = decode_tree(rng, parents, kind, vocab, 3.0)
+            u_np = rng.random(n + 1)
+            tok.copy_(torch.tensor(tree.tokens))
+            q.copy_(torch.from_numpy(q_np))
+            p.copy_(torch.from_numpy(p_np))
+            u.copy_(torch.from_numpy(u_np))
+            graph.replay()
+            assert head_tokens(head, tree) == NUMPY_TREE[method](tree, p_np, u_np), (kind, method)
+
+
 def device_args(args: tuple) -> tuple:
     """A ``TREE_BAD`` case for the device walks: the host-only methods swapped for ``traversal``."""
     method, *rest = args
