@@ -597,9 +597,9 @@ def generate(
     ``device`` is ``torch`` except that ``multidraft`` and ``traversal`` on a
     tree drafted on the device verify there too (:mod:`spec.llm.tree_device`:
     every node's tests as fixed-shape tensor work, so the step's one
-    transfer carries the result and no rows are copied; on the CPU 1.7-5x
-    slower than the host walk, ``tmc bench verify``); the tokens are the
-    same (tested).
+    transfer carries the result and no rows are copied; on the CPU 1.5-5x
+    slower than the host walk per verification, ``tmc bench verify``; not
+    timed on a GPU); the tokens are the same (tested).
     ``step_graph``: run each step of a ``chain`` builder (no ``confidence``
     stop) with a chain verifier as ONE piece of fixed-shape device work, the
     draft forwards, draws, target forward and verifier together, captured as
