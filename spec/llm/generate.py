@@ -384,7 +384,7 @@ def _tree_step(
     :func:`~spec.llm.adapter.tree_logits` lays out the host-built tree; the
     fault and ``short`` flags and the tokens come to the host in one transfer, then the
     rows for the verifier, which gets the :class:`DraftTree` the host builder
-    would have built.  With a plan (``shape.plan``: ``verify_backend='torch'``
+    would have built.  With a plan (``shape.plan``: ``verify_backend='device'``
     and ``multidraft`` / ``traversal``) the verifier runs on the device first
     (:func:`spec.llm.tree_device.tree_head`) and that one transfer carries
     its result as well: no rows are copied.  The uniforms come from ``rng`` in the host path's
@@ -410,8 +410,9 @@ def _tree_step(
     t2 = time.perf_counter()
     fault = drafted.fault.to(device) | (logits_fault(logits) if t_fault is None else t_fault)
     flags = [fault.to(torch.int64).reshape(1), drafted.short.to(device).to(torch.int64).reshape(1)]
-    head, rng_state = None, rng.bit_generator.state
+    head, rng_state = None, None
     if shape.plan is not None:  # verified on the device: the flags, the result and the tokens in ONE transfer
+        rng_state = rng.bit_generator.state  # given back if the step is redone on the host
         u = rng.random(noise_size(verifier, n))
         # trusted: p from logits the fault flag vouches for, q the rows the tokens were drawn from (a
         # ranked token at q = 0 sets `short`), uniforms from random(); a flagged step's result is dropped
@@ -426,7 +427,8 @@ def _tree_step(
     if got[1]:
         d_step.discard_tree()
         trim_cache(t_cache, t_past)
-        rng.bit_generator.state = rng_state  # no uniform used: the host path draws them
+        if rng_state is not None:  # no uniform used: the host path draws them
+            rng.bit_generator.state = rng_state
         return None
     if head is not None:
         tokens = got[2 + head.shape[0]:]
