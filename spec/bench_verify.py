@@ -64,6 +64,16 @@ def _positive_list(name: str, text: str, minimum: int = 1) -> list[int]:
     return vals
 
 
+def _check_cells(vocabs: Sequence[int], methods: Sequence[str], known: tuple[str, ...], calls: int) -> None:
+    """``ValueError`` for the arguments both tables share."""
+    if not vocabs or any(not isinstance(v, int) or v < 1 for v in vocabs):
+        raise ValueError(f"vocabs must be positive integers, got {list(vocabs)!r}")
+    if not methods or any(m not in known for m in methods):
+        raise ValueError(f"methods must be among {known}, got {list(methods)!r}")
+    if not isinstance(calls, int) or calls < 1:
+        raise ValueError(f"calls must be a positive integer, got {calls!r}")
+
+
 def run_verify_bench(
     device: str | None = "cpu",
     vocabs: Sequence[int] = DEFAULT_VOCABS,
@@ -88,14 +98,9 @@ def run_verify_bench(
     from spec.llm.models import parse_device
     from spec.llm.verify import noise_size, verify_chain_on_device
 
-    if not vocabs or any(not isinstance(v, int) or v < 1 for v in vocabs):
-        raise ValueError(f"vocabs must be positive integers, got {list(vocabs)!r}")
     if not rows or any(not isinstance(n, int) or n < 2 for n in rows):
         raise ValueError(f"rows must be integers >= 2 (a chain of rows - 1 tokens), got {list(rows)!r}")
-    if not methods or any(m not in METHODS for m in methods):
-        raise ValueError(f"methods must be among {METHODS}, got {list(methods)!r}")
-    if not isinstance(calls, int) or calls < 1:
-        raise ValueError(f"calls must be a positive integer, got {calls!r}")
+    _check_cells(vocabs, methods, METHODS, calls)
     dev = parse_device(device)
     sync = _syncer(dev)
     class _OnDevice:  # resolve_verify_backend reads the device of a model's first parameter
@@ -191,14 +196,9 @@ def run_tree_verify_bench(
     from spec.llm.verify import verify_tree
     from tmc.multidraft import DraftTree, Draw
 
-    if not vocabs or any(not isinstance(v, int) or v < 1 for v in vocabs):
-        raise ValueError(f"vocabs must be positive integers, got {list(vocabs)!r}")
     if not budgets or any(not isinstance(b, int) or b < 1 for b in budgets):
         raise ValueError(f"budgets must be positive integers (tree nodes), got {list(budgets)!r}")
-    if not methods or any(m not in TREE_METHODS for m in methods):
-        raise ValueError(f"methods must be among {TREE_METHODS}, got {list(methods)!r}")
-    if not isinstance(calls, int) or calls < 1:
-        raise ValueError(f"calls must be a positive integer, got {calls!r}")
+    _check_cells(vocabs, methods, TREE_METHODS, calls)
     if compile_backend is not None and not isinstance(compile_backend, str):
         raise ValueError(f"compile_backend must be None or a torch.compile backend name, got {compile_backend!r}")
     dev = parse_device(device)

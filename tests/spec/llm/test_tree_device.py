@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator
-
 import numpy as np
 import pytest
 
@@ -34,15 +32,7 @@ from tests.spec.llm.test_verify_torch import (  # noqa: E402
     tree_cases,
 )
 
-pytestmark = pytest.mark.llm
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.llm  # one torch thread: tests/spec/llm/conftest.py
 
 
 def run(method: str, tree: DraftTree, q: np.ndarray | None, p: np.ndarray, u: np.ndarray, device: str,
