@@ -69,7 +69,7 @@ from spec.llm.static_cache import StaticTreeCache, _round_capacity, _Size
 from spec.llm.verify import CHAIN_METHODS, _chain_head, noise_size
 from tmc.validate import check_int
 
-__all__ = ["ChainStepGraph", "ChainStepResult", "shared_chain_step"]
+__all__ = ["ChainStepGraph", "ChainStepResult", "FusedStep", "shared_chain_step"]
 
 _INTS = 6  # t_len, d_len, root, pending[0], pending[1], two pending tokens (0/1)
 
@@ -129,7 +129,125 @@ def _verify_head(t_logits: torch.Tensor, x: torch.Tensor, q: torch.Tensor | None
     return torch.cat([fault.to(torch.int64).reshape(1), head[1:], x])
 
 
-class ChainStepGraph:
+class FusedStep:
+    """What every fused step shares: the two static caches it writes, the check that they fit, the
+    draft's logits on the decode vocabulary, ONE CUDA graph captured from :meth:`_run` and replayed, and
+    the profile's timing in turns.  Subclasses set up their buffers in :meth:`_prepare` and do the
+    step's device work, with no host read, in :meth:`_run`."""
+
+    def _setup(self, target: Any, draft: Any, t_cache: StaticTreeCache, d_cache: StaticTreeCache, vocab: int) -> None:
+        for name, cache, model in (("t_cache", t_cache, target), ("d_cache", d_cache, draft)):
+            if not isinstance(cache, StaticTreeCache):
+                raise ValueError(f"{name} must be a StaticTreeCache (cache='static'), got {type(cache).__name__}")
+            if cache.model is not model:
+                raise ValueError(f"{name} belongs to another model")
+        if t_cache.device != d_cache.device:
+            raise ValueError(f"target and draft caches must be on one device, got {t_cache.device} and {d_cache.device}")
+        self.vocab = check_int("vocab", vocab, minimum=1)
+        if _vocab_of(target) != self.vocab:
+            raise ValueError(f"vocab {self.vocab} differs from the target's {_vocab_of(target)}")
+        self.target, self.draft, self.t_cache, self.d_cache = target, draft, t_cache, d_cache
+        self._d_vocab = _vocab_of(draft)
+        self.device = t_cache.device
+        self.graphs = t_cache.graphs and d_cache.graphs
+        self.captures = 0
+        self.replays = 0
+        self._layout: tuple[torch.Tensor, torch.Tensor] | None = None  # the caches' kv the buffers were made for
+        self._graph: Any = None
+        self._out: Any = None
+
+    def _grow(self, t_need: int, d_need: int) -> bool:
+        """Grow the caches to hold ``t_need`` / ``d_need`` slots; ``True`` when their buffers are not those the
+        step's buffers were made for (then the caller remakes them, and the graph is dropped)."""
+        for cache, need in ((self.t_cache, t_need), (self.d_cache, d_need)):
+            if need > cache.capacity:
+                cache._allocate(_round_capacity(max(need, 2 * cache.capacity)))
+        layout = (self.t_cache.kv, self.d_cache.kv)
+        if self._layout is not None and layout[0] is self._layout[0] and layout[1] is self._layout[1]:
+            return False
+        self._layout = layout
+        self._graph = None  # it points at the old buffers
+        return True
+
+    def _fit(self, logits: torch.Tensor) -> torch.Tensor:
+        """The draft's logits on the decode vocabulary (``LLMDraft``'s rule: cut to it, or widened with -inf)."""
+        extra = self.vocab - self._d_vocab
+        if extra < 0:
+            return logits[..., : self.vocab]
+        if extra > 0:
+            pad = torch.full((logits.shape[0], extra), -torch.inf, dtype=logits.dtype, device=logits.device)
+            return torch.cat([logits, pad], dim=-1)
+        return logits
+
+    def _draft_ids(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Ids the draft cannot embed go in as 0 (``LLMDraft``'s rule)."""
+        return torch.where(tokens < self._d_vocab, tokens, 0) if self._d_vocab < self.vocab else tokens
+
+    def _run(self) -> Any:
+        raise NotImplementedError
+
+    def _capture(self) -> None:
+        """Warm up on a side stream (twice: the caches' slots past their lengths only), then capture."""
+        stream = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self._run()
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):  # a pool of its own: it replays in any order with the caches' graphs
+            self._out = self._run()
+        self._graph = graph
+        self.captures += 1
+
+    def _execute(self) -> Any:
+        if not self.graphs:
+            return self._run()
+        if self._graph is None:
+            self._capture()
+        self._graph.replay()
+        self.replays += 1
+        assert self._out is not None
+        return self._out
+
+    def _captured(self, fn: Any) -> Any:
+        """``fn`` captured as a CUDA graph of its own, after a warm-up on a side stream (:meth:`profile`)."""
+        stream = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            fn()
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        return graph
+
+    def _time_in_turns(self, step: Any, forwards: Any, target: Any, reps: int) -> dict[str, float]:
+        """:meth:`ChainStepGraph.profile`'s figures from the step (run or replayed by the caller first), its
+        forwards alone and the target forward alone: each the median of ``reps`` runs, device synchronised
+        around each, the three taking turns (order rotated) after two warm-up rounds."""
+        if self.graphs:
+            assert self._graph is not None
+            runs = {"step": self._graph.replay, "forwards": self._captured(forwards).replay,
+                    "target": self._captured(target).replay}
+        else:
+            runs = {"step": step, "forwards": forwards, "target": target}
+        names = list(runs)
+        times: dict[str, list[float]] = {name: [] for name in names}
+        for r in range(-2, reps):  # two warm-up rounds, then the three take turns, the order rotated
+            for name in names[r % 3 :] + names[: r % 3]:
+                sync(self.device)
+                t0 = time.perf_counter()
+                runs[name]()
+                sync(self.device)
+                if r >= 0:
+                    times[name].append(time.perf_counter() - t0)
+        step_ms, forwards_ms, target_ms = (1e3 * float(np.median(times[name])) for name in names)
+        return {"step_ms": step_ms, "forwards_ms": forwards_ms, "target_ms": target_ms,
+                "overhead_pct": 100.0 * (step_ms - forwards_ms) / target_ms}
+
+
+class ChainStepGraph(FusedStep):
     """One chain step of ``k`` draft tokens and a chain verifier, as fixed-shape device work (module doc).
 
     ``t_cache`` and ``d_cache``: the target's and the draft's
@@ -148,27 +266,12 @@ class ChainStepGraph:
     def __init__(self, target: Any, draft: Any, t_cache: StaticTreeCache, d_cache: StaticTreeCache, *, k: int,
                  verifier: str, iid: bool, sampling: Sampling, d_sampling: Sampling, vocab: int,
                  compile_backend: str | None = None) -> None:
-        for name, cache, model in (("t_cache", t_cache, target), ("d_cache", d_cache, draft)):
-            if not isinstance(cache, StaticTreeCache):
-                raise ValueError(f"{name} must be a StaticTreeCache (cache='static'), got {type(cache).__name__}")
-            if cache.model is not model:
-                raise ValueError(f"{name} belongs to another model")
-        if t_cache.device != d_cache.device:
-            raise ValueError(f"target and draft caches must be on one device, got {t_cache.device} and {d_cache.device}")
+        self._setup(target, draft, t_cache, d_cache, vocab)
         if verifier not in CHAIN_METHODS:
             raise ValueError(f"verifier must be one of {CHAIN_METHODS} (a chain verifier), got {verifier!r}")
         self.k = check_int("k", k, minimum=1)
-        self.vocab = check_int("vocab", vocab, minimum=1)
-        if _vocab_of(target) != self.vocab:
-            raise ValueError(f"vocab {self.vocab} differs from the target's {_vocab_of(target)}")
-        self.target, self.draft, self.t_cache, self.d_cache = target, draft, t_cache, d_cache
         self.verifier, self.iid, self.sampling, self.d_sampling = verifier, bool(iid), sampling, d_sampling
-        self._d_vocab = _vocab_of(draft)
-        self.device = t_cache.device
-        self.graphs = t_cache.graphs and d_cache.graphs
         self.noise = noise_size(verifier, self.k)
-        self.captures = 0
-        self.replays = 0
         n = _INTS + self.k + self.noise
         self._host = torch.zeros(n, dtype=torch.int64, pin_memory=self.device.type == "cuda")
         self._host_np: NDArray[np.int64] = self._host.numpy()
@@ -177,9 +280,6 @@ class ChainStepGraph:
             self._steps = torch.arange(max(2, self.k + 1), dtype=torch.int64, device=self.device)
         self._ints = self._staged[:_INTS]
         self._u = self._staged[_INTS:].view(torch.float64)
-        self._layout: tuple[torch.Tensor, torch.Tensor] | None = None  # the caches' kv the buffers were made for
-        self._graph: Any = None
-        self._out: tuple[torch.Tensor, list[torch.Tensor], torch.Tensor] | None = None
         if compile_backend is not None and not isinstance(compile_backend, str):
             raise ValueError(f"compile_backend must be None or a torch.compile backend name, got {compile_backend!r}")
         self.compile_backend = compile_backend
@@ -194,11 +294,7 @@ class ChainStepGraph:
 
     def _prepare(self, t_need: int, d_need: int) -> None:
         """Grow the caches to hold ``t_need`` / ``d_need`` slots; (re)make the buffers when a cache moved."""
-        for cache, need in ((self.t_cache, t_need), (self.d_cache, d_need)):
-            if need > cache.capacity:
-                cache._allocate(_round_capacity(max(need, 2 * cache.capacity)))
-        layout = (self.t_cache.kv, self.d_cache.kv)
-        if self._layout is not None and layout[0] is self._layout[0] and layout[1] is self._layout[1]:
+        if not self._grow(t_need, d_need):
             return
         self._first = self.d_cache._new_size(2)  # the pending token(s): always two rows
         self._next = self.d_cache._new_size(1)  # x_1 .. x_{k-1}
@@ -206,8 +302,6 @@ class ChainStepGraph:
         with torch.inference_mode(False):
             self._t_cols = torch.arange(self.t_cache.capacity, dtype=torch.int64, device=self.device)
             self._d_cols = torch.arange(self.d_cache.capacity, dtype=torch.int64, device=self.device)
-        self._layout = layout
-        self._graph = None  # it points at the old buffers
 
     # --- the step's device work --------------------------------------------------------------
 
@@ -235,16 +329,7 @@ class ChainStepGraph:
 
     def _draft_logits(self, buf: _Size, tokens: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
         """The draft's logits on the decode vocabulary (``LLMDraft``'s rule: ids it cannot embed go in as 0)."""
-        if self._d_vocab < self.vocab:
-            tokens = torch.where(tokens < self._d_vocab, tokens, 0)
-        logits = self._forward(self.d_cache, buf, self._d_cols, tokens, start)
-        extra = self.vocab - self._d_vocab
-        if extra < 0:
-            return logits[..., : self.vocab]
-        if extra > 0:
-            pad = torch.full((logits.shape[0], extra), -torch.inf, dtype=logits.dtype, device=logits.device)
-            return torch.cat([logits, pad], dim=-1)
-        return logits
+        return self._fit(self._forward(self.d_cache, buf, self._d_cols, self._draft_ids(tokens), start))
 
     @torch.no_grad()
     def _run(self) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:
@@ -268,30 +353,6 @@ class ChainStepGraph:
         q = (torch.cat(rows) if k > 1 else rows[0]) if self.iid else None
         draft_raw = torch.cat(raw) if k > 1 else raw[0]
         return self._head(t_logits, x, q, u[k:], draft_raw), raw, t_logits
-
-    def _capture(self) -> None:
-        """Warm up on a side stream (twice: the caches' slots past their lengths only), then capture."""
-        stream = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                self._run()
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):  # a pool of its own: it replays in any order with the caches' graphs
-            self._out = self._run()
-        self._graph = graph
-        self.captures += 1
-
-    def _execute(self) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:
-        if not self.graphs:
-            return self._run()
-        if self._graph is None:
-            self._capture()
-        self._graph.replay()
-        self.replays += 1
-        assert self._out is not None
-        return self._out
 
     # --- the host side -----------------------------------------------------------------------
 
@@ -371,37 +432,7 @@ class ChainStepGraph:
             ints = self._ints
             return self._forward(self.t_cache, self._verify, self._t_cols, ints[2].expand(k + 1).contiguous(), ints[0])
 
-        if self.graphs:
-            assert self._graph is not None
-            runs = {"step": self._graph.replay, "forwards": self._captured(forwards).replay,
-                    "target": self._captured(target).replay}
-        else:
-            runs = {"step": self._run, "forwards": forwards, "target": target}
-        names = list(runs)
-        times: dict[str, list[float]] = {name: [] for name in names}
-        for r in range(-2, reps):  # two warm-up rounds, then the three take turns, the order rotated
-            for name in names[r % 3 :] + names[: r % 3]:
-                sync(self.device)
-                t0 = time.perf_counter()
-                runs[name]()
-                sync(self.device)
-                if r >= 0:
-                    times[name].append(time.perf_counter() - t0)
-        step_ms, forwards_ms, target_ms = (1e3 * float(np.median(times[name])) for name in names)
-        return {"step_ms": step_ms, "forwards_ms": forwards_ms, "target_ms": target_ms,
-                "overhead_pct": 100.0 * (step_ms - forwards_ms) / target_ms}
-
-    def _captured(self, fn: Any) -> Any:
-        """``fn`` captured as a CUDA graph of its own, after a warm-up on a side stream (:meth:`profile`)."""
-        stream = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            fn()
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
-        return graph
+        return self._time_in_turns(self._run, forwards, target, reps)
 
 
 def shared_chain_step(target: Any, draft: Any, t_cache: StaticTreeCache, d_cache: StaticTreeCache, *, k: int,
