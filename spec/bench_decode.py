@@ -163,7 +163,9 @@ def parse_method(text: str, budget: int, chain_budget: int) -> Method:
     """
     from spec.builders import BUILDERS, make_builder
     from spec.llm.generate import VERIFIERS
+    from spec.llm.tree_device import DEVICE_TREE_METHODS
     from spec.llm.verify import CHAIN_METHODS
+    from tmc.multidraft import Draw
 
     text = text.strip()
     if text in BASELINES:
@@ -194,10 +196,12 @@ def parse_method(text: str, budget: int, chain_budget: int) -> Method:
                          f"'host'")
     compile_step = "compiled" in flags
     step_graph = "graph" in flags or compile_step
-    if {"graph", "compiled"} <= set(flags) or (step_graph and (builder != "chain" or on_host or "numpy" in flags)):
-        raise ValueError(f"method {text!r}: the flag 'graph' (generate's step_graph), or 'compiled' (step_graph and "
-                         f"compile_step), takes the chain builder drafting on the device with a chain verifier, "
-                         f"without 'host' or 'numpy'")
+    fused_needs = (f"method {text!r}: the flag 'graph' (generate's step_graph), or 'compiled' (step_graph and "
+                   f"compile_step), takes the chain builder with a chain verifier, or the chain or fixed builder "
+                   f"drawing iid with multidraft / traversal, drafting on the device, without 'host' or 'numpy'")
+    if {"graph", "compiled"} <= set(flags) or (step_graph and (builder not in ("chain", "fixed") or on_host
+                                                                or "numpy" in flags)):
+        raise ValueError(fused_needs)
     backend = next((f for f in flags if f not in ("host", "graph", "compiled")), "auto")
     if not sep or builder not in BUILDERS or verifier not in VERIFIERS:
         raise ValueError(
@@ -215,12 +219,12 @@ def parse_method(text: str, budget: int, chain_budget: int) -> Method:
         n = chain_budget if builder == "chain" else budget
     params = _builder_params(text, fields)
     try:
-        make_builder(builder, **dict(params))  # refuse unknown or bad parameters before any model loads
+        made = make_builder(builder, **dict(params))  # refuse unknown or bad parameters before any model loads
     except ValueError as err:
         raise ValueError(f"method {text!r}: {err}") from None
-    if step_graph and verifier not in CHAIN_METHODS:
-        raise ValueError(f"method {text!r}: the flags 'graph' and 'compiled' need a chain verifier "
-                         f"({', '.join(CHAIN_METHODS)})")
+    fused_tree = verifier in DEVICE_TREE_METHODS and getattr(made, "draw", None) == Draw.IID
+    if step_graph and not (fused_tree or (builder == "chain" and verifier in CHAIN_METHODS)):
+        raise ValueError(fused_needs)
     return Method(text, builder, verifier, n, on_host, params, backend, draft_temperature, step_graph, compile_step)
 
 
@@ -321,27 +325,43 @@ def _ops_per_step(method: Method, target: Any, draft: Any, prompt: list[int], te
 def _step_profile(method: Method, target: Any, draft: Any, prompt: list[int], temperature: float,
                   cache: str, reps: int = 50) -> dict[str, float]:
     """A ``graph`` row's costs, which its fused steps do not split: :meth:`ChainStepGraph.profile
-    <spec.llm.step_graph.ChainStepGraph.profile>` after the prompt, on the step graph the row's decodes used."""
-    from spec.builders import ChainBuilder, make_builder
-    from spec.llm.generate import COMPILE_BACKEND, _draft_sampling, _new_cache, _prefill, cache_capacity
+    <spec.llm.step_graph.ChainStepGraph.profile>` (or :class:`~spec.llm.tree_step_graph.TreeStepGraph`'s) after
+    the prompt, on the step graph the row's decodes used."""
+    from spec.builders import ChainBuilder, FixedBuilder, make_builder
+    from spec.llm.generate import COMPILE_BACKEND, _draft_sampling, _new_cache, _prefill, _Shape, cache_capacity
     from spec.llm.sampling import Sampling
-    from spec.llm.step_graph import shared_chain_step
+    from spec.llm.step_graph import FusedStep, shared_chain_step
+    from spec.llm.tree_device import DEVICE_TREE_METHODS
+    from spec.llm.tree_step_graph import shared_tree_step
     from tmc.multidraft import Draw
 
-    assert method.verifier is not None and method.budget is not None
+    assert method.verifier is not None and method.budget is not None and method.builder is not None
     sampling = Sampling(temperature)
     dtemp = method.draft_temperature
     d_sampling = sampling if dtemp is None else _draft_sampling(dtemp, None, None)
-    chain = make_builder("chain", **dict(method.params))
-    assert isinstance(chain, ChainBuilder)
-    iid = chain.draw == Draw.IID
+    built = make_builder(method.builder, **dict(method.params))
+    vocab = int(target.config.vocab_size)
     slots = cache_capacity(len(prompt), 0, method.budget)
     t_cache, d_cache = (_new_cache(m, cache, role, slots, None) for m, role in ((target, "target"), (draft, "draft")))
     for model, kv in ((target, t_cache), (draft, d_cache)):
         _prefill(model, kv, prompt[:-1])
-    step = shared_chain_step(target, draft, t_cache, d_cache, k=method.budget, verifier=method.verifier, iid=iid,
-                             sampling=sampling, d_sampling=d_sampling, vocab=int(target.config.vocab_size),
-                             compile_backend=COMPILE_BACKEND if method.compile_step else None)
+    compile_backend = COMPILE_BACKEND if method.compile_step else None
+    step: FusedStep
+    if method.verifier in DEVICE_TREE_METHODS:  # the shape and layout generate gives the tree (its default order)
+        if isinstance(built, ChainBuilder):
+            parents = tuple(range(-1, method.budget - 1))
+        else:
+            assert isinstance(built, FixedBuilder)  # parse_method: chain or fixed, drawing iid
+            parents = built.full_shape(method.budget)
+        shape = _Shape.of(parents, Draw.IID, "dfs", vocab, t_cache.device)
+        step = shared_tree_step(target, draft, t_cache, d_cache, parents=parents, order=shape.order,
+                                verifier=method.verifier, sampling=sampling, d_sampling=d_sampling, vocab=vocab,
+                                compile_backend=compile_backend)
+    else:
+        assert isinstance(built, ChainBuilder)
+        step = shared_chain_step(target, draft, t_cache, d_cache, k=method.budget, verifier=method.verifier,
+                                 iid=built.draw == Draw.IID, sampling=sampling, d_sampling=d_sampling, vocab=vocab,
+                                 compile_backend=compile_backend)
     past = len(prompt) - 1
     return step.profile(past, prompt[-1], past, [prompt[-1]], reps=reps)
 

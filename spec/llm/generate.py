@@ -56,7 +56,9 @@ from spec.llm.host_verify import verify_chain_numpy, verify_tree_numpy
 from spec.llm.sampling import Sampling, logits_fault
 from spec.llm.static_cache import cache_keyword, holds_layers, model_device, model_dtype, shared_static_cache
 from spec.llm.step_graph import ChainStepGraph, shared_chain_step
+from spec.llm.tree_step_graph import TreeStepGraph, shared_tree_step
 from spec.llm.tree_device import DEVICE_TREE_METHODS, TreePlan, read_head, tree_head
+from spec.llm.windows import attention_window
 from spec.llm.verify import (
     CHAIN_METHODS,
     TREE_METHODS,
@@ -299,18 +301,33 @@ def _device_chain(b: TreeBuilder, verifier: str) -> bool:
     return type(b) is ChainBuilder and verifier in CHAIN_METHODS
 
 
-def _check_step_graph(b: TreeBuilder, verifier: str, chain_on_device: bool, cache: str, backend: str) -> None:
-    """``ValueError`` naming what keeps ``step_graph=True`` from running (:class:`ChainStepGraph`'s needs)."""
-    if type(b) is not ChainBuilder or b.confidence is not None:
-        raise ValueError("step_graph=True needs the 'chain' builder with no confidence stop (a chain of fixed length)")
-    if verifier not in CHAIN_METHODS:
-        raise ValueError(f"step_graph=True needs a chain verifier ({', '.join(CHAIN_METHODS)}), got {verifier!r}")
+def _fused_tree(fixed_shape: tuple[tuple[int, ...], Draw] | None, verifier: str) -> bool:
+    """Whether ``step_graph=True`` runs :class:`TreeStepGraph`: a shape drafted on the device, drawn i.i.d.,
+    verified by a tree verifier walked on the device."""
+    return fixed_shape is not None and fixed_shape[1] == Draw.IID and verifier in DEVICE_TREE_METHODS
+
+
+def _check_step_graph(b: TreeBuilder, verifier: str, chain_on_device: bool, cache: str, backend: str,
+                      fixed_shape: tuple[tuple[int, ...], Draw] | None, models: Sequence[Any]) -> None:
+    """``ValueError`` naming what keeps ``step_graph=True`` from running (:class:`ChainStepGraph`'s or
+    :class:`TreeStepGraph`'s needs)."""
     if not chain_on_device:
         raise ValueError("step_graph=True drafts on the device: it needs chain_on_device=True")
+    if _fused_tree(fixed_shape, verifier) and any(attention_window(m) is not None for m in models):
+        raise ValueError("step_graph=True on a tree does not take sliding-window models (a node's slot is not its "
+                         "position); decode without step_graph")
+    if not _fused_tree(fixed_shape, verifier):  # then a chain step, ChainStepGraph's
+        tree = "or multidraft / traversal on a 'fixed' (or 'chain') tree drawn iid"
+        if type(b) is not ChainBuilder or b.confidence is not None:
+            raise ValueError(f"step_graph=True needs the 'chain' builder with no confidence stop (a chain of fixed "
+                             f"length) and a chain verifier, {tree}")
+        if verifier not in CHAIN_METHODS:
+            raise ValueError(f"step_graph=True needs a chain verifier ({', '.join(CHAIN_METHODS)}), {tree}; "
+                             f"got {verifier!r}")
     if cache != "static":
         raise ValueError(f"step_graph=True needs cache='static' (explicit slots), got {cache!r}")
     if backend == "numpy":
-        raise ValueError("step_graph=True verifies on the device: it needs verify_backend 'torch' or 'auto'")
+        raise ValueError("step_graph=True verifies on the device: it needs verify_backend 'torch', 'device' or 'auto'")
 
 
 def _device_shape(b: TreeBuilder, verifier: str, budget: int, drafting: Sampling,
@@ -607,7 +624,12 @@ def generate(
     draft forwards, draws, target forward and verifier together, captured as
     one CUDA graph when the caches capture graphs
     (:class:`~spec.llm.step_graph.ChainStepGraph`; needs ``cache`` static and the
-    torch verifier).  The first step, which feeds the prompt to the draft,
+    torch verifier); likewise each step of a tree drafted on the device and
+    drawn ``iid`` (``fixed``, or ``chain``) with ``multidraft`` or
+    ``traversal``, walked on the device, the accepted path moved into place
+    in both caches on the device too
+    (:class:`~spec.llm.tree_step_graph.TreeStepGraph`; no sliding-window
+    models).  The first step, which feeds the prompt to the draft,
     takes the usual path.  The tokens are the same (tested on the CPU, where
     the same work runs eagerly).  Off by default: on the CPU it only adds work.
     ``compile_step`` (with ``step_graph``): the step's draws and verifier go
@@ -653,7 +675,7 @@ def generate(
         verifiers_for(verifier, {fixed_shape[1]}, b.adaptive_widths)
     backend = resolve_verify_backend(target, verify_backend, on_device, (budget + 1) * vocab)
     if step_graph:
-        _check_step_graph(b, verifier, chain_on_device, cache, verify_backend)
+        _check_step_graph(b, verifier, chain_on_device, cache, verify_backend, fixed_shape, (target, draft))
     rng = np.random.default_rng(seed)
     sampler = RngSampler(rng)
     where = (device, model_dtype(target))
@@ -673,24 +695,30 @@ def generate(
     state = b.initial_state()
     walk = backend == "device" and verifier in DEVICE_TREE_METHODS  # the tree step verifies on the device
     shape = None if fixed_shape is None else _Shape.of(*fixed_shape, order, vocab, device, walk)
-    fused: ChainStepGraph | None = None
+    fused: ChainStepGraph | TreeStepGraph | None = None
     d_state: tuple[int, tuple[int, ...]] | None = None  # (past, pending) of the draft while steps run fused
     while len(out) < max_new_tokens:
         t0 = time.perf_counter()
         if step_graph and (d_state is not None or 1 <= len(d_step.pending) <= 2):
-            assert isinstance(b, ChainBuilder)
             if d_state is None:  # the draft's state passes from its LLMDraft to the fused steps
                 d_state = (d_step.past_len, d_step.pending)
             if fused is None:
-                fused = shared_chain_step(target, draft, t_cache, d_cache, k=budget, verifier=verifier,
-                                          iid=b.draw == Draw.IID, sampling=sampling, d_sampling=d_sampling, vocab=vocab,
-                                          compile_backend=COMPILE_BACKEND if compile_step else None)
-            u_draft = rng.random(budget) if fused.iid else None
+                backend_c = COMPILE_BACKEND if compile_step else None
+                if shape is not None and _fused_tree(fixed_shape, verifier):
+                    fused = shared_tree_step(target, draft, t_cache, d_cache, parents=shape.parents, order=shape.order,
+                                             verifier=verifier, sampling=sampling, d_sampling=d_sampling, vocab=vocab,
+                                             compile_backend=backend_c)
+                else:
+                    assert isinstance(b, ChainBuilder)
+                    fused = shared_chain_step(target, draft, t_cache, d_cache, k=budget, verifier=verifier,
+                                              iid=b.draw == Draw.IID, sampling=sampling, d_sampling=d_sampling,
+                                              vocab=vocab, compile_backend=backend_c)
+            u_draft = rng.random(fused.draft_uniforms) if fused.draft_uniforms else None
             one = fused.step(t_past, root, *d_state, u_draft, rng.random(fused.noise))
             t3 = time.perf_counter()
             kept, stopped = _cut_at_stop(one.tokens[: max_new_tokens - len(out)], stops)
             out.extend(kept)
-            steps.append(StepStats(budget, one.n_accepted, len(kept), budget, 0.0, 0.0, 0.0, 0.0, t3 - t0))
+            steps.append(StepStats(fused.size, one.n_accepted, len(kept), fused.forwards, 0.0, 0.0, 0.0, 0.0, t3 - t0))
             if stopped or len(kept) < len(one.tokens):
                 break
             t_past, root, d_state = one.t_past, one.tokens[-1], (one.d_past, one.pending)

@@ -186,6 +186,10 @@ class FusedStep:
     def _run(self) -> Any:
         raise NotImplementedError
 
+    def profile(self, t_past: int, root: int, d_past: int, pending: Sequence[int], reps: int = 50) -> dict[str, float]:
+        """Milliseconds of the step, of its forwards alone and of the target forward (subclasses)."""
+        raise NotImplementedError
+
     def _capture(self) -> None:
         """Warm up on a side stream (twice: the caches' slots past their lengths only), then capture."""
         stream = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
@@ -269,9 +273,10 @@ class ChainStepGraph(FusedStep):
         self._setup(target, draft, t_cache, d_cache, vocab)
         if verifier not in CHAIN_METHODS:
             raise ValueError(f"verifier must be one of {CHAIN_METHODS} (a chain verifier), got {verifier!r}")
-        self.k = check_int("k", k, minimum=1)
+        self.k = self.size = self.forwards = check_int("k", k, minimum=1)  # drafts = draft forwards a step
         self.verifier, self.iid, self.sampling, self.d_sampling = verifier, bool(iid), sampling, d_sampling
         self.noise = noise_size(verifier, self.k)
+        self.draft_uniforms = self.k if self.iid else 0
         n = _INTS + self.k + self.noise
         self._host = torch.zeros(n, dtype=torch.int64, pin_memory=self.device.type == "cuda")
         self._host_np: NDArray[np.int64] = self._host.numpy()

@@ -284,3 +284,71 @@ def test_compiled_fused_steps_on_cuda(pairs: tuple[tuple[object, object], tuple[
         compiled = generate(t_gpu, d_gpu, prompt, "chain", verifier, step_graph=True, compile_step=True, **kw)
         same += compiled.tokens == generate(t_gpu, d_gpu, prompt, "chain", verifier, **kw).tokens
     assert same >= 4
+
+
+@pytest.mark.parametrize("verifier", ["multidraft", "traversal"])
+def test_fused_tree_steps_replay_one_graph(pairs: tuple[tuple[object, object], tuple[object, object]],
+                                          verifier: str) -> None:
+    """``step_graph=True`` on a fixed i.i.d. tree: the whole step (layer drafts, target forward, the device walk,
+    the accepted path moved into place) captured once and replayed every later step, in later decodes too;
+    greedy decoding equals the CPU's, and at T = 1 the graphed run gives the eager fused run's tokens and
+    the usual device tree's on every seed."""
+    from spec.llm.static_cache import shared_static_cache
+    from spec.llm.tree_step_graph import TreeStepGraph
+
+    (t_cpu, _), (t_gpu, d_gpu) = pairs
+    prompt = [2, 7, 1, 8, 2, 8]
+    ref = ar_generate(t_cpu, prompt, temperature=0, max_new_tokens=40).tokens
+    t_cache = shared_static_cache(t_gpu, "target", 1, graphs=True)
+    tree = dict(budget=7, builder_params={"draw": "iid", "width": 2})
+    for run in range(2):
+        out = generate(t_gpu, d_gpu, prompt, "fixed", verifier, temperature=0, max_new_tokens=40, step_graph=True,
+                       **tree)
+        assert out.tokens == ref
+        fused = [s for s in t_cache.step_graphs.values() if isinstance(s, TreeStepGraph) and s.verifier == verifier
+                 and s.sampling.temperature == 0]
+        assert len(fused) == 1 and fused[0].graphs and fused[0].captures == 1  # once, in the first decode
+        assert fused[0].replays == (run + 1) * (len(out.steps) - 1) > 0
+    for seed in range(5):
+        kw = dict(temperature=1.0, max_new_tokens=40, seed=seed, **tree)
+        graphed = generate(t_gpu, d_gpu, prompt, "fixed", verifier, step_graph=True, **kw)
+        eager = generate(t_gpu, d_gpu, prompt, "fixed", verifier, step_graph=True, cache="static", graphs=False, **kw)
+        plain = generate(t_gpu, d_gpu, prompt, "fixed", verifier, **kw)
+        assert graphed.tokens == eager.tokens == plain.tokens, seed
+
+
+def test_fused_tree_step_profile_on_cuda(pairs: tuple[tuple[object, object], tuple[object, object]]) -> None:
+    """``TreeStepGraph.profile`` captures its forwards-only graphs and times them next to the step's."""
+    from spec.llm.generate import _new_cache, _prefill
+    from spec.llm.sampling import Sampling
+    from spec.llm.tree_step_graph import TreeStepGraph
+
+    _, (t_gpu, d_gpu) = pairs
+    tc, dc = _new_cache(t_gpu, "static", "target", 128, None), _new_cache(d_gpu, "static", "draft", 128, None)
+    _prefill(t_gpu, tc, [1, 2, 3])
+    _prefill(d_gpu, dc, [1, 2, 3])
+    step = TreeStepGraph(t_gpu, d_gpu, tc, dc, parents=(-1, -1, 0, 0, 1, 1, 2), order=(0, 2, 6, 3, 1, 4, 5),
+                         verifier="traversal", sampling=Sampling(), d_sampling=Sampling(), vocab=37)
+    got = step.profile(3, 4, 3, [4], reps=20)
+    assert step.graphs and step.captures == 1 and min(got["step_ms"], got["forwards_ms"], got["target_ms"]) > 0
+    assert (tc.length, dc.length) == (3, 3)
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # torch's own code
+def test_compiled_fused_tree_steps_on_cuda(pairs: tuple[tuple[object, object], tuple[object, object]]) -> None:
+    """``compile_step=True`` on a tree: inductor's kernels for the layer draws and the walk inside the captured
+    step.  Greedy equals the CPU's; at T = 1 the plain device tree's tokens on at least 4 of 5 seeds (as for
+    chains: inductor may order a float64 sum otherwise)."""
+    (t_cpu, _), (t_gpu, d_gpu) = pairs
+    prompt = [2, 7, 1, 8, 2, 8]
+    tree = dict(budget=7, builder_params={"draw": "iid", "width": 2})
+    ref = ar_generate(t_cpu, prompt, temperature=0, max_new_tokens=40).tokens
+    out = generate(t_gpu, d_gpu, prompt, "fixed", "traversal", temperature=0, max_new_tokens=40, step_graph=True,
+                   compile_step=True, **tree)
+    assert out.tokens == ref
+    same = 0
+    for seed in range(5):
+        kw = dict(temperature=1.0, max_new_tokens=40, seed=seed, **tree)
+        compiled = generate(t_gpu, d_gpu, prompt, "fixed", "traversal", step_graph=True, compile_step=True, **kw)
+        same += compiled.tokens == generate(t_gpu, d_gpu, prompt, "fixed", "traversal", **kw).tokens
+    assert same >= 4

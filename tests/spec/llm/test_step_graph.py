@@ -183,11 +183,11 @@ def test_bad_logits_in_a_fused_step_raise_the_usual_error(pair: tuple[Any, Any],
     (dict(step_graph=1), "step_graph must be True or False"),
     (dict(builder_params={"confidence": 0.5}), "the 'chain' builder with no confidence stop"),
     (dict(builder="fixed"), "the 'chain' builder"),
-    (dict(verifier="traversal"), "needs a chain verifier"),
+    (dict(verifier="kseq"), "needs a chain verifier"),  # traversal on a chain is a fused tree step (test_tree_step_graph)
     (dict(chain_on_device=False), "chain_on_device=True"),
     (dict(cache="dynamic"), "needs cache='static'"),
     (dict(cache="auto"), "needs cache='static'"),  # auto is dynamic on the CPU
-    (dict(verify_backend="numpy"), "verify_backend 'torch' or 'auto'"),
+    (dict(verify_backend="numpy"), "verify_backend 'torch', 'device' or 'auto'"),
     (dict(compile_step=1), "compile_step must be True or False"),
     (dict(compile_step=True, step_graph=False), "compile_step=True compiles the fused step: it needs step_graph=True"),
 ])

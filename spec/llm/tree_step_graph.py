@@ -1,0 +1,364 @@
+"""A whole fixed-tree step as one fixed-shape piece of device work, captured as ONE CUDA graph (DESIGN.md §8).
+
+:class:`spec.llm.step_graph.ChainStepGraph` does this for a chain verified by
+a chain verifier.  :class:`TreeStepGraph` does it for a tree whose shape no
+draw can change (a ``fixed`` tree drawn i.i.d., or a fixed chain, given as
+``parents`` numbered breadth first) verified by ``multidraft`` or
+``traversal``, whose walks run on the device (:mod:`spec.llm.tree_device`).
+The step is the work of :func:`spec.llm.generate._tree_step` with
+:meth:`~spec.llm.adapter.LLMDraft.draft_tree`, on the same uniforms in the same
+order, so the tokens are the same (tested on the CPU, where the same buffers
+run eagerly).
+
+**Slots.**  As in the chain step the lengths live on the device, and a step
+uploads six integers (the target and draft cache lengths, the root, the
+draft's one or two pending tokens and their count) and its uniforms in one
+copy.  Both caches hold the context at slots equal to its positions.  The
+draft feeds its pending tokens as two rows (the second a padding row when
+there is one), then each layer that has children as one forward: layer
+``d``'s nodes go to the slots after the context in breadth-first order, at
+position ``root + d``, each seeing the context, its ancestors and itself.  The
+target scores the root and every node in one forward, at the slots after its
+context in the decode's layout (``order``).
+
+**Keeping the accepted path.**  Unlike a chain's, a tree's accepted path is
+not a prefix of what was fed, so the step ends by moving the accepted nodes'
+keys and values to the slots right after the context, in both caches: one
+gather of ``depth`` slots (``depth - 1`` for the draft, which never feeds the
+last layer) and one write, padded with slots moved onto themselves, so the
+shape is fixed.  A node is never moved onto a slot an earlier move reads: the
+gather completes before the write.
+
+**Pending tokens.**  After the step the draft lacks the emitted token and, if
+the path reached the last layer (never fed), that node's token too: one or
+two pending tokens, as in the chain step.
+
+Sliding-window models are refused (a tree node's slot is not its position, so
+the window is not a plain slot range); so are draws other than i.i.d. (a
+ranked tree can come out short, which the host path handles).  Batch size 1,
+both models on one device, both caches
+:class:`~spec.llm.static_cache.StaticTreeCache`.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from numpy.typing import NDArray
+
+from spec.llm.adapter import _tree_layout
+from spec.llm.sampling import Sampling, categorical_draw, logits_fault
+from spec.llm.static_cache import StaticTreeCache, _Size
+from spec.llm.step_graph import ChainStepResult, FusedStep, _compiled
+from spec.llm.tree_device import DEVICE_TREE_METHODS, TreePlan, tree_head
+from tmc.multidraft import ROOT, Draw
+from tmc.validate import check_int
+
+__all__ = ["TreeStepGraph", "shared_tree_step"]
+
+_INTS = 6  # t_len, d_len, root, pending[0], pending[1], two pending tokens (0/1)
+
+
+def _tables(parents: tuple[int, ...], order: Sequence[int]) -> dict[str, Any]:
+    """The shape's host tables: layers, the fed nodes' offsets, ancestor masks, the target's layout."""
+    n = len(parents)
+    layers, _ = _tree_layout(parents)
+    if sorted(order) != list(range(n)):
+        raise ValueError(f"order must be a permutation of the {n} nodes, got {list(order)}")
+    ancestors: list[set[int]] = []
+    depth: list[int] = []
+    for i, par in enumerate(parents):
+        ancestors.append({i} | (ancestors[par] if par != ROOT else set()))
+        depth.append(1 + (depth[par] if par != ROOT else 0))
+    fed = [node for layer in layers[:-1] for node in layer]
+    fed_at = {node: k for k, node in enumerate(fed)}
+    where = {node: k + 1 for k, node in enumerate(order)}  # target layout: the root at 0
+    t_mask = np.zeros((n + 1, n + 1), dtype=bool)
+    t_mask[:, 0] = True
+    for node in range(n):
+        t_mask[where[node], [where[a] for a in ancestors[node]]] = True
+    return {
+        "layers": layers,
+        "fed": fed,
+        # per fed layer: the layer's offsets among the fed slots and what each node may see of them
+        "fed_slots": [[fed_at[v] for v in layer] for layer in layers[:-1]],
+        "fed_masks": [np.array([[f in ancestors[v] for f in fed] for v in layer], dtype=bool).reshape(len(layer), len(fed))
+                      for layer in layers[:-1]],
+        # per layer d >= 2: each node's parent's row in layer d - 1's forward
+        "parent_rows": [[layers[d - 1].index(parents[v]) for v in layers[d]] for d in range(1, len(layers))],
+        "fed_at": [fed_at.get(v, -1) for v in range(n)],
+        "t_tokens": list(order),
+        "t_depths": [0] + [depth[v] for v in order],
+        "t_mask": t_mask,
+        "t_rows": [0] + [where[v] for v in range(n)],  # each node's layout row, index order (the root first)
+    }
+
+
+class TreeStepGraph(FusedStep):
+    """One step of a fixed tree drawn i.i.d. and a device-walked tree verifier, as fixed-shape device work
+    (module doc).
+
+    ``parents``: the shape, breadth first; ``order``: the node of each position
+    of the target's forward after the root (the decode's layout).  The other
+    arguments are :class:`~spec.llm.step_graph.ChainStepGraph`'s; ``verifier``
+    is ``multidraft`` or ``traversal``.  ``compile_backend`` compiles the draws
+    and the verifier's walk before the capture.
+    """
+
+    def __init__(self, target: Any, draft: Any, t_cache: StaticTreeCache, d_cache: StaticTreeCache, *,
+                 parents: Sequence[int], order: Sequence[int], verifier: str, sampling: Sampling,
+                 d_sampling: Sampling, vocab: int, compile_backend: str | None = None) -> None:
+        self._setup(target, draft, t_cache, d_cache, vocab)
+        if verifier not in DEVICE_TREE_METHODS:
+            raise ValueError(f"verifier must be one of {DEVICE_TREE_METHODS} (walked on the device), got {verifier!r}")
+        if t_cache.window is not None or d_cache.window is not None:
+            raise ValueError("fused tree steps do not take sliding-window models (a node's slot is not its position)")
+        self.parents = tuple(check_int(f"parents[{i}]", p, minimum=-1) for i, p in enumerate(parents))
+        tab = _tables(self.parents, [check_int(f"order[{i}]", v, minimum=0) for i, v in enumerate(order)])
+        self.order = tuple(tab["t_tokens"])
+        self.verifier, self.sampling, self.d_sampling = verifier, sampling, d_sampling
+        self.size = n = len(self.parents)
+        self.depth = len(tab["layers"])
+        self.forwards = self.depth  # draft forwards: the pending tokens, then each layer but the last
+        self.draft_uniforms, self.noise = n, n + 1
+        self.fed = len(tab["fed"])
+        dev = self.device
+        self.plan = TreePlan.of(self.parents, Draw.IID, dev)
+        self._tab = tab
+        self._host = torch.zeros(_INTS + 2 * n + 1, dtype=torch.int64, pin_memory=dev.type == "cuda")
+        self._host_np: NDArray[np.int64] = self._host.numpy()
+
+        def long(values: Any) -> torch.Tensor:
+            return torch.as_tensor(np.asarray(values, dtype=np.int64), device=dev)
+
+        with torch.inference_mode(False):
+            self._staged = torch.zeros(_INTS + 2 * n + 1, dtype=torch.int64, device=dev)
+            self._layers = [long(layer) for layer in tab["layers"]]
+            self._fed_slots = [long(s) for s in tab["fed_slots"]]
+            self._fed_masks = [torch.as_tensor(m, device=dev) for m in tab["fed_masks"]]
+            # each layer's nodes' parent rows in the forward they are drawn from (the root's one row first)
+            self._parent_rows = [long([0] * len(tab["layers"][0]))] + [long(r) for r in tab["parent_rows"]]
+            self._q_rows = long([0] + [v + 1 for v in tab["fed"]])  # the verifier rows the processed rows fill
+            self._fed_at = long(tab["fed_at"] + [-1])  # the padding entry (-1) of a path maps to -1
+            self._t_order = long(tab["t_tokens"])
+            self._t_depths = long(tab["t_depths"])
+            self._t_mask = torch.as_tensor(tab["t_mask"], device=dev)
+            self._t_rows = long(tab["t_rows"])
+            self._t_slots = torch.arange(n + 1, dtype=torch.int64, device=dev)
+            self._t_at = long(tab["t_rows"][1:] + [0])  # a node's layout row; the padding entry (-1) maps to 0
+            self._two_rows = torch.arange(2, dtype=torch.int64, device=dev)
+            self._d_path = torch.arange(max(self.depth - 1, 0), dtype=torch.int64, device=dev)
+            self._t_path = torch.arange(self.depth, dtype=torch.int64, device=dev)
+        self._ints = self._staged[:_INTS]
+        self._u = self._staged[_INTS:].view(torch.float64)
+        if compile_backend is not None and not isinstance(compile_backend, str):
+            raise ValueError(f"compile_backend must be None or a torch.compile backend name, got {compile_backend!r}")
+        self.compile_backend = compile_backend
+        draw = functools.partial(_draw_layer, sampling=d_sampling, top=min(self.vocab, self._d_vocab) - 1)
+        head = functools.partial(tree_head, verifier, self.plan, trusted=True)
+        if compile_backend is None:
+            self._draw, self._head = draw, head
+        else:
+            self._draw, self._head = _compiled(draw, compile_backend), _compiled(head, compile_backend)
+
+    # --- buffers ---------------------------------------------------------------------------
+
+    def _prepare(self, t_need: int, d_need: int) -> None:
+        """Grow the caches to hold ``t_need`` / ``d_need`` slots; (re)make the buffers when a cache moved."""
+        if not self._grow(t_need, d_need):
+            return
+        self._first = self.d_cache._new_size(2)  # the pending token(s): always two rows
+        self._layer_bufs = [self.d_cache._new_size(len(layer)) for layer in self._tab["layers"][:-1]]
+        self._verify = self.t_cache._new_size(self.size + 1)  # the root and every node
+        with torch.inference_mode(False):
+            self._t_cols = torch.arange(self.t_cache.capacity, dtype=torch.int64, device=self.device)
+            self._d_cols = torch.arange(self.d_cache.capacity, dtype=torch.int64, device=self.device)
+
+    # --- the step's device work --------------------------------------------------------------
+
+    @staticmethod
+    def _forward(cache: StaticTreeCache, buf: _Size, tokens: torch.Tensor, positions: torch.Tensor,
+                 slots: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+        """Logits ``(n, V_model)`` of ``tokens`` written at ``slots``; the cache's host length is left alone."""
+        buf.index[0].copy_(tokens)
+        buf.index[1].copy_(positions)
+        buf.index[2].copy_(slots)
+        buf.allowed.copy_(allowed)
+        logits: torch.Tensor = cache._eager(buf)[0]
+        return logits
+
+    @staticmethod
+    def _sees(cols: torch.Tensor, context: torch.Tensor, start: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+        """``(m, capacity)``: the slots below ``context``, and of the ``table.shape[1]`` slots from ``start``
+        those ``table`` opens for each row."""
+        width = table.shape[1]
+        rel = cols - start
+        inside = (rel >= 0) & (rel < width)
+        return (cols < context)[None, :] | (inside[None, :] & table[:, rel.clamp(0, max(width - 1, 0))])
+
+    def _pending_rows(self, d_len: torch.Tensor, pending: torch.Tensor) -> torch.Tensor:
+        """The draft's logits ``(2, V)`` for its pending token and the padding row (or the two pending tokens)."""
+        pos = d_len + self._two_rows
+        seen = self._d_cols[None, :] <= pos[:, None]
+        return self._fit(self._forward(self.d_cache, self._first, self._draft_ids(pending), pos, pos, seen))
+
+    @torch.no_grad()
+    def _run(self) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:
+        """The step from the staged inputs: ``(out, draft logits, target logits)``, with no host sync.
+
+        ``out`` is int64 ``(3 + depth + N,)``: the fault flag, the accepted count, the emitted token, the
+        accepted nodes (``-1`` after the last), every drawn token."""
+        ints, n = self._ints, self.size
+        u_draft, u_verify = self._u[:n], self._u[n:]
+        t_len, d_len, root, two = ints[0], ints[1], ints[2], ints[5]
+        first = self._pending_rows(d_len, ints[3:5])
+        raw = [first.index_select(0, ints[5:6])]  # the row after the pending tokens
+        start = d_len + 1 + two  # the slot of the first fed node; the root's position is start - 1
+        rows = [raw[0]]  # the processed rows, as q: the root's, then each fed layer's
+        drawn: list[torch.Tensor] = []
+        for d, layer in enumerate(self._layers):
+            row, tok = self._draw(raw[-1], self._parent_rows[d], u_draft.index_select(0, layer))
+            rows[-1] = row
+            drawn.append(tok)
+            if d == len(self._layers) - 1:
+                break
+            logits = self._layer_logits(d, tok, start)
+            raw.append(logits)
+            rows.append(logits)
+        x = torch.cat(drawn)  # every node's token, index order (layers are consecutive ranges)
+        t_ids = torch.cat([root.reshape(1), x.index_select(0, self._t_order)])
+        t_logits = self._target_logits(t_ids, t_len)
+        p, t_fault = self.sampling.probs_with_fault(t_logits.index_select(0, self._t_rows))
+        q = torch.zeros_like(p).index_copy(0, self._q_rows, torch.cat(rows))
+        fault = logits_fault(torch.cat(raw)) | (logits_fault(t_logits) if t_fault is None else t_fault)
+        head = self._head(x, q, p, u_verify)  # (bad = 0, n, y, path)
+        self._keep(head[3:], t_len, start)
+        return torch.cat([fault.to(torch.int64).reshape(1), head[1:], x]), raw, t_logits
+
+    def _target_logits(self, ids: torch.Tensor, t_len: torch.Tensor) -> torch.Tensor:
+        """The target's logits ``(N + 1, V)`` for the root and the nodes in layout order, at slots from ``t_len``."""
+        return self._forward(self.t_cache, self._verify, ids, t_len + self._t_depths, t_len + self._t_slots,
+                             self._sees(self._t_cols, t_len, t_len, self._t_mask))
+
+    def _layer_logits(self, d: int, tokens: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+        """The draft's logits for fed layer ``d`` (depth ``d + 1``), its nodes at their slots from ``start``."""
+        allowed = self._sees(self._d_cols, start, start, self._fed_masks[d])
+        return self._fit(self._forward(self.d_cache, self._layer_bufs[d], self._draft_ids(tokens),
+                                       (start + d).expand(tokens.shape[0]), start + self._fed_slots[d], allowed))
+
+    def _keep(self, path: torch.Tensor, t_len: torch.Tensor, start: torch.Tensor) -> None:
+        """Move the accepted nodes' keys and values to the slots after each cache's context (module doc)."""
+        dst = t_len + 1 + self._t_path
+        src = torch.where(path >= 0, t_len + self._t_at.index_select(0, path % (self.size + 1)), dst)  # -1: itself
+        kv = self.t_cache.kv
+        kv.index_copy_(-2, dst, kv.index_select(-2, src))
+        if self.depth > 1:
+            fed_path = path[: self.depth - 1]
+            at = self._fed_at.index_select(0, fed_path % (self.size + 1))
+            dst = start + self._d_path
+            src = torch.where(at >= 0, start + at, dst)
+            kv = self.d_cache.kv
+            kv.index_copy_(-2, dst, kv.index_select(-2, src))
+
+    # --- the host side -----------------------------------------------------------------------
+
+    @torch.no_grad()
+    def profile(self, t_past: int, root: int, d_past: int, pending: Sequence[int], reps: int = 50) -> dict[str, float]:
+        """:meth:`spec.llm.step_graph.ChainStepGraph.profile` for the tree step: the whole step, its forwards
+        alone (the pending rows, each fed layer and the target, every token the root) and the target forward
+        alone, in milliseconds, and ``overhead_pct`` = (step - forwards) / target.  The caches' lengths do not
+        change."""
+        reps = check_int("reps", reps, minimum=1)
+        n = self.size
+        self.step(t_past, root, d_past, pending, np.full(n, 0.5), np.full(n + 1, 0.5))  # stage and capture
+        self.t_cache.length, self.d_cache.length = t_past, d_past
+
+        def forwards() -> torch.Tensor:
+            ints = self._ints
+            start = ints[1] + 1 + ints[5]
+            self._pending_rows(ints[1], ints[3:5])
+            for d, layer in enumerate(self._tab["layers"][:-1]):
+                self._layer_logits(d, ints[2].expand(len(layer)), start)
+            return self._target_logits(ints[2].expand(n + 1), ints[0])
+
+        def target() -> torch.Tensor:
+            return self._target_logits(self._ints[2].expand(n + 1), self._ints[0])
+
+        return self._time_in_turns(self._run, forwards, target, reps)
+
+    def step(self, t_past: int, root: int, d_past: int, pending: Sequence[int],
+             u_draft: NDArray[np.float64] | None, u_verify: NDArray[np.float64]) -> ChainStepResult:
+        """One step after ``t_past`` target positions (the root ``root`` not among them) and ``d_past``
+        draft positions followed by ``pending`` (one or two tokens); one upload, one transfer back.
+
+        ``u_draft``: the ``N`` uniforms of the i.i.d. draws; ``u_verify``: the verifier's ``N + 1``.  Both
+        caches' lengths must be ``t_past`` and ``d_past``; afterwards they hold the context and the accepted
+        path.  Logits a :class:`~spec.llm.sampling.Sampling` refuses raise its ``ValueError`` (the draft's
+        first).  The result's ``drafted`` holds every node's token.
+        """
+        n = self.size
+        if self.t_cache.length != t_past or self.d_cache.length != d_past:
+            raise ValueError(f"the caches hold {self.t_cache.length} / {self.d_cache.length} positions, "
+                             f"not t_past {t_past} / d_past {d_past}")
+        if not 1 <= len(pending) <= 2:
+            raise ValueError(f"pending must hold one or two tokens, got {len(pending)}")
+        for name, tok in (("root", root), *((f"pending[{i}]", t) for i, t in enumerate(pending))):
+            if check_int(name, tok, minimum=0) >= self.vocab:  # an id past the embedding would fault on the device
+                raise ValueError(f"{name} = {tok} is outside the vocabulary [0, {self.vocab})")
+        if u_draft is None or len(u_draft) != n or len(u_verify) != n + 1:
+            raise ValueError(f"give {n} draft uniforms and {n + 1} verifier uniforms, "
+                             f"got {None if u_draft is None else len(u_draft)} and {len(u_verify)}")
+        for name, u in (("u_draft", u_draft), ("u_verify", u_verify)):
+            if not bool(np.all((np.asarray(u) >= 0.0) & (np.asarray(u) < 1.0))):
+                raise ValueError(f"{name} must lie in [0, 1), got {np.asarray(u).tolist()}")
+        self._prepare(t_past + n + 1, d_past + 2 + self.fed)
+        h = self._host_np
+        h[:_INTS] = (t_past, d_past, root, pending[0], pending[-1], len(pending) - 1)
+        hu = h[_INTS:].view(np.float64)
+        hu[:n] = u_draft
+        hu[n:] = u_verify
+        self._staged.copy_(self._host, non_blocking=self.device.type == "cuda")
+        out, raw, t_logits = self._execute()
+        got = out.tolist()  # the step's one transfer
+        if got[0]:  # name the fault: the draft's logits first, then the target's
+            for row in raw:
+                self.d_sampling.probs(row)
+            self.sampling.probs(t_logits)
+            raise RuntimeError("a logits fault was flagged but not found again")
+        k, y = got[1], got[2]
+        nodes, drafted = got[3 : 3 + k], got[3 + self.depth :]
+        t_next = t_past + 1 + k
+        d_next = d_past + len(pending) + min(k, self.depth - 1)
+        self.t_cache.length, self.d_cache.length = t_next, d_next
+        path = [drafted[v] for v in nodes]
+        nxt = (path[-1], y) if k == self.depth else (y,)
+        return ChainStepResult(k, path + [y], drafted, t_next, d_next, nxt)
+
+
+def _draw_layer(logits: torch.Tensor, parent_rows: torch.Tensor, u: torch.Tensor, *, sampling: Sampling,
+                top: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One layer's draws: the processed rows ``(m, V)`` of ``logits`` and each node's token, drawn by inverse
+    CDF with its uniform from its parent's row (``parent_rows``: each node's row index), clamped to
+    ``[0, top]`` (:meth:`spec.llm.adapter.LLMDraft.draft_tree`'s rule)."""
+    rows = sampling.probs_unchecked(logits)
+    tok = categorical_draw(rows.index_select(0, parent_rows), u)
+    return rows, tok.clamp(0, top)
+
+
+def shared_tree_step(target: Any, draft: Any, t_cache: StaticTreeCache, d_cache: StaticTreeCache, *,
+                     parents: Sequence[int], order: Sequence[int], verifier: str, sampling: Sampling,
+                     d_sampling: Sampling, vocab: int, compile_backend: str | None = None) -> TreeStepGraph:
+    """The :class:`TreeStepGraph` of these caches and settings, made once and reused across decodes
+    (:func:`spec.llm.step_graph.shared_chain_step`'s rule)."""
+    per_cache = t_cache.step_graphs
+    key = ("tree", id(d_cache), tuple(parents), tuple(order), verifier, sampling, d_sampling, vocab, compile_backend)
+    step = per_cache.get(key)
+    if step is None or step.d_cache is not d_cache or step.target is not target or step.draft is not draft:
+        step = TreeStepGraph(target, draft, t_cache, d_cache, parents=parents, order=order, verifier=verifier,
+                             sampling=sampling, d_sampling=d_sampling, vocab=vocab, compile_backend=compile_backend)
+        per_cache[key] = step
+    return step

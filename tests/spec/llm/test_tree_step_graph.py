@@ -1,0 +1,269 @@
+"""A whole fixed-tree step as one piece of fixed-shape device work (``generate(..., step_graph=True)`` on a tree).
+
+:class:`spec.llm.tree_step_graph.TreeStepGraph` does the work of the device
+tree step (:func:`spec.llm.generate._tree_step` with ``LLMDraft.draft_tree``)
+with every length on the device and the accepted path moved into place on
+the device.  On the CPU the same buffers run eagerly: the tokens and per-step
+accepted counts must equal the usual device tree's on the same seeds, with
+both pending cases (a step whose path reached the last, never fed, layer leaves
+the draft two tokens) covered; greedy decoding is reproduced, with a draft of
+another vocabulary size too; the step reads no value on the host (it runs on
+the ``meta`` device).  The capture itself is tested in ``test_cuda.py``.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from spec.llm.generate import generate  # noqa: E402
+from spec.llm.sampling import Sampling  # noqa: E402
+from spec.llm.static_cache import StaticTreeCache, shared_static_cache  # noqa: E402
+from spec.llm.tree_device import DEVICE_TREE_METHODS  # noqa: E402
+from spec.llm.tree_step_graph import TreeStepGraph  # noqa: E402
+
+from .conftest import greedy_decode  # noqa: E402
+from .test_generate import _tiny  # noqa: E402
+from .test_step_graph import SETTINGS, pair  # noqa: E402, F401  (the fixture)
+from .test_windows import tiny  # noqa: E402
+
+pytestmark = pytest.mark.llm
+
+#: (builder, width, depth, budget): full trees two and three wide, a one-wide tree, and the chain builder
+SHAPES = [("fixed", 2, None, 7), ("fixed", 3, 2, 9), ("fixed", 1, None, 3), ("chain", None, None, 4)]
+
+
+def shape_kw(builder: str, width: int | None, depth: int | None, budget: int) -> dict[str, Any]:
+    params: dict[str, Any] = {"draw": "iid"}
+    if builder == "fixed":
+        params.update(width=width, depth=depth)
+    return dict(budget=budget, builder_params=params)
+
+
+@pytest.mark.parametrize(("verifier", "shape"), list(itertools.product(DEVICE_TREE_METHODS, SHAPES)))
+def test_fused_tree_steps_give_the_device_trees_tokens(pair: tuple[Any, Any], verifier: str,
+                                                       shape: tuple[str, int | None, int | None, int]) -> None:
+    target, draft = pair
+    builder = shape[0]
+    full = partial = 0
+    for (temp, top_k, top_p, dtemp), seed in itertools.product(SETTINGS, (0, 1)):
+        kw: dict[str, Any] = dict(temperature=temp, top_k=top_k, top_p=top_p, draft_temperature=dtemp,
+                                  max_new_tokens=30, seed=seed, cache="static", **shape_kw(*shape))
+        ref = generate(target, draft, [5, 3, 5], builder, verifier, **kw)
+        got = generate(target, draft, [5, 3, 5], builder, verifier, step_graph=True, **kw)
+        assert got.tokens == ref.tokens, (temp, top_k, top_p, dtemp, seed)
+        assert [s.accepted for s in got.steps] == [s.accepted for s in ref.steps]
+        fused = [s for s in got.steps if s.graph_s > 0]
+        assert len(fused) == len(got.steps) - 1  # all but the first, which feeds the prompt to the draft
+        assert all(s.build_s == s.target_s == s.verify_s == 0.0 for s in fused)
+        deepest = max(s.draft_forwards for s in fused)  # the tree's depth: the pending rows and each fed layer
+        full += sum(s.accepted == deepest for s in fused[:-1])  # the next step feeds the draft two tokens
+        partial += sum(s.accepted < deepest for s in fused[:-1])
+        if temp == 0:
+            assert got.tokens == greedy_decode(target, [5, 3, 5], 30)
+    assert full >= 5 and partial >= 5, (full, partial)
+
+
+def test_fused_tree_steps_stop_at_eos_and_length(pair: tuple[Any, Any]) -> None:
+    target, draft = pair
+    base: dict[str, Any] = dict(temperature=1.0, seed=4, cache="static", **shape_kw("fixed", 2, None, 7))
+    plain = generate(target, draft, [1, 2], "fixed", "traversal", max_new_tokens=30, **base)
+    eos = plain.tokens[9]
+    for n in (1, 2, 7, 30):
+        kw: dict[str, Any] = dict(max_new_tokens=n, eos_token_id=eos, **base)
+        got = generate(target, draft, [1, 2], "fixed", "traversal", step_graph=True, **kw)
+        assert got.tokens == generate(target, draft, [1, 2], "fixed", "traversal", **kw).tokens
+        assert len(got.tokens) <= n and (eos not in got.tokens or got.tokens[-1] == eos)
+
+
+@pytest.mark.parametrize("draft_vocab", [11, 16])
+def test_fused_tree_steps_with_a_draft_of_another_vocabulary_size(draft_vocab: int) -> None:
+    """The second prompt makes the target emit ids the 11-token draft lacks: they go in as id 0."""
+    target, draft = _tiny(13, 0, scale=40.0), _tiny(draft_vocab, 1, layers=1, scale=40.0)
+    for prompt, verifier, dtemp in itertools.product(([3, 1, 4, 1, 5], [12, 11, 2]), DEVICE_TREE_METHODS, (None, 1.0)):
+        out = generate(target, draft, prompt, "fixed", verifier, temperature=0, max_new_tokens=16, cache="static",
+                       draft_temperature=dtemp, step_graph=True, **shape_kw("fixed", 2, None, 6))
+        assert out.tokens == greedy_decode(target, prompt, 16), (prompt, verifier, dtemp)
+
+
+def _meta_step(target: Any, draft: Any, verifier: str, sampling: Sampling) -> torch.Tensor:
+    """The step's device work on copies of the models on the ``meta`` device (shapes, no values)."""
+    t, d = copy.deepcopy(target).to("meta"), copy.deepcopy(draft).to("meta")
+    tc, dc = StaticTreeCache(t, 64), StaticTreeCache(d, 64)
+    tc.length, dc.length = 6, 5
+    parents = (-1, -1, 0, 0, 1, 1, 2)
+    step = TreeStepGraph(t, d, tc, dc, parents=parents, order=(0, 2, 6, 3, 1, 4, 5), verifier=verifier,
+                         sampling=sampling, d_sampling=sampling, vocab=int(t.config.vocab_size))
+    step._prepare(6 + 8, 5 + 2 + 6)
+    out, raw, t_logits = step._run()
+    assert out.device.type == "meta" and tuple(out.shape) == (3 + 3 + 7,)
+    assert len(raw) == 3 and tuple(t_logits.shape) == (8, t.config.vocab_size)  # the root's row and two fed layers
+    return out
+
+
+@pytest.mark.parametrize("verifier", DEVICE_TREE_METHODS)
+def test_the_tree_step_reads_no_value_on_the_host(pair: tuple[Any, Any], verifier: str) -> None:
+    """The step runs on the ``meta`` device, where reading a value (``.item()``, ``bool``, ``tolist``) raises:
+    nothing in it waits for the device, so a CUDA graph can capture it whole."""
+    target, draft = pair
+    for sampling in (Sampling(0.0), Sampling(1.0), Sampling(0.7, top_k=5, top_p=0.9)):
+        _meta_step(target, draft, verifier, sampling)
+
+
+def test_the_tree_meta_check_catches_a_host_read(pair: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Teeth: with the draft's rows processed by the checked ``Sampling.probs`` (a host read), it fails."""
+    target, draft = pair
+    monkeypatch.setattr(Sampling, "probs_unchecked", Sampling.probs)
+    with pytest.raises((RuntimeError, NotImplementedError), match="meta"):
+        _meta_step(target, draft, "traversal", Sampling(1.0))
+
+
+@pytest.mark.parametrize("which", ["draft", "target"])
+def test_bad_logits_in_a_fused_tree_step_raise_the_usual_error(pair: tuple[Any, Any], which: str,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """NaN logits appearing after two fused steps raise ``process_logits``' ValueError, as on the other paths."""
+    real = TreeStepGraph._execute
+    calls = [0]
+    poison: list[Any] = []
+
+    def poisoned(self: TreeStepGraph) -> Any:
+        calls[0] += 1
+        if calls[0] == 3:
+            with torch.no_grad():
+                poison[0].lm_head.weight[:, 0] = float("nan")
+        return real(self)
+
+    monkeypatch.setattr(TreeStepGraph, "_execute", poisoned)
+    for temperature in (0.0, 1.0):
+        target, draft = (copy.deepcopy(m) for m in pair)
+        calls[0] = 0
+        poison[:] = [draft if which == "draft" else target]
+        with pytest.raises(ValueError, match="logits contain NaN"):
+            generate(target, draft, [1, 2], "fixed", "multidraft", temperature=temperature, max_new_tokens=60,
+                     cache="static", step_graph=True, **shape_kw("fixed", 2, None, 4))
+        assert calls[0] == 3
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    (dict(builder_params={"draw": "topk"}), "the 'chain' builder with no confidence stop"),
+    (dict(builder_params={"draw": "swor"}), "the 'chain' builder with no confidence stop"),
+    (dict(verifier="kseq"), "the 'chain' builder with no confidence stop"),
+    (dict(builder="dyspec", builder_params={}), "the 'chain' builder with no confidence stop"),
+    (dict(builder="chain", verifier="kseq"), "needs a chain verifier"),
+    (dict(cache="dynamic"), "needs cache='static'"),
+    (dict(verify_backend="numpy"), "verify_backend 'torch', 'device' or 'auto'"),
+    (dict(chain_on_device=False), "chain_on_device=True"),
+])
+def test_step_graph_on_a_tree_needs_an_iid_fixed_shape_and_a_device_walk(pair: tuple[Any, Any],
+                                                                         kwargs: dict[str, Any], match: str) -> None:
+    target, draft = pair
+    args: dict[str, Any] = dict(builder="fixed", verifier="traversal", cache="static", step_graph=True,
+                                max_new_tokens=4, builder_params={"draw": "iid"})
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        generate(target, draft, [1, 2], **args)
+
+
+def test_step_graph_on_a_tree_refuses_sliding_windows() -> None:
+    target, draft = tiny("mistral", 0, 3), tiny("mistral", 1, 3)
+    with pytest.raises(ValueError, match="does not take sliding-window models"):
+        generate(target, draft, [3, 1, 4], "fixed", "traversal", cache="static", step_graph=True, max_new_tokens=4,
+                 builder_params={"draw": "iid"})
+
+
+def test_tree_step_graph_refuses_bad_arguments(pair: tuple[Any, Any]) -> None:
+    target, draft = pair
+    tc, dc = StaticTreeCache(target, 64), StaticTreeCache(draft, 64)
+    kw: dict[str, Any] = dict(parents=(-1, -1, 0), order=(0, 1, 2), verifier="traversal", sampling=Sampling(),
+                              d_sampling=Sampling(), vocab=29)
+    with pytest.raises(ValueError, match="t_cache must be a StaticTreeCache"):
+        TreeStepGraph(target, draft, transformers.DynamicCache(), dc, **kw)
+    with pytest.raises(ValueError, match="walked on the device"):
+        TreeStepGraph(target, draft, tc, dc, **{**kw, "verifier": "kseq"})
+    with pytest.raises(ValueError, match="breadth first"):
+        TreeStepGraph(target, draft, tc, dc, **{**kw, "parents": (-1, 0, -1)})
+    with pytest.raises(ValueError, match="order must be a permutation"):
+        TreeStepGraph(target, draft, tc, dc, **{**kw, "order": (0, 1, 1)})
+    with pytest.raises(ValueError, match="vocab 30 differs"):
+        TreeStepGraph(target, draft, tc, dc, **{**kw, "vocab": 30})
+    step = TreeStepGraph(target, draft, tc, dc, **kw)
+    u3, u4 = np.full(3, 0.5), np.full(4, 0.5)
+    with pytest.raises(ValueError, match="the caches hold 0 / 0 positions, not t_past 2 / d_past 0"):
+        step.step(2, 1, 0, [1], u3, u4)
+    with pytest.raises(ValueError, match="pending must hold one or two tokens, got 3"):
+        step.step(0, 1, 0, [1, 2, 3], u3, u4)
+    for u_draft, u_verify in ((None, u4), (u4, u4), (u3, u3)):
+        with pytest.raises(ValueError, match="give 3 draft uniforms and 4 verifier uniforms"):
+            step.step(0, 1, 0, [1], u_draft, u_verify)
+    with pytest.raises(ValueError, match=r"root = 29 is outside the vocabulary \[0, 29\)"):
+        step.step(0, 29, 0, [1], u3, u4)
+    with pytest.raises(ValueError, match=r"u_verify must lie in \[0, 1\)"):
+        step.step(0, 1, 0, [1], u3, np.array([0.5, 0.5, np.nan, 0.5]))
+    assert (tc.length, dc.length) == (0, 0)  # nothing ran
+
+
+def test_tree_profile_times_the_step_and_its_forwards(pair: tuple[Any, Any]) -> None:
+    target, draft = pair
+    tc, dc = StaticTreeCache(target, 64), StaticTreeCache(draft, 64)
+    step = TreeStepGraph(target, draft, tc, dc, parents=(-1, -1, 0, 0, 1), order=(0, 2, 3, 1, 4),
+                         verifier="multidraft", sampling=Sampling(1.0), d_sampling=Sampling(1.0), vocab=29)
+    got = step.profile(0, 4, 0, [4], reps=2)
+    assert set(got) == {"step_ms", "forwards_ms", "target_ms", "overhead_pct"}
+    assert all(np.isfinite(v) for v in got.values()) and min(got["step_ms"], got["forwards_ms"], got["target_ms"]) > 0
+    assert (tc.length, dc.length) == (0, 0)
+
+
+def test_fused_tree_steps_grow_the_caches_they_outrun(pair: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Caches sized far too small (64 slots for 100 positions) grow during the fused steps, which remake their
+    buffers; the tokens stay the device tree's."""
+    from spec.llm import generate as gen
+
+    target, draft = pair
+    kw: dict[str, Any] = dict(temperature=1.0, max_new_tokens=96, seed=3, cache="static", **shape_kw("fixed", 2, None, 7))
+    ref = generate(target, draft, [5, 3, 5, 1], "fixed", "traversal", **kw)
+    small_t, small_d = copy.deepcopy(target), copy.deepcopy(draft)  # fresh shared caches
+    monkeypatch.setattr(gen, "cache_capacity", lambda *args: 1)
+    got = generate(small_t, small_d, [5, 3, 5, 1], "fixed", "traversal", step_graph=True, **kw)
+    assert got.tokens == ref.tokens
+    caches = [shared_static_cache(m, role, 1) for m, role in ((small_t, "target"), (small_d, "draft"))]
+    assert all(c.capacity >= 100 for c in caches)
+    (step,) = caches[0].step_graphs.values()
+    assert step._layout is not None and step._layout[0] is caches[0].kv and step._layout[1] is caches[1].kv
+
+
+@pytest.mark.parametrize("verifier", DEVICE_TREE_METHODS)
+def test_compiled_tree_steps_trace_whole_and_give_the_same_tokens(pair: tuple[Any, Any], verifier: str,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """``compile_step=True`` on a tree: the layer draws and the walk through ``torch.compile(fullgraph=True)``
+    with dynamo's ``eager`` backend (a graph break would raise); the tokens stay the device tree's."""
+    from spec.llm import generate as gen
+
+    monkeypatch.setattr(gen, "COMPILE_BACKEND", "eager")
+    target, draft = pair
+    before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    for temp, seed in itertools.product((0.0, 1.0), (0, 1)):
+        kw: dict[str, Any] = dict(temperature=temp, max_new_tokens=24, seed=seed, cache="static",
+                                  **shape_kw("fixed", 2, None, 7))
+        ref = generate(target, draft, [5, 3, 5], "fixed", verifier, **kw)
+        got = generate(target, draft, [5, 3, 5], "fixed", verifier, step_graph=True, compile_step=True, **kw)
+        assert got.tokens == ref.tokens, (temp, seed)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > before
+    torch._dynamo.reset()
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # torch's own code
+def test_compiled_tree_steps_with_inductor_on_the_cpu(pair: tuple[Any, Any]) -> None:
+    """Inductor's generated code for the layer draws and the walk gives the device tree's tokens."""
+    target, draft = pair
+    kw: dict[str, Any] = dict(temperature=1.0, max_new_tokens=24, seed=2, cache="static", **shape_kw("fixed", 2, None, 7))
+    ref = generate(target, draft, [5, 3, 5], "fixed", "traversal", **kw)
+    got = generate(target, draft, [5, 3, 5], "fixed", "traversal", step_graph=True, compile_step=True, **kw)
+    assert got.tokens == ref.tokens
+    torch._dynamo.reset()
