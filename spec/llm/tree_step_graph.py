@@ -91,7 +91,7 @@ def _tables(parents: tuple[int, ...], order: Sequence[int]) -> dict[str, Any]:
         # per layer d >= 2: each node's parent's row in layer d - 1's forward
         "parent_rows": [[layers[d - 1].index(parents[v]) for v in layers[d]] for d in range(1, len(layers))],
         "fed_at": [fed_at.get(v, -1) for v in range(n)],
-        "t_tokens": list(order),
+        "order": list(order),
         "t_depths": [0] + [depth[v] for v in order],
         "t_mask": t_mask,
         "t_rows": [0] + [where[v] for v in range(n)],  # each node's layout row, index order (the root first)
@@ -119,7 +119,7 @@ class TreeStepGraph(FusedStep):
             raise ValueError("fused tree steps do not take sliding-window models (a node's slot is not its position)")
         self.parents = tuple(check_int(f"parents[{i}]", p, minimum=-1) for i, p in enumerate(parents))
         tab = _tables(self.parents, [check_int(f"order[{i}]", v, minimum=0) for i, v in enumerate(order)])
-        self.order = tuple(tab["t_tokens"])
+        self.order = tuple(tab["order"])
         self.verifier, self.sampling, self.d_sampling = verifier, sampling, d_sampling
         self.size = n = len(self.parents)
         self.depth = len(tab["layers"])
@@ -144,7 +144,7 @@ class TreeStepGraph(FusedStep):
             self._parent_rows = [long([0] * len(tab["layers"][0]))] + [long(r) for r in tab["parent_rows"]]
             self._q_rows = long([0] + [v + 1 for v in tab["fed"]])  # the verifier rows the processed rows fill
             self._fed_at = long(tab["fed_at"] + [-1])  # the padding entry (-1) of a path maps to -1
-            self._t_order = long(tab["t_tokens"])
+            self._t_order = long(tab["order"])
             self._t_depths = long(tab["t_depths"])
             self._t_mask = torch.as_tensor(tab["t_mask"], device=dev)
             self._t_rows = long(tab["t_rows"])
@@ -192,13 +192,13 @@ class TreeStepGraph(FusedStep):
         return logits
 
     @staticmethod
-    def _sees(cols: torch.Tensor, context: torch.Tensor, start: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-        """``(m, capacity)``: the slots below ``context``, and of the ``table.shape[1]`` slots from ``start``
-        those ``table`` opens for each row."""
+    def _sees(cols: torch.Tensor, start: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+        """``(m, capacity)``: the context (the slots below ``start``) and, of the ``table.shape[1]`` slots from
+        ``start``, those ``table`` opens for each row."""
         width = table.shape[1]
         rel = cols - start
         inside = (rel >= 0) & (rel < width)
-        return (cols < context)[None, :] | (inside[None, :] & table[:, rel.clamp(0, max(width - 1, 0))])
+        return (rel < 0)[None, :] | (inside[None, :] & table[:, rel.clamp(0, max(width - 1, 0))])
 
     def _pending_rows(self, d_len: torch.Tensor, pending: torch.Tensor) -> torch.Tensor:
         """The draft's logits ``(2, V)`` for its pending token and the padding row (or the two pending tokens)."""
@@ -242,11 +242,11 @@ class TreeStepGraph(FusedStep):
     def _target_logits(self, ids: torch.Tensor, t_len: torch.Tensor) -> torch.Tensor:
         """The target's logits ``(N + 1, V)`` for the root and the nodes in layout order, at slots from ``t_len``."""
         return self._forward(self.t_cache, self._verify, ids, t_len + self._t_depths, t_len + self._t_slots,
-                             self._sees(self._t_cols, t_len, t_len, self._t_mask))
+                             self._sees(self._t_cols, t_len, self._t_mask))
 
     def _layer_logits(self, d: int, tokens: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
         """The draft's logits for fed layer ``d`` (depth ``d + 1``), its nodes at their slots from ``start``."""
-        allowed = self._sees(self._d_cols, start, start, self._fed_masks[d])
+        allowed = self._sees(self._d_cols, start, self._fed_masks[d])
         return self._fit(self._forward(self.d_cache, self._layer_bufs[d], self._draft_ids(tokens),
                                        (start + d).expand(tokens.shape[0]), start + self._fed_slots[d], allowed))
 
