@@ -135,6 +135,9 @@ class FusedStep:
     the profile's timing in turns.  Subclasses set up their buffers in :meth:`_prepare` and do the
     step's device work, with no host read, in :meth:`_run`."""
 
+    sampling: Sampling  # processes the target's logits
+    d_sampling: Sampling  # processes the draft's logits
+
     def _setup(self, target: Any, draft: Any, t_cache: StaticTreeCache, d_cache: StaticTreeCache, vocab: int) -> None:
         for name, cache, model in (("t_cache", t_cache, target), ("d_cache", d_cache, draft)):
             if not isinstance(cache, StaticTreeCache):
@@ -182,6 +185,68 @@ class FusedStep:
     def _draft_ids(self, tokens: torch.Tensor) -> torch.Tensor:
         """Ids the draft cannot embed go in as 0 (``LLMDraft``'s rule)."""
         return torch.where(tokens < self._d_vocab, tokens, 0) if self._d_vocab < self.vocab else tokens
+
+    def _staging(self, uniforms: int) -> None:
+        """The step's upload: a host buffer (pinned on CUDA) and its device twin of :data:`_INTS` integers and
+        ``uniforms`` float64 uniforms, with device views ``_ints`` and ``_u``."""
+        n = _INTS + uniforms
+        self._host = torch.zeros(n, dtype=torch.int64, pin_memory=self.device.type == "cuda")
+        self._host_np: NDArray[np.int64] = self._host.numpy()
+        with torch.inference_mode(False):
+            self._staged = torch.zeros(n, dtype=torch.int64, device=self.device)
+        self._ints = self._staged[:_INTS]
+        self._u = self._staged[_INTS:].view(torch.float64)
+
+    def _kernels(self, draw: Any, head: Any, compile_backend: str | None) -> None:
+        """The step's draw and verifier head, as given or through ``torch.compile`` with ``compile_backend``."""
+        if compile_backend is not None and not isinstance(compile_backend, str):
+            raise ValueError(f"compile_backend must be None or a torch.compile backend name, got {compile_backend!r}")
+        self.compile_backend = compile_backend
+        if compile_backend is None:
+            self._draw, self._head = draw, head
+        else:
+            self._draw, self._head = _compiled(draw, compile_backend), _compiled(head, compile_backend)
+
+    def _check_state(self, t_past: int, root: int, d_past: int, pending: Sequence[int]) -> None:
+        """``ValueError`` unless the caches hold ``t_past`` / ``d_past`` positions, ``pending`` is one or two
+        ids and the ids lie in the vocabulary (an id past the embedding would fault on the device, not raise)."""
+        if self.t_cache.length != t_past or self.d_cache.length != d_past:
+            raise ValueError(f"the caches hold {self.t_cache.length} / {self.d_cache.length} positions, "
+                             f"not t_past {t_past} / d_past {d_past}")
+        if not 1 <= len(pending) <= 2:
+            raise ValueError(f"pending must hold one or two tokens, got {len(pending)}")
+        for name, tok in (("root", root), *((f"pending[{i}]", t) for i, t in enumerate(pending))):
+            if check_int(name, tok, minimum=0) >= self.vocab:
+                raise ValueError(f"{name} = {tok} is outside the vocabulary [0, {self.vocab})")
+
+    @staticmethod
+    def _check_uniforms(**named: NDArray[np.float64] | None) -> None:
+        """``ValueError`` naming the first of the given uniform arrays with a value outside [0, 1)."""
+        for name, u in named.items():
+            if u is not None and not bool(np.all((np.asarray(u) >= 0.0) & (np.asarray(u) < 1.0))):
+                raise ValueError(f"{name} must lie in [0, 1), got {np.asarray(u).tolist()}")
+
+    def _launch(self, t_past: int, root: int, d_past: int, pending: Sequence[int], uniforms: NDArray[np.float64],
+                needs: tuple[int, int]) -> list[int]:
+        """Grow the caches to ``needs`` (target, draft slots), upload the six integers and ``uniforms`` in one
+        copy, run or replay the step and read its one row back; logits a
+        :class:`~spec.llm.sampling.Sampling` refuses raise its ``ValueError`` (the draft's first)."""
+        self._prepare(*needs)
+        h = self._host_np
+        h[:_INTS] = (t_past, d_past, root, pending[0], pending[-1], len(pending) - 1)
+        h[_INTS:].view(np.float64)[:] = uniforms
+        self._staged.copy_(self._host, non_blocking=self.device.type == "cuda")
+        out, raw, t_logits = self._execute()
+        got: list[int] = out.tolist()  # the step's one transfer
+        if got[0]:  # name the fault: the draft's logits first, then the target's
+            for row in raw:
+                self.d_sampling.probs(row)
+            self.sampling.probs(t_logits)
+            raise RuntimeError("a logits fault was flagged but not found again")
+        return got
+
+    def _prepare(self, t_need: int, d_need: int) -> None:
+        raise NotImplementedError
 
     def _run(self) -> Any:
         raise NotImplementedError
@@ -277,23 +342,11 @@ class ChainStepGraph(FusedStep):
         self.verifier, self.iid, self.sampling, self.d_sampling = verifier, bool(iid), sampling, d_sampling
         self.noise = noise_size(verifier, self.k)
         self.draft_uniforms = self.k if self.iid else 0
-        n = _INTS + self.k + self.noise
-        self._host = torch.zeros(n, dtype=torch.int64, pin_memory=self.device.type == "cuda")
-        self._host_np: NDArray[np.int64] = self._host.numpy()
+        self._staging(self.k + self.noise)
         with torch.inference_mode(False):
-            self._staged = torch.zeros(n, dtype=torch.int64, device=self.device)
             self._steps = torch.arange(max(2, self.k + 1), dtype=torch.int64, device=self.device)
-        self._ints = self._staged[:_INTS]
-        self._u = self._staged[_INTS:].view(torch.float64)
-        if compile_backend is not None and not isinstance(compile_backend, str):
-            raise ValueError(f"compile_backend must be None or a torch.compile backend name, got {compile_backend!r}")
-        self.compile_backend = compile_backend
         draw = functools.partial(_draw_row, sampling=d_sampling, iid=self.iid, top=min(self.vocab, self._d_vocab) - 1)
-        head = functools.partial(_verify_head, sampling=sampling, verifier=verifier)
-        if compile_backend is None:
-            self._draw, self._head = draw, head
-        else:
-            self._draw, self._head = _compiled(draw, compile_backend), _compiled(head, compile_backend)
+        self._kernels(draw, functools.partial(_verify_head, sampling=sampling, verifier=verifier), compile_backend)
 
     # --- buffers ---------------------------------------------------------------------------
 
@@ -372,35 +425,13 @@ class ChainStepGraph(FusedStep):
         :class:`~spec.llm.sampling.Sampling` refuses raise its ``ValueError`` (the draft's first).
         """
         k = self.k
-        if self.t_cache.length != t_past or self.d_cache.length != d_past:
-            raise ValueError(f"the caches hold {self.t_cache.length} / {self.d_cache.length} positions, "
-                             f"not t_past {t_past} / d_past {d_past}")
-        if not 1 <= len(pending) <= 2:
-            raise ValueError(f"pending must hold one or two tokens, got {len(pending)}")
-        for name, tok in (("root", root), *((f"pending[{i}]", t) for i, t in enumerate(pending))):
-            if check_int(name, tok, minimum=0) >= self.vocab:  # an id past the embedding would fault on the device
-                raise ValueError(f"{name} = {tok} is outside the vocabulary [0, {self.vocab})")
+        self._check_state(t_past, root, d_past, pending)
         if (u_draft is None) == self.iid or (u_draft is not None and len(u_draft) != k) or len(u_verify) != self.noise:
             raise ValueError(f"give {k} draft uniforms for an iid chain (None for topk) and {self.noise} "
                              f"verifier uniforms, got {None if u_draft is None else len(u_draft)} and {len(u_verify)}")
-        for name, u in (("u_draft", u_draft), ("u_verify", u_verify)):
-            if u is not None and not bool(np.all((np.asarray(u) >= 0.0) & (np.asarray(u) < 1.0))):
-                raise ValueError(f"{name} must lie in [0, 1), got {np.asarray(u).tolist()}")
-        self._prepare(t_past + k + 1, d_past + k + 1)
-        h = self._host_np
-        h[:_INTS] = (t_past, d_past, root, pending[0], pending[-1], len(pending) - 1)
-        hu = h[_INTS:].view(np.float64)
-        if u_draft is not None:
-            hu[:k] = u_draft
-        hu[k:] = u_verify
-        self._staged.copy_(self._host, non_blocking=self.device.type == "cuda")
-        out, raw, t_logits = self._execute()
-        got = out.tolist()  # the step's one transfer
-        if got[0]:  # name the fault: the draft's logits first, then the target's
-            for row in raw:
-                self.d_sampling.probs(row)
-            self.sampling.probs(t_logits)
-            raise RuntimeError("a logits fault was flagged but not found again")
+        self._check_uniforms(u_draft=u_draft, u_verify=u_verify)
+        u = np.concatenate([np.zeros(k) if u_draft is None else np.asarray(u_draft, dtype=np.float64), u_verify])
+        got = self._launch(t_past, root, d_past, pending, u, (t_past + k + 1, d_past + k + 1))
         n, y, drafted = got[1], got[2], got[3:]
         t_next = t_past + 1 + n
         d_next = d_past + len(pending) + min(n, k - 1)

@@ -53,15 +53,12 @@ from numpy.typing import NDArray
 from spec.llm.adapter import _tree_layout
 from spec.llm.sampling import Sampling, categorical_draw, logits_fault
 from spec.llm.static_cache import StaticTreeCache, _Size
-from spec.llm.step_graph import ChainStepResult, FusedStep, _compiled
+from spec.llm.step_graph import ChainStepResult, FusedStep
 from spec.llm.tree_device import DEVICE_TREE_METHODS, TreePlan, tree_head
 from tmc.multidraft import ROOT, Draw
 from tmc.validate import check_int
 
 __all__ = ["TreeStepGraph", "shared_tree_step"]
-
-_INTS = 6  # t_len, d_len, root, pending[0], pending[1], two pending tokens (0/1)
-
 
 def _tables(parents: tuple[int, ...], order: Sequence[int]) -> dict[str, Any]:
     """The shape's host tables: layers, the fed nodes' offsets, ancestor masks, the target's layout."""
@@ -129,14 +126,12 @@ class TreeStepGraph(FusedStep):
         dev = self.device
         self.plan = TreePlan.of(self.parents, Draw.IID, dev)
         self._tab = tab
-        self._host = torch.zeros(_INTS + 2 * n + 1, dtype=torch.int64, pin_memory=dev.type == "cuda")
-        self._host_np: NDArray[np.int64] = self._host.numpy()
+        self._staging(2 * n + 1)  # the draws' uniforms, then the verifier's
 
         def long(values: Any) -> torch.Tensor:
             return torch.as_tensor(np.asarray(values, dtype=np.int64), device=dev)
 
         with torch.inference_mode(False):
-            self._staged = torch.zeros(_INTS + 2 * n + 1, dtype=torch.int64, device=dev)
             self._layers = [long(layer) for layer in tab["layers"]]
             self._fed_slots = [long(s) for s in tab["fed_slots"]]
             self._fed_masks = [torch.as_tensor(m, device=dev) for m in tab["fed_masks"]]
@@ -153,17 +148,8 @@ class TreeStepGraph(FusedStep):
             self._two_rows = torch.arange(2, dtype=torch.int64, device=dev)
             self._d_path = torch.arange(max(self.depth - 1, 0), dtype=torch.int64, device=dev)
             self._t_path = torch.arange(self.depth, dtype=torch.int64, device=dev)
-        self._ints = self._staged[:_INTS]
-        self._u = self._staged[_INTS:].view(torch.float64)
-        if compile_backend is not None and not isinstance(compile_backend, str):
-            raise ValueError(f"compile_backend must be None or a torch.compile backend name, got {compile_backend!r}")
-        self.compile_backend = compile_backend
         draw = functools.partial(_draw_layer, sampling=d_sampling, top=min(self.vocab, self._d_vocab) - 1)
-        head = functools.partial(tree_head, verifier, self.plan, trusted=True)
-        if compile_backend is None:
-            self._draw, self._head = draw, head
-        else:
-            self._draw, self._head = _compiled(draw, compile_backend), _compiled(head, compile_backend)
+        self._kernels(draw, functools.partial(tree_head, verifier, self.plan, trusted=True), compile_backend)
 
     # --- buffers ---------------------------------------------------------------------------
 
@@ -301,34 +287,13 @@ class TreeStepGraph(FusedStep):
         first).  The result's ``drafted`` holds every node's token.
         """
         n = self.size
-        if self.t_cache.length != t_past or self.d_cache.length != d_past:
-            raise ValueError(f"the caches hold {self.t_cache.length} / {self.d_cache.length} positions, "
-                             f"not t_past {t_past} / d_past {d_past}")
-        if not 1 <= len(pending) <= 2:
-            raise ValueError(f"pending must hold one or two tokens, got {len(pending)}")
-        for name, tok in (("root", root), *((f"pending[{i}]", t) for i, t in enumerate(pending))):
-            if check_int(name, tok, minimum=0) >= self.vocab:  # an id past the embedding would fault on the device
-                raise ValueError(f"{name} = {tok} is outside the vocabulary [0, {self.vocab})")
+        self._check_state(t_past, root, d_past, pending)
         if u_draft is None or len(u_draft) != n or len(u_verify) != n + 1:
             raise ValueError(f"give {n} draft uniforms and {n + 1} verifier uniforms, "
                              f"got {None if u_draft is None else len(u_draft)} and {len(u_verify)}")
-        for name, u in (("u_draft", u_draft), ("u_verify", u_verify)):
-            if not bool(np.all((np.asarray(u) >= 0.0) & (np.asarray(u) < 1.0))):
-                raise ValueError(f"{name} must lie in [0, 1), got {np.asarray(u).tolist()}")
-        self._prepare(t_past + n + 1, d_past + 2 + self.fed)
-        h = self._host_np
-        h[:_INTS] = (t_past, d_past, root, pending[0], pending[-1], len(pending) - 1)
-        hu = h[_INTS:].view(np.float64)
-        hu[:n] = u_draft
-        hu[n:] = u_verify
-        self._staged.copy_(self._host, non_blocking=self.device.type == "cuda")
-        out, raw, t_logits = self._execute()
-        got = out.tolist()  # the step's one transfer
-        if got[0]:  # name the fault: the draft's logits first, then the target's
-            for row in raw:
-                self.d_sampling.probs(row)
-            self.sampling.probs(t_logits)
-            raise RuntimeError("a logits fault was flagged but not found again")
+        self._check_uniforms(u_draft=u_draft, u_verify=u_verify)
+        got = self._launch(t_past, root, d_past, pending, np.concatenate([u_draft, u_verify]),
+                           (t_past + n + 1, d_past + 2 + self.fed))
         k, y = got[1], got[2]
         nodes, drafted = got[3 : 3 + k], got[3 + self.depth :]
         t_next = t_past + 1 + k

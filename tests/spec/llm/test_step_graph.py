@@ -153,30 +153,36 @@ def test_the_meta_check_catches_a_host_read(pair: tuple[Any, Any], monkeypatch: 
         _meta_step(target, draft, "sps", True, Sampling(1.0))
 
 
-@pytest.mark.parametrize("which", ["draft", "target"])
-def test_bad_logits_in_a_fused_step_raise_the_usual_error(pair: tuple[Any, Any], which: str,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    """NaN logits appearing after two fused steps raise ``process_logits``' ValueError, as on the other paths."""
-    real = ChainStepGraph._execute
+def check_late_nan_logits_raise(pair: tuple[Any, Any], which: str, monkeypatch: pytest.MonkeyPatch,
+                                step_class: type, builder: str, verifier: str, **kw: Any) -> None:
+    """NaN logits appearing in the ``which`` model before the third fused step (``step_class``) raise
+    ``process_logits``' ValueError, as on the other paths, at T = 0 and 1."""
+    real = step_class._execute
     calls = [0]
     poison: list[Any] = []
 
-    def poisoned(self: ChainStepGraph) -> Any:
+    def poisoned(self: Any) -> Any:
         calls[0] += 1
         if calls[0] == 3:
             with torch.no_grad():
                 poison[0].lm_head.weight[:, 0] = float("nan")
         return real(self)
 
-    monkeypatch.setattr(ChainStepGraph, "_execute", poisoned)
+    monkeypatch.setattr(step_class, "_execute", poisoned)
     for temperature in (0.0, 1.0):
         target, draft = (copy.deepcopy(m) for m in pair)
         calls[0] = 0
         poison[:] = [draft if which == "draft" else target]
         with pytest.raises(ValueError, match="logits contain NaN"):
-            generate(target, draft, [1, 2], "chain", "sps", temperature=temperature, max_new_tokens=40, budget=2,
-                     cache="static", step_graph=True)
+            generate(target, draft, [1, 2], builder, verifier, temperature=temperature, max_new_tokens=60,
+                     cache="static", step_graph=True, **kw)
         assert calls[0] == 3
+
+
+@pytest.mark.parametrize("which", ["draft", "target"])
+def test_bad_logits_in_a_fused_step_raise_the_usual_error(pair: tuple[Any, Any], which: str,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    check_late_nan_logits_raise(pair, which, monkeypatch, ChainStepGraph, "chain", "sps", budget=2)
 
 
 @pytest.mark.parametrize(("kwargs", "match"), [
