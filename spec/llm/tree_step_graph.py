@@ -204,17 +204,14 @@ class TreeStepGraph(FusedStep):
         first = self._pending_rows(d_len, ints[3:5])
         raw = [first.index_select(0, ints[5:6])]  # the row after the pending tokens
         start = d_len + 1 + two  # the slot of the first fed node; the root's position is start - 1
-        rows = [raw[0]]  # the processed rows, as q: the root's, then each fed layer's
+        rows: list[torch.Tensor] = []  # the processed rows each layer is drawn from (the verifier's q)
         drawn: list[torch.Tensor] = []
         for d, layer in enumerate(self._layers):
             row, tok = self._draw(raw[-1], self._parent_rows[d], u_draft.index_select(0, layer))
-            rows[-1] = row
+            rows.append(row)
             drawn.append(tok)
-            if d == len(self._layers) - 1:
-                break
-            logits = self._layer_logits(d, tok, start)
-            raw.append(logits)
-            rows.append(logits)
+            if d < len(self._layers) - 1:  # the last layer is never fed
+                raw.append(self._layer_logits(d, tok, start))
         x = torch.cat(drawn)  # every node's token, index order (layers are consecutive ranges)
         t_ids = torch.cat([root.reshape(1), x.index_select(0, self._t_order)])
         t_logits = self._target_logits(t_ids, t_len)
