@@ -56,9 +56,8 @@ from spec.llm.host_verify import verify_chain_numpy, verify_tree_numpy
 from spec.llm.sampling import Sampling, logits_fault
 from spec.llm.static_cache import cache_keyword, holds_layers, model_device, model_dtype, shared_static_cache
 from spec.llm.step_graph import ChainStepGraph, shared_chain_step
-from spec.llm.tree_step_graph import TreeStepGraph, shared_tree_step
 from spec.llm.tree_device import DEVICE_TREE_METHODS, TreePlan, read_head, tree_head
-from spec.llm.windows import attention_window
+from spec.llm.tree_step_graph import TreeStepGraph, shared_tree_step
 from spec.llm.verify import (
     CHAIN_METHODS,
     TREE_METHODS,
@@ -68,6 +67,7 @@ from spec.llm.verify import (
     verify_chain_on_device,
     verify_tree,
 )
+from spec.llm.windows import attention_window
 from spec.randomness import RngSampler
 from spec.tree import bfs_order, dfs_order, keep_indices, position_ids, tree_mask
 from tmc.multidraft import DraftTree, Draw
@@ -313,10 +313,11 @@ def _check_step_graph(b: TreeBuilder, verifier: str, chain_on_device: bool, cach
     :class:`TreeStepGraph`'s needs)."""
     if not chain_on_device:
         raise ValueError("step_graph=True drafts on the device: it needs chain_on_device=True")
-    if _fused_tree(fixed_shape, verifier) and any(attention_window(m) is not None for m in models):
+    tree_step = _fused_tree(fixed_shape, verifier)
+    if tree_step and any(attention_window(m) is not None for m in models):
         raise ValueError("step_graph=True on a tree does not take sliding-window models (a node's slot is not its "
                          "position); decode without step_graph")
-    if not _fused_tree(fixed_shape, verifier):  # then a chain step, ChainStepGraph's
+    if not tree_step:  # then a chain step, ChainStepGraph's
         tree = "or multidraft / traversal on a 'fixed' (or 'chain') tree drawn iid"
         if type(b) is not ChainBuilder or b.confidence is not None:
             raise ValueError(f"step_graph=True needs the 'chain' builder with no confidence stop (a chain of fixed "
