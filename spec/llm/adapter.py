@@ -314,6 +314,18 @@ def select_cache(cache: Any, indices: Sequence[int] | NDArray[np.integer[Any]] |
 
 
 @functools.lru_cache(maxsize=128)
+def fit_vocabulary(logits: torch.Tensor, vocab: int) -> torch.Tensor:
+    """A draft's logits ``(..., V_draft)`` on the decode vocabulary of ``vocab`` ids: cut to it, or widened
+    with ``-inf`` (ids the draft lacks are never drawn)."""
+    extra = vocab - logits.shape[-1]
+    if extra == 0:
+        return logits
+    if extra < 0:
+        return logits[..., :vocab]
+    pad = torch.full((*logits.shape[:-1], extra), -torch.inf, dtype=logits.dtype, device=logits.device)
+    return torch.cat([logits, pad], dim=-1)
+
+
 def _tree_layout(parents: tuple[int, ...]) -> tuple[tuple[tuple[int, ...], ...], tuple[int, ...]]:
     """The layers of a breadth-first tree shape (its nodes, by depth) and each node's count of earlier
     siblings; ``ValueError`` for an empty or malformed shape.  Cached: the decode loop drafts the same
@@ -634,14 +646,8 @@ class LLMDraft:
         return self._vocab
 
     def _fit(self, logits: torch.Tensor) -> torch.Tensor:
-        """The draft's logits on the decode vocabulary: cut to it, or widened with ``-inf``."""
-        extra = self._vocab - self._model_vocab
-        if extra == 0:
-            return logits
-        if extra < 0:
-            return logits[..., : self._vocab]
-        pad = torch.full((*logits.shape[:-1], extra), -torch.inf, dtype=logits.dtype, device=logits.device)
-        return torch.cat([logits, pad], dim=-1)
+        """The draft's logits on the decode vocabulary (:func:`fit_vocabulary`)."""
+        return fit_vocabulary(logits, self._vocab)
 
     def _model_where(self) -> tuple[torch.device, torch.dtype]:
         """The model's ``(device, dtype)``, looked up once for a whole decode (:meth:`end_step` hands it on)."""

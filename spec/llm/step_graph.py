@@ -63,7 +63,7 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 
-from spec.llm.adapter import sync
+from spec.llm.adapter import fit_vocabulary, sync
 from spec.llm.sampling import Sampling, categorical_draw, logits_fault
 from spec.llm.static_cache import StaticTreeCache, _round_capacity, _Size
 from spec.llm.verify import CHAIN_METHODS, _chain_head, noise_size
@@ -173,14 +173,8 @@ class FusedStep:
         return True
 
     def _fit(self, logits: torch.Tensor) -> torch.Tensor:
-        """The draft's logits on the decode vocabulary (``LLMDraft``'s rule: cut to it, or widened with -inf)."""
-        extra = self.vocab - self._d_vocab
-        if extra < 0:
-            return logits[..., : self.vocab]
-        if extra > 0:
-            pad = torch.full((logits.shape[0], extra), -torch.inf, dtype=logits.dtype, device=logits.device)
-            return torch.cat([logits, pad], dim=-1)
-        return logits
+        """The draft's logits on the decode vocabulary (``LLMDraft``'s rule, :func:`fit_vocabulary`)."""
+        return fit_vocabulary(logits, self.vocab)
 
     def _draft_ids(self, tokens: torch.Tensor) -> torch.Tensor:
         """Ids the draft cannot embed go in as 0 (``LLMDraft``'s rule)."""
