@@ -58,25 +58,34 @@ SETTINGS = [(0.0, None, None, None), (1.0, None, None, None), (0.7, 9, 0.9, None
             (1.0, None, None, 0.6)]
 
 
-@pytest.mark.parametrize(("verifier", "draw", "k"), list(itertools.product(CHAIN_METHODS, ("iid", "topk"), (1, 4))))
-def test_fused_steps_give_the_device_chains_tokens(pair: tuple[Any, Any], verifier: str, draw: str, k: int) -> None:
+def check_fused_steps_equal_the_device_path(pair: tuple[Any, Any], builder: str, verifier: str, depth: int,
+                                            new_tokens: int, **shape: Any) -> None:
+    """``step_graph=True`` against the same decode without it, over :data:`SETTINGS` × 2 seeds: the same tokens
+    and per-step accepted counts, every step fused but the first (which feeds the prompt to the draft), each
+    with ``depth`` draft forwards and no split times, at least 5 steps of each pending case (a path of
+    ``depth`` leaves the draft two tokens), and plain greedy decoding at T = 0."""
     target, draft = pair
     full = partial = 0
     for (temp, top_k, top_p, dtemp), seed in itertools.product(SETTINGS, (0, 1)):
-        kw: dict[str, Any] = dict(budget=k, temperature=temp, top_k=top_k, top_p=top_p, draft_temperature=dtemp,
-                                  max_new_tokens=40, seed=seed, cache="static", builder_params={"draw": draw})
-        ref = generate(target, draft, [5, 3, 5], "chain", verifier, **kw)
-        got = generate(target, draft, [5, 3, 5], "chain", verifier, step_graph=True, **kw)
+        kw: dict[str, Any] = dict(temperature=temp, top_k=top_k, top_p=top_p, draft_temperature=dtemp,
+                                  max_new_tokens=new_tokens, seed=seed, cache="static", **shape)
+        ref = generate(target, draft, [5, 3, 5], builder, verifier, **kw)
+        got = generate(target, draft, [5, 3, 5], builder, verifier, step_graph=True, **kw)
         assert got.tokens == ref.tokens, (temp, top_k, top_p, dtemp, seed)
         assert [s.accepted for s in got.steps] == [s.accepted for s in ref.steps]
         fused = [s for s in got.steps if s.graph_s > 0]
-        assert len(fused) == len(got.steps) - 1  # all but the first, which feeds the prompt to the draft
-        assert all(s.build_s == s.target_s == s.verify_s == 0.0 and s.draft_forwards == k for s in fused)
-        full += sum(s.accepted == k for s in fused[:-1])  # the next step feeds the draft two pending tokens
-        partial += sum(s.accepted < k for s in fused[:-1])
+        assert len(fused) == len(got.steps) - 1
+        assert all(s.build_s == s.target_s == s.verify_s == 0.0 and s.draft_forwards == depth for s in fused)
+        full += sum(s.accepted == depth for s in fused[:-1])  # the next step feeds the draft two pending tokens
+        partial += sum(s.accepted < depth for s in fused[:-1])
         if temp == 0:
-            assert got.tokens == greedy_decode(target, [5, 3, 5], 40)
+            assert got.tokens == greedy_decode(target, [5, 3, 5], new_tokens)
     assert full >= 5 and partial >= 5, (full, partial)
+
+
+@pytest.mark.parametrize(("verifier", "draw", "k"), list(itertools.product(CHAIN_METHODS, ("iid", "topk"), (1, 4))))
+def test_fused_steps_give_the_device_chains_tokens(pair: tuple[Any, Any], verifier: str, draw: str, k: int) -> None:
+    check_fused_steps_equal_the_device_path(pair, "chain", verifier, k, 40, budget=k, builder_params={"draw": draw})
 
 
 def test_fused_steps_stop_at_eos_and_length(pair: tuple[Any, Any]) -> None:

@@ -23,6 +23,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from spec.builders import FixedBuilder  # noqa: E402
+from spec.llm.adapter import _tree_layout  # noqa: E402
 from spec.llm.generate import generate  # noqa: E402
 from spec.llm.sampling import Sampling  # noqa: E402
 from spec.llm.static_cache import StaticTreeCache, shared_static_cache  # noqa: E402
@@ -31,7 +33,11 @@ from spec.llm.tree_step_graph import TreeStepGraph  # noqa: E402
 
 from .conftest import greedy_decode  # noqa: E402
 from .test_generate import _tiny  # noqa: E402
-from .test_step_graph import SETTINGS, check_late_nan_logits_raise, pair  # noqa: E402, F401  (pair: the fixture)
+from .test_step_graph import (  # noqa: E402, F401  (pair: the fixture)
+    check_fused_steps_equal_the_device_path,
+    check_late_nan_logits_raise,
+    pair,
+)
 from .test_windows import tiny  # noqa: E402
 
 pytestmark = pytest.mark.llm
@@ -50,25 +56,13 @@ def shape_kw(builder: str, width: int | None, depth: int | None, budget: int) ->
 @pytest.mark.parametrize(("verifier", "shape"), list(itertools.product(DEVICE_TREE_METHODS, SHAPES)))
 def test_fused_tree_steps_give_the_device_trees_tokens(pair: tuple[Any, Any], verifier: str,
                                                        shape: tuple[str, int | None, int | None, int]) -> None:
-    target, draft = pair
-    builder = shape[0]
-    full = partial = 0
-    for (temp, top_k, top_p, dtemp), seed in itertools.product(SETTINGS, (0, 1)):
-        kw: dict[str, Any] = dict(temperature=temp, top_k=top_k, top_p=top_p, draft_temperature=dtemp,
-                                  max_new_tokens=30, seed=seed, cache="static", **shape_kw(*shape))
-        ref = generate(target, draft, [5, 3, 5], builder, verifier, **kw)
-        got = generate(target, draft, [5, 3, 5], builder, verifier, step_graph=True, **kw)
-        assert got.tokens == ref.tokens, (temp, top_k, top_p, dtemp, seed)
-        assert [s.accepted for s in got.steps] == [s.accepted for s in ref.steps]
-        fused = [s for s in got.steps if s.graph_s > 0]
-        assert len(fused) == len(got.steps) - 1  # all but the first, which feeds the prompt to the draft
-        assert all(s.build_s == s.target_s == s.verify_s == 0.0 for s in fused)
-        deepest = max(s.draft_forwards for s in fused)  # the tree's depth: the pending rows and each fed layer
-        full += sum(s.accepted == deepest for s in fused[:-1])  # the next step feeds the draft two tokens
-        partial += sum(s.accepted < deepest for s in fused[:-1])
-        if temp == 0:
-            assert got.tokens == greedy_decode(target, [5, 3, 5], 30)
-    assert full >= 5 and partial >= 5, (full, partial)
+    builder, width, depth, budget = shape
+    if builder == "chain":
+        parents = tuple(range(-1, budget - 1))
+    else:
+        parents = FixedBuilder(width=width, depth=depth).full_shape(budget)
+    check_fused_steps_equal_the_device_path(pair, builder, verifier, len(_tree_layout(parents)[0]), 30,
+                                            **shape_kw(*shape))
 
 
 def test_fused_tree_steps_stop_at_eos_and_length(pair: tuple[Any, Any]) -> None:
