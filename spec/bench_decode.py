@@ -28,10 +28,12 @@ Side by side in one run, on the same prompts, every method decodes exactly
   tree drafted on the device there too (``fixed/draw=iid:traversal:device``); a ``:dtemp=T`` flag drafts at temperature ``T``
   (``generate``'s ``draft_temperature``) instead of the row's, e.g.
   ``fixed/draw=topk:traversal:dtemp=1``, whose tree at temperature 0 branches;
-  a ``:graph`` flag (a ``chain`` with a chain verifier) runs every step after
-  the first as one fixed-shape piece of device work, captured as one CUDA
-  graph (``generate``'s ``step_graph``, on the static cache whatever ``--cache``
-  says), e.g. ``chain:sps:graph``; ``:compiled`` does the same with the step's
+  a ``:graph`` flag (a ``chain`` with a chain verifier, or a ``chain`` / ``fixed``
+  tree drawn ``iid`` or ``topk`` with ``multidraft`` / ``traversal``) runs every
+  step after the first as one fixed-shape piece of device work, captured as one
+  CUDA graph (``generate``'s ``step_graph``, on the static cache whatever
+  ``--cache`` says), e.g. ``chain:sps:graph`` or
+  ``fixed/draw=topk:traversal:dtemp=1:graph@6``; ``:compiled`` does the same with the step's
   draws and verifier compiled by ``torch.compile`` first (``compile_step``).  Its steps are not split into builder,
   verifier and forwards, so its cost columns come from
   :meth:`~spec.llm.step_graph.ChainStepGraph.profile` after the first prompt:
@@ -198,7 +200,9 @@ def parse_method(text: str, budget: int, chain_budget: int) -> Method:
     step_graph = "graph" in flags or compile_step
     fused_needs = (f"method {text!r}: the flag 'graph' (generate's step_graph), or 'compiled' (step_graph and "
                    f"compile_step), takes the chain builder with a chain verifier, or the chain or fixed builder "
-                   f"drawing iid with multidraft / traversal, drafting on the device, without 'host' or 'numpy'")
+                   f"drawing iid (or topk: a fixed tree wider than 1 with dtemp=T, T > 0, since at temperature 0 "
+                   f"the draft's rows are one-hot) with multidraft / traversal, drafting on the device, without "
+                   f"'host' or 'numpy'")
     if {"graph", "compiled"} <= set(flags) or (step_graph and (builder not in ("chain", "fixed") or on_host
                                                                 or "numpy" in flags)):
         raise ValueError(fused_needs)
@@ -222,7 +226,12 @@ def parse_method(text: str, budget: int, chain_budget: int) -> Method:
         made = make_builder(builder, **dict(params))  # refuse unknown or bad parameters before any model loads
     except ValueError as err:
         raise ValueError(f"method {text!r}: {err}") from None
-    fused_tree = verifier in DEVICE_TREE_METHODS and getattr(made, "draw", None) == Draw.IID
+    draw = getattr(made, "draw", None)
+    # a ranked tree is fused where the device drafts it (generate._device_shape) at both of the bench's
+    # temperatures: the draft's rows keep width tokens (a draft temperature above 0), or one child per node
+    ranked_ok = draw == Draw.TOPK and (builder == "chain" or getattr(made, "width", 1) == 1
+                                       or (draft_temperature or 0.0) > 0)
+    fused_tree = verifier in DEVICE_TREE_METHODS and (draw == Draw.IID or ranked_ok)
     if step_graph and not (fused_tree or (builder == "chain" and verifier in CHAIN_METHODS)):
         raise ValueError(fused_needs)
     return Method(text, builder, verifier, n, on_host, params, backend, draft_temperature, step_graph, compile_step)
@@ -351,12 +360,13 @@ def _step_profile(method: Method, target: Any, draft: Any, prompt: list[int], te
         if isinstance(built, ChainBuilder):
             parents = tuple(range(-1, method.budget - 1))
         else:
-            assert isinstance(built, FixedBuilder)  # parse_method: chain or fixed, drawing iid
+            assert isinstance(built, FixedBuilder)  # parse_method: chain or fixed, drawing iid or topk
             parents = built.full_shape(method.budget)
-        shape = _Shape.of(parents, Draw.IID, "dfs", vocab, t_cache.device)
+        kind = Draw(built.draw)
+        shape = _Shape.of(parents, kind, "dfs", vocab, t_cache.device)
         step = shared_tree_step(target, draft, t_cache, d_cache, parents=parents, order=shape.order,
                                 verifier=method.verifier, sampling=sampling, d_sampling=d_sampling, vocab=vocab,
-                                compile_backend=compile_backend)
+                                draw=kind, compile_backend=compile_backend)
     else:
         assert isinstance(built, ChainBuilder)
         step = shared_chain_step(target, draft, t_cache, d_cache, k=method.budget, verifier=method.verifier,
@@ -621,7 +631,8 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                    help="decode: comma-separated ar, ar-static, ar-loop, hf-assisted, "
                         "BUILDER[/KEY=VALUE...]:VERIFIER[:FLAG...][@BUDGET] with flags host (chain, fixed), "
                         "torch, numpy or device (the verifier backend), dtemp=T (the draft's own temperature), graph "
-                        "(chain + chain verifier: each step one fixed-shape CUDA graph, generate's step_graph), "
+                        "(chain + chain verifier, or a chain / fixed tree drawn iid or topk + multidraft / traversal: "
+                        "each step one fixed-shape CUDA graph, generate's step_graph), "
                         "compiled (graph, with the step's draws and verifier compiled first: compile_step)")
     g.add_argument("--budget", type=int, default=16, help="decode: tree budget of methods without @ (default 16)")
     g.add_argument("--chain-budget", type=int, default=4, help="decode: chain length of chain methods without @ (default 4)")

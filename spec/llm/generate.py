@@ -57,7 +57,7 @@ from spec.llm.sampling import Sampling, logits_fault
 from spec.llm.static_cache import cache_keyword, holds_layers, model_device, model_dtype, shared_static_cache
 from spec.llm.step_graph import ChainStepGraph, shared_chain_step
 from spec.llm.tree_device import DEVICE_TREE_METHODS, TreePlan, read_head, tree_head
-from spec.llm.tree_step_graph import TreeStepGraph, shared_tree_step
+from spec.llm.tree_step_graph import FUSED_DRAWS, TreeStepGraph, shared_tree_step
 from spec.llm.verify import (
     CHAIN_METHODS,
     TREE_METHODS,
@@ -302,9 +302,9 @@ def _device_chain(b: TreeBuilder, verifier: str) -> bool:
 
 
 def _fused_tree(fixed_shape: tuple[tuple[int, ...], Draw] | None, verifier: str) -> bool:
-    """Whether ``step_graph=True`` runs :class:`TreeStepGraph`: a shape drafted on the device, drawn i.i.d.,
-    verified by a tree verifier walked on the device."""
-    return fixed_shape is not None and fixed_shape[1] == Draw.IID and verifier in DEVICE_TREE_METHODS
+    """Whether ``step_graph=True`` runs :class:`TreeStepGraph`: a shape drafted on the device, drawn i.i.d. or
+    ranked (:data:`~spec.llm.tree_step_graph.FUSED_DRAWS`), verified by a tree verifier walked on the device."""
+    return fixed_shape is not None and fixed_shape[1] in FUSED_DRAWS and verifier in DEVICE_TREE_METHODS
 
 
 def _check_step_graph(b: TreeBuilder, verifier: str, chain_on_device: bool, cache: str, backend: str,
@@ -318,7 +318,8 @@ def _check_step_graph(b: TreeBuilder, verifier: str, chain_on_device: bool, cach
         raise ValueError("step_graph=True on a tree does not take sliding-window models (a node's slot is not its "
                          "position); decode without step_graph")
     if not tree_step:  # then a chain step, ChainStepGraph's
-        tree = "or multidraft / traversal on a 'fixed' (or 'chain') tree drawn iid"
+        tree = ("or multidraft / traversal on a 'fixed' (or 'chain') tree drafted on the device, drawn iid, or "
+                "topk from draft rows that keep width tokens (draft temperature above 0, no top-p, top-k >= width)")
         if type(b) is not ChainBuilder or b.confidence is not None:
             raise ValueError(f"step_graph=True needs the 'chain' builder with no confidence stop (a chain of fixed "
                              f"length) and a chain verifier, {tree}")
@@ -625,12 +626,13 @@ def generate(
     draft forwards, draws, target forward and verifier together, captured as
     one CUDA graph when the caches capture graphs
     (:class:`~spec.llm.step_graph.ChainStepGraph`; needs ``cache`` static and the
-    torch verifier); likewise each step of a tree drafted on the device and
-    drawn ``iid`` (``fixed``, or ``chain``) with ``multidraft`` or
-    ``traversal``, walked on the device, the accepted path moved into place
-    in both caches on the device too
-    (:class:`~spec.llm.tree_step_graph.TreeStepGraph`; no sliding-window
-    models).  The first step, which feeds the prompt to the draft,
+    torch verifier); likewise each step of a tree drafted on the device
+    (``fixed`` or ``chain``, drawn ``iid``, or ``topk`` where the device
+    drafts it, above) with ``multidraft`` or ``traversal``, walked on the
+    device, the accepted path moved into place in both caches on the device
+    too (:class:`~spec.llm.tree_step_graph.TreeStepGraph`; no sliding-window
+    models; a ranked step that comes out short is redone unfused, on the
+    same uniforms).  The first step, which feeds the prompt to the draft,
     takes the usual path.  The tokens are the same (tested on the CPU, where
     the same work runs eagerly).  Off by default: on the CPU it only adds work.
     ``compile_step`` (with ``step_graph``): the step's draws and verifier go
@@ -708,22 +710,32 @@ def generate(
                 if shape is not None and _fused_tree(fixed_shape, verifier):
                     fused = shared_tree_step(target, draft, t_cache, d_cache, parents=shape.parents, order=shape.order,
                                              verifier=verifier, sampling=sampling, d_sampling=d_sampling, vocab=vocab,
-                                             compile_backend=backend_c)
+                                             draw=shape.kind, compile_backend=backend_c)
                 else:
                     assert isinstance(b, ChainBuilder)
                     fused = shared_chain_step(target, draft, t_cache, d_cache, k=budget, verifier=verifier,
                                               iid=b.draw == Draw.IID, sampling=sampling, d_sampling=d_sampling,
                                               vocab=vocab, compile_backend=backend_c)
+            ranked = isinstance(fused, TreeStepGraph) and fused.draw == Draw.TOPK
+            before = rng.bit_generator.state if ranked else None  # a ranked tree may come out short
             u_draft = rng.random(fused.draft_uniforms) if fused.draft_uniforms else None
             one = fused.step(t_past, root, *d_state, u_draft, rng.random(fused.noise))
-            t3 = time.perf_counter()
-            kept, stopped = _cut_at_stop(one.tokens[: max_new_tokens - len(out)], stops)
-            out.extend(kept)
-            steps.append(StepStats(fused.size, one.n_accepted, len(kept), fused.forwards, 0.0, 0.0, 0.0, 0.0, t3 - t0))
-            if stopped or len(kept) < len(one.tokens):
-                break
-            t_past, root, d_state = one.t_past, one.tokens[-1], (one.d_past, one.pending)
-            continue
+            if one is not None:
+                t3 = time.perf_counter()
+                kept, stopped = _cut_at_stop(one.tokens[: max_new_tokens - len(out)], stops)
+                out.extend(kept)
+                steps.append(StepStats(fused.size, one.n_accepted, len(kept), fused.forwards, 0.0, 0.0, 0.0, 0.0,
+                                       t3 - t0))
+                if stopped or len(kept) < len(one.tokens):
+                    break
+                t_past, root, d_state = one.t_past, one.tokens[-1], (one.d_past, one.pending)
+                continue
+            # short: no uniform used, the caches as the step found them; this step runs unfused (the device
+            # tree comes out short too, so the host builder grows it), from a draft that has not fed its pending tokens
+            assert before is not None
+            rng.bit_generator.state = before
+            d_step = LLMDraft(draft, d_cache, d_state[0], pending=d_state[1], sampling=d_sampling, vocab=vocab)
+            d_state = None
         if on_device:
             assert isinstance(b, ChainBuilder)
             res, size, (t1, t2) = _chain_step(d_step, target, t_cache, t_past, root, budget, b.draw == Draw.IID,

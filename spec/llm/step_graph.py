@@ -224,7 +224,8 @@ class FusedStep:
                 needs: tuple[int, int]) -> list[int]:
         """Grow the caches to ``needs`` (target, draft slots), upload the six integers and ``uniforms`` in one
         copy, run or replay the step and read its one row back; logits a
-        :class:`~spec.llm.sampling.Sampling` refuses raise its ``ValueError`` (the draft's first)."""
+        :class:`~spec.llm.sampling.Sampling` refuses (bit 0 of the row's first entry, the fault flag; a
+        subclass may use the higher bits) raise its ``ValueError`` (the draft's first)."""
         self._prepare(*needs)
         h = self._host_np
         h[:_INTS] = (t_past, d_past, root, pending[0], pending[-1], len(pending) - 1)
@@ -232,7 +233,7 @@ class FusedStep:
         self._staged.copy_(self._host, non_blocking=self.device.type == "cuda")
         out, raw, t_logits = self._execute()
         got: list[int] = out.tolist()  # the step's one transfer
-        if got[0]:  # name the fault: the draft's logits first, then the target's
+        if got[0] & 1:  # name the fault: the draft's logits first, then the target's
             for row in raw:
                 self.d_sampling.probs(row)
             self.sampling.probs(t_logits)

@@ -1,10 +1,11 @@
 """A whole fixed-tree step as one fixed-shape piece of device work, captured as ONE CUDA graph (DESIGN.md §8).
 
 :class:`spec.llm.step_graph.ChainStepGraph` does this for a chain verified by
-a chain verifier.  :class:`TreeStepGraph` does it for a tree whose shape no
-draw can change (a ``fixed`` tree drawn i.i.d., or a fixed chain, given as
-``parents`` numbered breadth first) verified by ``multidraft`` or
-``traversal``, whose walks run on the device (:mod:`spec.llm.tree_device`).
+a chain verifier.  :class:`TreeStepGraph` does it for a tree of a shape known
+before the step (a ``fixed`` tree or a fixed chain, given as ``parents``
+numbered breadth first), drawn i.i.d. or ranked (``topk``), verified by
+``multidraft`` or ``traversal``, whose walks run on the device
+(:mod:`spec.llm.tree_device`).
 The step is the work of :func:`spec.llm.generate._tree_step` with
 :meth:`~spec.llm.adapter.LLMDraft.draft_tree`, on the same uniforms in the same
 order, so the tokens are the same (tested on the CPU, where the same buffers
@@ -33,9 +34,22 @@ gather completes before the write.
 the path reached the last layer (never fed), that node's token too: one or
 two pending tokens, as in the chain step.
 
+**Short ranked steps.**  A ranked node takes the ``r``-th most likely token
+of its parent's row, which needs ``r + 1`` tokens with ``q > 0`` there; where a
+row underflows the host builder grows fewer children, a shape this step
+cannot take.  The step then sets a flag beside the fault flag and
+:meth:`TreeStepGraph.step` returns ``None``: nothing of the context moved
+(every write went to slots past it), no uniform was used, and the caller
+runs the step another way (:func:`spec.llm.generate.generate` takes the
+device tree's path, which finds the tree short too and lets the host
+builder grow it).  The decode loop only fuses ranked trees whose rows keep
+``width`` tokens (draft temperature above 0, no top-p, no top-k below the
+width), where only an underflow to 0 cuts a row short.
+
 Sliding-window models are refused (a tree node's slot is not its position, so
-the window is not a plain slot range); so are draws other than i.i.d. (a
-ranked tree can come out short, which the host path handles).  Batch size 1,
+the window is not a plain slot range); so are draws without replacement
+(``swor``: their rows change between siblings, and no builder here drafts
+them on the device).  Batch size 1,
 both models on one device, both caches
 :class:`~spec.llm.static_cache.StaticTreeCache`.
 """
@@ -51,19 +65,27 @@ import torch
 from numpy.typing import NDArray
 
 from spec.llm.adapter import _tree_layout
-from spec.llm.sampling import Sampling, categorical_draw, logits_fault
+from spec.llm.sampling import Sampling, categorical_draw, logits_fault, ranked_tokens
 from spec.llm.static_cache import StaticTreeCache, _Size
 from spec.llm.step_graph import ChainStepResult, FusedStep
 from spec.llm.tree_device import DEVICE_TREE_METHODS, TreePlan, tree_head
 from tmc.multidraft import ROOT, Draw
 from tmc.validate import check_int
 
-__all__ = ["TreeStepGraph", "shared_tree_step"]
+__all__ = ["FUSED_DRAWS", "TreeStepGraph", "shared_tree_step"]
+
+#: How a fused tree step may draw its nodes: no draw changes the shape (a ranked step that comes out short is
+#: reported, not grown smaller).
+FUSED_DRAWS: tuple[Draw, ...] = (Draw.IID, Draw.TOPK)
+
+#: The bit of the output's flag that marks a short ranked step (bit 0 is the logits fault, FusedStep's).
+SHORT = 2
 
 def _tables(parents: tuple[int, ...], order: Sequence[int]) -> dict[str, Any]:
-    """The shape's host tables: layers, the fed nodes' offsets, ancestor masks, the target's layout."""
+    """The shape's host tables: layers, the fed nodes' offsets, ancestor masks, the target's layout, and for
+    ranked draws each layer's parents and each node's rank."""
     n = len(parents)
-    layers, _ = _tree_layout(parents)
+    layers, rank = _tree_layout(parents)
     if sorted(order) != list(range(n)):
         raise ValueError(f"order must be a permutation of the {n} nodes, got {list(order)}")
     ancestors: list[set[int]] = []
@@ -87,6 +109,10 @@ def _tables(parents: tuple[int, ...], order: Sequence[int]) -> dict[str, Any]:
                       for layer in layers[:-1]],
         # per layer d >= 2: each node's parent's row in layer d - 1's forward
         "parent_rows": [[layers[d - 1].index(parents[v]) for v in layers[d]] for d in range(1, len(layers))],
+        # per layer (the root's children first): the rows of its distinct parents in the forward they are drawn
+        # from (draft_tree's ``drawn_from``), each node's index among them, and each node's rank among its siblings
+        "ranked": [_ranked_layer(parents, layer, rank, layers[d - 1] if d else (ROOT,))
+                   for d, layer in enumerate(layers)],
         "fed_at": [fed_at.get(v, -1) for v in range(n)],
         "order": list(order),
         "t_depths": [0] + [depth[v] for v in order],
@@ -95,23 +121,41 @@ def _tables(parents: tuple[int, ...], order: Sequence[int]) -> dict[str, Any]:
     }
 
 
+def _ranked_layer(parents: tuple[int, ...], layer: Sequence[int], rank: Sequence[int],
+                  above: Sequence[int]) -> tuple[list[int], list[int], list[int]]:
+    """One layer's ranked-draw table: the rows (in the layer ``above``'s forward) of its distinct parents in
+    node order, each node's index among those parents, and each node's rank among its siblings."""
+    drawn_from = list(dict.fromkeys(parents[v] for v in layer))
+    where = {par: j for j, par in enumerate(drawn_from)}
+    return [list(above).index(par) for par in drawn_from], [where[parents[v]] for v in layer], [rank[v] for v in layer]
+
+
 class TreeStepGraph(FusedStep):
-    """One step of a fixed tree drawn i.i.d. and a device-walked tree verifier, as fixed-shape device work
-    (module doc).
+    """One step of a fixed tree drawn i.i.d. or ranked and a device-walked tree verifier, as fixed-shape device
+    work (module doc).
 
     ``parents``: the shape, breadth first; ``order``: the node of each position
-    of the target's forward after the root (the decode's layout).  The other
-    arguments are :class:`~spec.llm.step_graph.ChainStepGraph`'s; ``verifier``
-    is ``multidraft`` or ``traversal``.  ``compile_backend`` compiles the draws
+    of the target's forward after the root (the decode's layout); ``draw``:
+    ``iid`` (each node drawn by inverse CDF from its parent's row) or ``topk``
+    (the node with ``r`` earlier siblings is its parent row's ``r``-th most
+    likely token; a step where some row has too few tokens with ``q > 0`` is
+    reported short, :meth:`step`).  The other arguments are
+    :class:`~spec.llm.step_graph.ChainStepGraph`'s; ``verifier`` is
+    ``multidraft`` or ``traversal``.  ``compile_backend`` compiles the draws
     and the verifier's walk before the capture.
     """
 
     def __init__(self, target: Any, draft: Any, t_cache: StaticTreeCache, d_cache: StaticTreeCache, *,
                  parents: Sequence[int], order: Sequence[int], verifier: str, sampling: Sampling,
-                 d_sampling: Sampling, vocab: int, compile_backend: str | None = None) -> None:
+                 d_sampling: Sampling, vocab: int, draw: Draw | str = Draw.IID,
+                 compile_backend: str | None = None) -> None:
         self._setup(target, draft, t_cache, d_cache, vocab)
         if verifier not in DEVICE_TREE_METHODS:
             raise ValueError(f"verifier must be one of {DEVICE_TREE_METHODS} (walked on the device), got {verifier!r}")
+        if draw not in FUSED_DRAWS:
+            raise ValueError(f"draw must be one of {[d.value for d in FUSED_DRAWS]} (no draw changes the shape), "
+                             f"got {draw!r}")
+        self.draw = Draw(draw)
         if t_cache.window is not None or d_cache.window is not None:
             raise ValueError("fused tree steps do not take sliding-window models (a node's slot is not its position)")
         self.parents = tuple(check_int(f"parents[{i}]", p, minimum=-1) for i, p in enumerate(parents))
@@ -121,12 +165,12 @@ class TreeStepGraph(FusedStep):
         self.size = n = len(self.parents)
         self.depth = len(tab["layers"])
         self.forwards = self.depth  # draft forwards: the pending tokens, then each layer but the last
-        self.draft_uniforms, self.noise = n, n + 1
+        self.draft_uniforms, self.noise = (n if self.draw == Draw.IID else 0), n + 1
         self.fed = len(tab["fed"])
         dev = self.device
-        self.plan = TreePlan.of(self.parents, Draw.IID, dev)
+        self.plan = TreePlan.of(self.parents, self.draw, dev)
         self._tab = tab
-        self._staging(2 * n + 1)  # the draws' uniforms, then the verifier's
+        self._staging(self.draft_uniforms + self.noise)  # the draws' uniforms (i.i.d.), then the verifier's
 
         def long(values: Any) -> torch.Tensor:
             return torch.as_tensor(np.asarray(values, dtype=np.int64), device=dev)
@@ -148,8 +192,17 @@ class TreeStepGraph(FusedStep):
             self._two_rows = torch.arange(2, dtype=torch.int64, device=dev)
             self._d_path = torch.arange(max(self.depth - 1, 0), dtype=torch.int64, device=dev)
             self._t_path = torch.arange(self.depth, dtype=torch.int64, device=dev)
-        draw = functools.partial(_draw_layer, sampling=d_sampling, top=min(self.vocab, self._d_vocab) - 1)
-        self._kernels(draw, functools.partial(tree_head, verifier, self.plan, trusted=True), compile_backend)
+            # ranked draws, per layer: the parents' rows, each node's entry of their flattened (P, k) ranking
+            self._rank_rows, self._rank_picks, self._rank_k, self._always_short = [], [], [], []
+            for rows, of_node, ranks in tab["ranked"]:
+                k = min(max(ranks) + 1, self.vocab)  # draft_tree's rule: a rank past the vocabulary is short
+                self._rank_rows.append(long(rows))
+                self._rank_picks.append(long([j * k + min(r, k - 1) for j, r in zip(of_node, ranks)]))
+                self._rank_k.append(k)
+                self._always_short.append(max(ranks) >= self.vocab)
+        top = min(self.vocab, self._d_vocab) - 1
+        draw_fn = functools.partial(_draw_layer if self.draw == Draw.IID else _rank_layer, sampling=d_sampling, top=top)
+        self._kernels(draw_fn, functools.partial(tree_head, verifier, self.plan, trusted=True), compile_backend)
 
     # --- buffers ---------------------------------------------------------------------------
 
@@ -198,17 +251,23 @@ class TreeStepGraph(FusedStep):
 
         ``out`` is int64 ``(3 + depth + N,)``: the fault flag, the accepted count, the emitted token, the
         accepted nodes (``-1`` after the last), every drawn token."""
-        ints, n = self._ints, self.size
-        u_draft, u_verify = self._u[:n], self._u[n:]
+        ints, n, iid = self._ints, self.size, self.draw == Draw.IID
+        u_draft, u_verify = self._u[: self.draft_uniforms], self._u[self.draft_uniforms :]
         t_len, d_len, root, two = ints[0], ints[1], ints[2], ints[5]
         first = self._pending_rows(d_len, ints[3:5])
         raw = [first.index_select(0, ints[5:6])]  # the row after the pending tokens
         start = d_len + 1 + two  # the slot of the first fed node; the root's position is start - 1
         rows: list[torch.Tensor] = []  # the processed rows each layer is drawn from (the verifier's q)
         drawn: list[torch.Tensor] = []
+        short: list[torch.Tensor] = []  # ranked draws: some node fell on a token with q = 0
         for d, layer in enumerate(self._layers):
-            row, tok = self._draw(raw[-1], self._parent_rows[d], u_draft.index_select(0, layer))
-            rows.append(row)
+            if iid:
+                row, tok = self._draw(raw[-1], self._parent_rows[d], u_draft.index_select(0, layer))
+                rows.append(row)
+            else:
+                tok, cut = self._draw(raw[-1], self._rank_rows[d], self._rank_picks[d], self._rank_k[d],
+                                      self._always_short[d])
+                short.append(cut)
             drawn.append(tok)
             if d < len(self._layers) - 1:  # the last layer is never fed
                 raw.append(self._layer_logits(d, tok, start))
@@ -216,11 +275,12 @@ class TreeStepGraph(FusedStep):
         t_ids = torch.cat([root.reshape(1), x.index_select(0, self._t_order)])
         t_logits = self._target_logits(t_ids, t_len)
         p, t_fault = self.sampling.probs_with_fault(t_logits.index_select(0, self._t_rows))
-        q = torch.zeros_like(p).index_copy(0, self._q_rows, torch.cat(rows))
+        q = torch.zeros_like(p).index_copy(0, self._q_rows, torch.cat(rows)) if iid else None  # ranked: no rows
         fault = logits_fault(torch.cat(raw)) | (logits_fault(t_logits) if t_fault is None else t_fault)
+        flag = fault.to(torch.int64) + (SHORT * torch.stack(short).any().to(torch.int64) if short else 0)
         head = self._head(x, q, p, u_verify)  # (bad = 0, n, y, path)
         self._keep(head[3:], t_len, start)
-        return torch.cat([fault.to(torch.int64).reshape(1), head[1:], x]), raw, t_logits
+        return torch.cat([flag.reshape(1), head[1:], x]), raw, t_logits
 
     def _target_logits(self, ids: torch.Tensor, t_len: torch.Tensor) -> torch.Tensor:
         """The target's logits ``(N + 1, V)`` for the root and the nodes in layout order, at slots from ``t_len``."""
@@ -257,7 +317,8 @@ class TreeStepGraph(FusedStep):
         change."""
         reps = check_int("reps", reps, minimum=1)
         n = self.size
-        self.step(t_past, root, d_past, pending, np.full(n, 0.5), np.full(n + 1, 0.5))  # stage and capture
+        u_draft = np.full(n, 0.5) if self.draft_uniforms else None
+        self.step(t_past, root, d_past, pending, u_draft, np.full(n + 1, 0.5))  # stage and capture
         self.t_cache.length, self.d_cache.length = t_past, d_past
 
         def forwards() -> torch.Tensor:
@@ -274,23 +335,28 @@ class TreeStepGraph(FusedStep):
         return self._time_in_turns(self._run, forwards, target, reps)
 
     def step(self, t_past: int, root: int, d_past: int, pending: Sequence[int],
-             u_draft: NDArray[np.float64] | None, u_verify: NDArray[np.float64]) -> ChainStepResult:
+             u_draft: NDArray[np.float64] | None, u_verify: NDArray[np.float64]) -> ChainStepResult | None:
         """One step after ``t_past`` target positions (the root ``root`` not among them) and ``d_past``
         draft positions followed by ``pending`` (one or two tokens); one upload, one transfer back.
 
-        ``u_draft``: the ``N`` uniforms of the i.i.d. draws; ``u_verify``: the verifier's ``N + 1``.  Both
-        caches' lengths must be ``t_past`` and ``d_past``; afterwards they hold the context and the accepted
-        path.  Logits a :class:`~spec.llm.sampling.Sampling` refuses raise its ``ValueError`` (the draft's
-        first).  The result's ``drafted`` holds every node's token.
+        ``u_draft``: the ``N`` uniforms of the i.i.d. draws (``None`` for ranked draws); ``u_verify``: the
+        verifier's ``N + 1``.  Both caches' lengths must be ``t_past`` and ``d_past``; afterwards they hold
+        the context and the accepted path.  Logits a :class:`~spec.llm.sampling.Sampling` refuses raise its
+        ``ValueError`` (the draft's first).  The result's ``drafted`` holds every node's token.  ``None``
+        when a ranked node fell on a token with ``q = 0`` (the host builder grows a smaller tree there): the
+        step is void, its uniforms unused, and both caches' lengths are still ``t_past`` / ``d_past`` (the
+        context's slots untouched), so the caller can run the step another way.
         """
-        n = self.size
+        n, m = self.size, self.draft_uniforms
         self._check_state(t_past, root, d_past, pending)
-        if u_draft is None or len(u_draft) != n or len(u_verify) != n + 1:
-            raise ValueError(f"give {n} draft uniforms and {n + 1} verifier uniforms, "
+        if (u_draft is None) != (m == 0) or (u_draft is not None and len(u_draft) != m) or len(u_verify) != n + 1:
+            raise ValueError(f"give {m or None} draft uniforms and {n + 1} verifier uniforms, "
                              f"got {None if u_draft is None else len(u_draft)} and {len(u_verify)}")
         self._check_uniforms(u_draft=u_draft, u_verify=u_verify)
-        got = self._launch(t_past, root, d_past, pending, np.concatenate([u_draft, u_verify]),
-                           (t_past + n + 1, d_past + 2 + self.fed))
+        uniforms = u_verify if u_draft is None else np.concatenate([u_draft, u_verify])
+        got = self._launch(t_past, root, d_past, pending, uniforms, (t_past + n + 1, d_past + 2 + self.fed))
+        if got[0] & SHORT:
+            return None
         k, y = got[1], got[2]
         nodes, drafted = got[3 : 3 + k], got[3 + self.depth :]
         t_next = t_past + 1 + k
@@ -311,16 +377,38 @@ def _draw_layer(logits: torch.Tensor, parent_rows: torch.Tensor, u: torch.Tensor
     return rows, tok.clamp(0, top)
 
 
+def _rank_layer(logits: torch.Tensor, parents: torch.Tensor, picks: torch.Tensor, k: int, always_short: bool, *,
+                sampling: Sampling, top: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One layer's ranked draws (:meth:`spec.llm.adapter.LLMDraft.draft_tree` with no uniforms): each node's
+    token, the entry ``picks`` of its parent's ``k`` most likely tokens (the rows ``parents`` of the processed
+    ``logits``; each row's argmax when ``k == 1``), clamped to ``[0, top]``, and a 0-d bool: some node fell
+    on a token with ``q = 0`` (or ``always_short``: a rank past the vocabulary)."""
+    rows = sampling.probs_unchecked(logits).index_select(0, parents)
+    if k == 1:  # one child per parent, in the parents' order
+        tok = rows.argmax(dim=-1)
+        short = torch.zeros((), dtype=torch.bool, device=rows.device)
+    else:
+        ranked, values = ranked_tokens(rows, k)
+        tok = ranked.reshape(-1).index_select(0, picks)
+        short = (values.reshape(-1).index_select(0, picks) <= 0.0).any()
+    if always_short:
+        short = torch.ones((), dtype=torch.bool, device=rows.device)
+    return tok.clamp(0, top), short
+
+
 def shared_tree_step(target: Any, draft: Any, t_cache: StaticTreeCache, d_cache: StaticTreeCache, *,
                      parents: Sequence[int], order: Sequence[int], verifier: str, sampling: Sampling,
-                     d_sampling: Sampling, vocab: int, compile_backend: str | None = None) -> TreeStepGraph:
+                     d_sampling: Sampling, vocab: int, draw: Draw | str = Draw.IID,
+                     compile_backend: str | None = None) -> TreeStepGraph:
     """The :class:`TreeStepGraph` of these caches and settings, made once and reused across decodes
     (:func:`spec.llm.step_graph.shared_chain_step`'s rule)."""
     per_cache = t_cache.step_graphs
-    key = ("tree", id(d_cache), tuple(parents), tuple(order), verifier, sampling, d_sampling, vocab, compile_backend)
+    key = ("tree", id(d_cache), tuple(parents), tuple(order), verifier, sampling, d_sampling, vocab,
+           getattr(draw, "value", draw), compile_backend)
     step = per_cache.get(key)
     if step is None or step.d_cache is not d_cache or step.target is not target or step.draft is not draft:
         step = TreeStepGraph(target, draft, t_cache, d_cache, parents=parents, order=order, verifier=verifier,
-                             sampling=sampling, d_sampling=d_sampling, vocab=vocab, compile_backend=compile_backend)
+                             sampling=sampling, d_sampling=d_sampling, vocab=vocab, draw=draw,
+                             compile_backend=compile_backend)
         per_cache[key] = step
     return step

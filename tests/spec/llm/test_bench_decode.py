@@ -46,6 +46,10 @@ def test_parse_method() -> None:
     assert (fused_tree.step_graph, fused_tree.compile_step, fused_tree.label) == (
         True, False, "fixed/draw=iid+traversal@7/graph")
     assert parse_method("chain:multidraft:compiled", 16, 4).compile_step  # a chain is a tree drawn iid
+    # ranked trees the device drafts at both temperatures: the draft at its own temperature > 0, or one child each
+    for ranked in ("fixed/draw=topk:traversal:dtemp=1:graph@6", "fixed/draw=topk/width=1:multidraft:graph",
+                   "chain/draw=topk:traversal:graph"):
+        assert parse_method(ranked, 16, 4).step_graph, ranked
     device_tree = parse_method("fixed/draw=iid:traversal:device@8", 16, 4)  # the tree walked on the device
     assert (device_tree.backend, device_tree.label) == ("device", "fixed/draw=iid+traversal@8/device")
     tree_on_chain = parse_method("chain:traversal:host", 16, 4)  # a tree verifier on a host-drafted chain
@@ -64,7 +68,8 @@ def test_parse_method() -> None:
                 "dyspec:traversal:dtemp=", "dyspec:traversal:dtemp=x", "dyspec:traversal:dtemp=-1",
                 "dyspec:traversal:dtemp=nan", "dyspec:traversal:dtemp=inf", "dyspec:traversal:dtemp=1:dtemp=1",
                 "dyspec:traversal:dtemp", "chain/confidence=0:sps", "chain/confidence=1.5:sps@20",
-                "dyspec:traversal:graph", "chain/draw=topk:traversal:graph", "chain:sps:host:graph",
+                "dyspec:traversal:graph", "fixed/draw=topk:traversal:graph", "chain:sps:host:graph",
+                "fixed/draw=topk:traversal:dtemp=0:graph", "fixed/draw=swor:traversal:dtemp=1:graph",
                 "chain:sps:numpy:graph", "chain:sps:graph:graph", "chain:sps:graph:compiled",
                 "dyspec:traversal:compiled", "chain:kseq:compiled", "chain:sps:host:compiled", "fixed:traversal:graph",
                 "fixed/draw=iid:kseq:graph", "fixed/draw=iid:sps:graph", "fixed/draw=iid:traversal:host:graph",
@@ -139,21 +144,22 @@ def test_graph_rows_run_beside_device_chain_rows(pair: tuple[object, object]) ->
     assert rows[(0.0, "chain+asps@3/graph")]["agree_ar"] == 1.0
 
 
-def test_fused_tree_rows_run_beside_device_tree_rows(pair: tuple[object, object]) -> None:
-    """A fused tree row (``fixed/draw=iid:traversal:graph``) decodes the device tree's tokens; its costs come
-    from ``TreeStepGraph.profile`` on the graph its decodes used."""
+@pytest.mark.parametrize(("row", "label"), [("fixed/draw=iid:traversal", "fixed/draw=iid+traversal@6"),
+                                            ("fixed/draw=topk:traversal:dtemp=1", "fixed/draw=topk+traversal@6")])
+def test_fused_tree_rows_run_beside_device_tree_rows(pair: tuple[object, object], row: str, label: str) -> None:
+    """A fused tree row (``:graph``; i.i.d., or ranked from the draft at 1) decodes the device tree's tokens;
+    its costs come from ``TreeStepGraph.profile`` on the graph its decodes used."""
     target, draft = pair
-    methods = [parse_method(m, budget=6, chain_budget=3)
-               for m in ("ar", "fixed/draw=iid:traversal", "fixed/draw=iid:traversal:graph")]
+    methods = [parse_method(m, budget=6, chain_budget=3) for m in ("ar", row, row + ":graph")]
     report = run_decode_bench(target, draft, [[4, 4, 1], [2, 7, 1]], methods, temperatures=(0.0, 1.0), new_tokens=12,
                               warmup=False, cache="static")
-    rows = {(r["temperature"], r["method"]): r for r in report["rows"]}
+    rows = {(r["temperature"], r["method"].replace("/dtemp=1", "")): r for r in report["rows"]}
     for temp in (0.0, 1.0):
-        fused, plain = rows[(temp, "fixed/draw=iid+traversal@6/graph")], rows[(temp, "fixed/draw=iid+traversal@6")]
+        fused, plain = rows[(temp, label + "/graph")], rows[(temp, label)]
         assert fused["tokens_per_step"] == plain["tokens_per_step"]
         assert fused["builder_pct"] is None and "step_overhead_pct" in fused
         assert min(fused["step_step_ms"], fused["step_forwards_ms"], fused["step_target_ms"]) > 0
-    assert rows[(0.0, "fixed/draw=iid+traversal@6/graph")]["agree_ar"] == 1.0
+    assert rows[(0.0, label + "/graph")]["agree_ar"] == 1.0
 
 
 def test_every_method_runs_and_greedy_rows_equal_ar(pair: tuple[object, object]) -> None:

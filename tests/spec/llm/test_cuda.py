@@ -317,6 +317,28 @@ def test_fused_tree_steps_replay_one_graph(pairs: tuple[tuple[object, object], t
         assert graphed.tokens == eager.tokens == plain.tokens, seed
 
 
+@pytest.mark.parametrize("verifier", ["multidraft", "traversal"])
+def test_fused_ranked_tree_steps_on_cuda(pairs: tuple[tuple[object, object], tuple[object, object]],
+                                         verifier: str) -> None:
+    """``step_graph=True`` on a fixed top-k tree ranked from the draft at 1 (``ranked_tokens`` inside the
+    captured step): greedy decoding equals the CPU's with every step after the first fused, and at T = 1 the
+    graphed run gives the eager fused run's tokens and the usual device tree's on every seed."""
+    (t_cpu, _), (t_gpu, d_gpu) = pairs
+    prompt = [2, 7, 1, 8, 2, 8]
+    ref = ar_generate(t_cpu, prompt, temperature=0, max_new_tokens=40).tokens
+    tree = dict(budget=7, draft_temperature=1.0, builder_params={"draw": "topk", "width": 2})
+    out = generate(t_gpu, d_gpu, prompt, "fixed", verifier, temperature=0, max_new_tokens=40, step_graph=True,
+                   **tree)
+    assert out.tokens == ref
+    assert sum(s.graph_s > 0 for s in out.steps) == len(out.steps) - 1
+    for seed in range(5):
+        kw = dict(temperature=1.0, max_new_tokens=40, seed=seed, **tree)
+        graphed = generate(t_gpu, d_gpu, prompt, "fixed", verifier, step_graph=True, **kw)
+        eager = generate(t_gpu, d_gpu, prompt, "fixed", verifier, step_graph=True, cache="static", graphs=False, **kw)
+        plain = generate(t_gpu, d_gpu, prompt, "fixed", verifier, **kw)
+        assert graphed.tokens == eager.tokens == plain.tokens, seed
+
+
 def test_fused_tree_step_profile_on_cuda(pairs: tuple[tuple[object, object], tuple[object, object]]) -> None:
     """``TreeStepGraph.profile`` captures its forwards-only graphs and times them next to the step's."""
     from spec.llm.generate import _new_cache, _prefill

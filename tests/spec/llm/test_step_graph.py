@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -53,20 +54,23 @@ def pair() -> tuple[Any, Any]:
     return target, draft
 
 
+Setting = tuple[float, int | None, float | None, float | None]
+
 #: (temperature, top_k, top_p, draft_temperature)
-SETTINGS = [(0.0, None, None, None), (1.0, None, None, None), (0.7, 9, 0.9, None), (0.0, None, None, 1.0),
-            (1.0, None, None, 0.6)]
+SETTINGS: list[Setting] = [(0.0, None, None, None), (1.0, None, None, None), (0.7, 9, 0.9, None),
+                           (0.0, None, None, 1.0), (1.0, None, None, 0.6)]
 
 
 def check_fused_steps_equal_the_device_path(pair: tuple[Any, Any], builder: str, verifier: str, depth: int,
-                                            new_tokens: int, **shape: Any) -> None:
-    """``step_graph=True`` against the same decode without it, over :data:`SETTINGS` × 2 seeds: the same tokens
+                                            new_tokens: int, settings: Sequence[Setting] = SETTINGS,
+                                            **shape: Any) -> None:
+    """``step_graph=True`` against the same decode without it, over ``settings`` × 2 seeds: the same tokens
     and per-step accepted counts, every step fused but the first (which feeds the prompt to the draft), each
     with ``depth`` draft forwards and no split times, at least 5 steps of each pending case (a path of
     ``depth`` leaves the draft two tokens), and plain greedy decoding at T = 0."""
     target, draft = pair
     full = partial = 0
-    for (temp, top_k, top_p, dtemp), seed in itertools.product(SETTINGS, (0, 1)):
+    for (temp, top_k, top_p, dtemp), seed in itertools.product(settings, (0, 1)):
         kw: dict[str, Any] = dict(temperature=temp, top_k=top_k, top_p=top_p, draft_temperature=dtemp,
                                   max_new_tokens=new_tokens, seed=seed, cache="static", **shape)
         ref = generate(target, draft, [5, 3, 5], builder, verifier, **kw)

@@ -46,23 +46,74 @@ pytestmark = pytest.mark.llm
 SHAPES = [("fixed", 2, None, 7), ("fixed", 3, 2, 9), ("fixed", 1, None, 3), ("chain", None, None, 4)]
 
 
-def shape_kw(builder: str, width: int | None, depth: int | None, budget: int) -> dict[str, Any]:
-    params: dict[str, Any] = {"draw": "iid"}
+#: (temperature, top_k, top_p, draft_temperature) where the device drafts a top-k tree (the draft's rows keep
+#: ``width`` tokens with q > 0: ``generate._device_shape``): sampled targets, a top-k target, a greedy target
+#: with the draft at 1, a draft sharper than the target
+RANKED_SETTINGS = [(1.0, None, None, None), (0.6, 9, None, None), (0.0, None, None, 1.0), (1.0, None, None, 0.5)]
+
+
+def shape_kw(builder: str, width: int | None, depth: int | None, budget: int, draw: str = "iid") -> dict[str, Any]:
+    params: dict[str, Any] = {"draw": draw}
     if builder == "fixed":
         params.update(width=width, depth=depth)
     return dict(budget=budget, builder_params=params)
 
 
+def _depth(builder: str, width: int | None, depth: int | None, budget: int) -> int:
+    """The layers of a :data:`SHAPES` entry's tree (its draft forwards per fused step)."""
+    if builder == "chain":
+        return budget
+    return len(_tree_layout(FixedBuilder(width=width, depth=depth).full_shape(budget))[0])
+
+
 @pytest.mark.parametrize(("verifier", "shape"), list(itertools.product(DEVICE_TREE_METHODS, SHAPES)))
 def test_fused_tree_steps_give_the_device_trees_tokens(pair: tuple[Any, Any], verifier: str,
                                                        shape: tuple[str, int | None, int | None, int]) -> None:
-    builder, width, depth, budget = shape
-    if builder == "chain":
-        parents = tuple(range(-1, budget - 1))
-    else:
-        parents = FixedBuilder(width=width, depth=depth).full_shape(budget)
-    check_fused_steps_equal_the_device_path(pair, builder, verifier, len(_tree_layout(parents)[0]), 30,
-                                            **shape_kw(*shape))
+    check_fused_steps_equal_the_device_path(pair, shape[0], verifier, _depth(*shape), 30, **shape_kw(*shape))
+
+
+@pytest.mark.parametrize(("verifier", "shape"), list(itertools.product(DEVICE_TREE_METHODS, SHAPES)))
+def test_fused_ranked_tree_steps_give_the_device_trees_tokens(pair: tuple[Any, Any], verifier: str,
+                                                              shape: tuple[str, int | None, int | None, int]) -> None:
+    """Top-k trees (each node its parent row's next most likely token; a chain takes each row's argmax): the
+    fused steps rank on the device as ``LLMDraft.draft_tree`` does."""
+    check_fused_steps_equal_the_device_path(pair, shape[0], verifier, _depth(*shape), 30, RANKED_SETTINGS,
+                                            **shape_kw(*shape, draw="topk"))
+
+
+@pytest.mark.parametrize("verifier", DEVICE_TREE_METHODS)
+def test_short_ranked_steps_are_void_and_redone_unfused(pair: tuple[Any, Any], verifier: str,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """At a draft temperature of 0.002 this sharp draft's rows underflow to 0 past their top token in some
+    steps but not in others (measured while writing: a third to a half of them).  A fused ranked step that
+    ranks a token with q = 0 is void: ``step`` gives ``None`` with both caches' lengths as they were; the decode
+    redoes that step unfused on the same uniforms and fuses the next one again.  Tokens and accepted counts
+    stay the device tree's."""
+    target, draft = pair
+    original = TreeStepGraph.step
+    voids: list[bool] = []
+
+    def spied(self: TreeStepGraph, t_past: int, root: int, d_past: int, *args: Any) -> Any:
+        got = original(self, t_past, root, d_past, *args)
+        if got is None:
+            assert (self.t_cache.length, self.d_cache.length) == (t_past, d_past)
+        voids.append(got is None)
+        return got
+
+    monkeypatch.setattr(TreeStepGraph, "step", spied)
+    refused_then_fused = 0
+    for seed in (0, 1):
+        kw: dict[str, Any] = dict(temperature=1.0, draft_temperature=0.002, max_new_tokens=40, seed=seed,
+                                  cache="static", **shape_kw("fixed", 2, None, 7, draw="topk"))
+        ref = generate(target, draft, [5, 3, 5], "fixed", verifier, **kw)
+        before = len(voids)
+        got = generate(target, draft, [5, 3, 5], "fixed", verifier, step_graph=True, **kw)
+        assert got.tokens == ref.tokens, seed
+        assert [s.accepted for s in got.steps] == [s.accepted for s in ref.steps]
+        fused = [s.graph_s > 0 for s in got.steps]
+        assert fused.count(False) - 1 == sum(voids[before:])  # every step after the first: fused, or void and redone
+        refused_then_fused += sum(not a and b for a, b in zip(fused[1:], fused[2:]))
+    assert sum(voids) >= 4 and voids.count(False) >= 4 and refused_then_fused >= 2, (voids, refused_then_fused)
 
 
 def test_fused_tree_steps_stop_at_eos_and_length(pair: tuple[Any, Any]) -> None:
@@ -87,14 +138,14 @@ def test_fused_tree_steps_with_a_draft_of_another_vocabulary_size(draft_vocab: i
         assert out.tokens == greedy_decode(target, prompt, 16), (prompt, verifier, dtemp)
 
 
-def _meta_step(target: Any, draft: Any, verifier: str, sampling: Sampling) -> torch.Tensor:
+def _meta_step(target: Any, draft: Any, verifier: str, sampling: Sampling, draw: str = "iid") -> torch.Tensor:
     """The step's device work on copies of the models on the ``meta`` device (shapes, no values)."""
     t, d = copy.deepcopy(target).to("meta"), copy.deepcopy(draft).to("meta")
     tc, dc = StaticTreeCache(t, 64), StaticTreeCache(d, 64)
     tc.length, dc.length = 6, 5
     parents = (-1, -1, 0, 0, 1, 1, 2)
     step = TreeStepGraph(t, d, tc, dc, parents=parents, order=(0, 2, 6, 3, 1, 4, 5), verifier=verifier,
-                         sampling=sampling, d_sampling=sampling, vocab=int(t.config.vocab_size))
+                         sampling=sampling, d_sampling=sampling, vocab=int(t.config.vocab_size), draw=draw)
     step._prepare(6 + 8, 5 + 2 + 6)
     out, raw, t_logits = step._run()
     assert out.device.type == "meta" and tuple(out.shape) == (3 + 3 + 7,)
@@ -107,8 +158,9 @@ def test_the_tree_step_reads_no_value_on_the_host(pair: tuple[Any, Any], verifie
     """The step runs on the ``meta`` device, where reading a value (``.item()``, ``bool``, ``tolist``) raises:
     nothing in it waits for the device, so a CUDA graph can capture it whole."""
     target, draft = pair
-    for sampling in (Sampling(0.0), Sampling(1.0), Sampling(0.7, top_k=5, top_p=0.9)):
-        _meta_step(target, draft, verifier, sampling)
+    for sampling, draw in itertools.product((Sampling(0.0), Sampling(1.0), Sampling(0.7, top_k=5, top_p=0.9)),
+                                            ("iid", "topk")):
+        _meta_step(target, draft, verifier, sampling, draw)
 
 
 def test_the_tree_meta_check_catches_a_host_read(pair: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -127,7 +179,10 @@ def test_bad_logits_in_a_fused_tree_step_raise_the_usual_error(pair: tuple[Any, 
 
 
 @pytest.mark.parametrize(("kwargs", "match"), [
-    (dict(builder_params={"draw": "topk"}), "the 'chain' builder with no confidence stop"),
+    # top-k trees the device does not draft: a one-hot draft at T = 0, a top-p, a top-k below the width
+    (dict(builder_params={"draw": "topk"}, temperature=0), "the 'chain' builder with no confidence stop"),
+    (dict(builder_params={"draw": "topk"}, top_p=0.9), "the 'chain' builder with no confidence stop"),
+    (dict(builder_params={"draw": "topk", "width": 3}, top_k=2), "the 'chain' builder with no confidence stop"),
     (dict(builder_params={"draw": "swor"}), "the 'chain' builder with no confidence stop"),
     (dict(verifier="kseq"), "the 'chain' builder with no confidence stop"),
     (dict(builder="dyspec", builder_params={}), "the 'chain' builder with no confidence stop"),
@@ -136,7 +191,7 @@ def test_bad_logits_in_a_fused_tree_step_raise_the_usual_error(pair: tuple[Any, 
     (dict(verify_backend="numpy"), "verify_backend 'torch', 'device' or 'auto'"),
     (dict(chain_on_device=False), "chain_on_device=True"),
 ])
-def test_step_graph_on_a_tree_needs_an_iid_fixed_shape_and_a_device_walk(pair: tuple[Any, Any],
+def test_step_graph_on_a_tree_needs_a_device_drafted_fixed_shape_and_a_device_walk(pair: tuple[Any, Any],
                                                                          kwargs: dict[str, Any], match: str) -> None:
     target, draft = pair
     args: dict[str, Any] = dict(builder="fixed", verifier="traversal", cache="static", step_graph=True,
@@ -168,6 +223,9 @@ def test_tree_step_graph_refuses_bad_arguments(pair: tuple[Any, Any]) -> None:
         TreeStepGraph(target, draft, tc, dc, **{**kw, "order": (0, 1, 1)})
     with pytest.raises(ValueError, match="vocab 30 differs"):
         TreeStepGraph(target, draft, tc, dc, **{**kw, "vocab": 30})
+    for draw in ("swor", "sample", None):
+        with pytest.raises(ValueError, match=r"draw must be one of \['iid', 'topk'\]"):
+            TreeStepGraph(target, draft, tc, dc, **{**kw, "draw": draw})
     step = TreeStepGraph(target, draft, tc, dc, **kw)
     u3, u4 = np.full(3, 0.5), np.full(4, 0.5)
     # the checks FusedStep shares (test_step_graph.py has each), then the tree's own uniform counts
@@ -178,6 +236,10 @@ def test_tree_step_graph_refuses_bad_arguments(pair: tuple[Any, Any]) -> None:
             step.step(0, 1, 0, [1], u_draft, u_verify)
     with pytest.raises(ValueError, match=r"u_verify must lie in \[0, 1\)"):
         step.step(0, 1, 0, [1], u3, np.array([0.5, 0.5, np.nan, 0.5]))
+    ranked = TreeStepGraph(target, draft, tc, dc, **{**kw, "draw": "topk"})  # no draft uniforms
+    for u_draft, u_verify in ((u3, u4), (np.zeros(0), u4), (None, u3)):
+        with pytest.raises(ValueError, match="give None draft uniforms and 4 verifier uniforms"):
+            ranked.step(0, 1, 0, [1], u_draft, u_verify)
     assert (tc.length, dc.length) == (0, 0)  # nothing ran
 
 
@@ -210,11 +272,12 @@ def test_fused_tree_steps_grow_the_caches_they_outrun(pair: tuple[Any, Any], mon
     assert step._layout is not None and step._layout[0] is caches[0].kv and step._layout[1] is caches[1].kv
 
 
-@pytest.mark.parametrize("verifier", DEVICE_TREE_METHODS)
-def test_compiled_tree_steps_trace_whole_and_give_the_same_tokens(pair: tuple[Any, Any], verifier: str,
+@pytest.mark.parametrize(("verifier", "draw"), list(itertools.product(DEVICE_TREE_METHODS, ("iid", "topk"))))
+def test_compiled_tree_steps_trace_whole_and_give_the_same_tokens(pair: tuple[Any, Any], verifier: str, draw: str,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """``compile_step=True`` on a tree: the layer draws and the walk through ``torch.compile(fullgraph=True)``
-    with dynamo's ``eager`` backend (a graph break would raise); the tokens stay the device tree's."""
+    with dynamo's ``eager`` backend (a graph break would raise); the tokens stay the device tree's.  Top-k
+    trees rank from the draft at 1 (a greedy target) or at the target's temperature."""
     from spec.llm import generate as gen
 
     monkeypatch.setattr(gen, "COMPILE_BACKEND", "eager")
@@ -222,7 +285,8 @@ def test_compiled_tree_steps_trace_whole_and_give_the_same_tokens(pair: tuple[An
     before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     for temp, seed in itertools.product((0.0, 1.0), (0, 1)):
         kw: dict[str, Any] = dict(temperature=temp, max_new_tokens=24, seed=seed, cache="static",
-                                  **shape_kw("fixed", 2, None, 7))
+                                  draft_temperature=1.0 if draw == "topk" else None,
+                                  **shape_kw("fixed", 2, None, 7, draw=draw))
         ref = generate(target, draft, [5, 3, 5], "fixed", verifier, **kw)
         got = generate(target, draft, [5, 3, 5], "fixed", verifier, step_graph=True, compile_step=True, **kw)
         assert got.tokens == ref.tokens, (temp, seed)
