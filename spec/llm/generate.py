@@ -67,7 +67,6 @@ from spec.llm.verify import (
     verify_chain_on_device,
     verify_tree,
 )
-from spec.llm.windows import attention_window
 from spec.randomness import RngSampler
 from spec.tree import bfs_order, dfs_order, keep_indices, position_ids, tree_mask
 from tmc.multidraft import DraftTree, Draw
@@ -308,16 +307,12 @@ def _fused_tree(fixed_shape: tuple[tuple[int, ...], Draw] | None, verifier: str)
 
 
 def _check_step_graph(b: TreeBuilder, verifier: str, chain_on_device: bool, cache: str, backend: str,
-                      fixed_shape: tuple[tuple[int, ...], Draw] | None, models: Sequence[Any]) -> None:
+                      fixed_shape: tuple[tuple[int, ...], Draw] | None) -> None:
     """``ValueError`` naming what keeps ``step_graph=True`` from running (:class:`ChainStepGraph`'s or
     :class:`TreeStepGraph`'s needs)."""
     if not chain_on_device:
         raise ValueError("step_graph=True drafts on the device: it needs chain_on_device=True")
-    tree_step = _fused_tree(fixed_shape, verifier)
-    if tree_step and any(attention_window(m) is not None for m in models):
-        raise ValueError("step_graph=True on a tree does not take sliding-window models (a node's slot is not its "
-                         "position); decode without step_graph")
-    if not tree_step:  # then a chain step, ChainStepGraph's
+    if not _fused_tree(fixed_shape, verifier):  # then a chain step, ChainStepGraph's
         tree = ("or multidraft / traversal on a 'fixed' (or 'chain') tree drafted on the device, drawn iid, or "
                 "topk from draft rows that keep width tokens (draft temperature above 0, no top-p, top-k >= width)")
         if type(b) is not ChainBuilder or b.confidence is not None:
@@ -630,8 +625,8 @@ def generate(
     (``fixed`` or ``chain``, drawn ``iid``, or ``topk`` where the device
     drafts it, above) with ``multidraft`` or ``traversal``, walked on the
     device, the accepted path moved into place in both caches on the device
-    too (:class:`~spec.llm.tree_step_graph.TreeStepGraph`; no sliding-window
-    models; a ranked step that comes out short is redone unfused, on the
+    too (:class:`~spec.llm.tree_step_graph.TreeStepGraph`, sliding windows
+    included; a ranked step that comes out short is redone unfused, on the
     same uniforms).  The first step, which feeds the prompt to the draft,
     takes the usual path.  The tokens are the same (tested on the CPU, where
     the same work runs eagerly).  Off by default: on the CPU it only adds work.
@@ -678,7 +673,7 @@ def generate(
         verifiers_for(verifier, {fixed_shape[1]}, b.adaptive_widths)
     backend = resolve_verify_backend(target, verify_backend, on_device, (budget + 1) * vocab)
     if step_graph:
-        _check_step_graph(b, verifier, chain_on_device, cache, verify_backend, fixed_shape, (target, draft))
+        _check_step_graph(b, verifier, chain_on_device, cache, verify_backend, fixed_shape)
     rng = np.random.default_rng(seed)
     sampler = RngSampler(rng)
     where = (device, model_dtype(target))

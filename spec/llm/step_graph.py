@@ -226,11 +226,7 @@ class FusedStep:
         copy, run or replay the step and read its one row back; logits a
         :class:`~spec.llm.sampling.Sampling` refuses (bit 0 of the row's first entry, the fault flag; a
         subclass may use the higher bits) raise its ``ValueError`` (the draft's first)."""
-        self._prepare(*needs)
-        h = self._host_np
-        h[:_INTS] = (t_past, d_past, root, pending[0], pending[-1], len(pending) - 1)
-        h[_INTS:].view(np.float64)[:] = uniforms
-        self._staged.copy_(self._host, non_blocking=self.device.type == "cuda")
+        self._stage(t_past, root, d_past, pending, uniforms, needs)
         out, raw, t_logits = self._execute()
         got: list[int] = out.tolist()  # the step's one transfer
         if got[0] & 1:  # name the fault: the draft's logits first, then the target's
@@ -239,6 +235,16 @@ class FusedStep:
             self.sampling.probs(t_logits)
             raise RuntimeError("a logits fault was flagged but not found again")
         return got
+
+    def _stage(self, t_past: int, root: int, d_past: int, pending: Sequence[int], uniforms: NDArray[np.float64],
+               needs: tuple[int, int]) -> None:
+        """Grow the caches to ``needs`` and upload the six integers and ``uniforms`` in one copy (unchecked:
+        :meth:`_launch` runs after the subclass's checks)."""
+        self._prepare(*needs)
+        h = self._host_np
+        h[:_INTS] = (t_past, d_past, root, pending[0], pending[-1], len(pending) - 1)
+        h[_INTS:].view(np.float64)[:] = uniforms
+        self._staged.copy_(self._host, non_blocking=self.device.type == "cuda")
 
     def _prepare(self, t_need: int, d_need: int) -> None:
         raise NotImplementedError

@@ -46,10 +46,20 @@ builder grow it).  The decode loop only fuses ranked trees whose rows keep
 ``width`` tokens (draft temperature above 0, no top-p, no top-k below the
 width), where only an underflow to 0 cuts a row short.
 
-Sliding-window models are refused (a tree node's slot is not its position, so
-the window is not a plain slot range); so are draws without replacement
-(``swor``: their rows change between siblings, and no builder here drafts
-them on the device).  Batch size 1,
+**Sliding windows.**  A tree node's slot is not its position, so a window is
+not a plain slot range; each forward's mask is cut as the device tree's
+forwards cut theirs (:func:`spec.llm.windows.windowed`: a cached slot reads
+as its own number, a key fed in the same forward at its position).  The
+target sees the context from ``position - size + 1`` on, and an ancestor
+fewer than ``size`` layers up (its nodes are all fed in one forward, at their
+positions).  A draft layer's forward sees the context likewise, an earlier
+layer's node when its *slot* lies within the window (the slot is at or past
+its position, so it reads nearer than it is: the device tree's rule, and the
+rows need not be the draft's own decoding's, since each node records the law
+it was drawn from), and its own layer's nodes.  The fixed parts are tables
+made once per shape.  Draws without replacement (``swor``) are refused:
+their rows change between siblings, and no builder here drafts them on the
+device.  Batch size 1,
 both models on one device, both caches
 :class:`~spec.llm.static_cache.StaticTreeCache`.
 """
@@ -156,8 +166,6 @@ class TreeStepGraph(FusedStep):
             raise ValueError(f"draw must be one of {[d.value for d in FUSED_DRAWS]} (no draw changes the shape), "
                              f"got {draw!r}")
         self.draw = Draw(draw)
-        if t_cache.window is not None or d_cache.window is not None:
-            raise ValueError("fused tree steps do not take sliding-window models (a node's slot is not its position)")
         self.parents = tuple(check_int(f"parents[{i}]", p, minimum=-1) for i, p in enumerate(parents))
         tab = _tables(self.parents, [check_int(f"order[{i}]", v, minimum=0) for i, v in enumerate(order)])
         self.order = tuple(tab["order"])
@@ -186,6 +194,19 @@ class TreeStepGraph(FusedStep):
             self._t_order = long(tab["order"])
             self._t_depths = long(tab["t_depths"])
             self._t_mask = torch.as_tensor(tab["t_mask"], device=dev)
+            # sliding windows (module doc): the tree part of each forward's window-cut mask, fixed per shape
+            self._t_window = None if t_cache.window is None else t_cache.window.size
+            self._d_window = None if d_cache.window is None else d_cache.window.size
+            self._t_near: torch.Tensor | None = None
+            self._d_near: list[torch.Tensor] = []
+            if self._t_window is not None:  # a node sees an ancestor fewer than `size` layers up
+                gap = np.subtract.outer(tab["t_depths"], tab["t_depths"])
+                self._t_near = torch.as_tensor(tab["t_mask"] & (gap < self._t_window), device=dev)
+            if self._d_window is not None:  # an earlier layer's slot reads as its position, the layer's own do not
+                offsets = np.arange(self.fed)
+                self._d_near = [torch.as_tensor(m & ((offsets > d - self._d_window)
+                                                     | (offsets >= min(tab["fed_slots"][d])))[None, :], device=dev)
+                                for d, m in enumerate(tab["fed_masks"])]
             self._t_rows = long(tab["t_rows"])
             self._t_slots = torch.arange(n + 1, dtype=torch.int64, device=dev)
             self._t_at = long(tab["t_rows"][1:] + [0])  # a node's layout row; the padding entry (-1) maps to 0
@@ -221,29 +242,43 @@ class TreeStepGraph(FusedStep):
 
     @staticmethod
     def _forward(cache: StaticTreeCache, buf: _Size, tokens: torch.Tensor, positions: torch.Tensor,
-                 slots: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
-        """Logits ``(n, V_model)`` of ``tokens`` written at ``slots``; the cache's host length is left alone."""
+                 slots: torch.Tensor, allowed: torch.Tensor, near: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits ``(n, V_model)`` of ``tokens`` written at ``slots``; the cache's host length is left alone.
+        ``near``: ``allowed`` cut to the cache's sliding window (``None`` without one), for the windowed layers
+        (every layer, or those of kind ``sliding_attention`` beside full ones that take ``allowed``)."""
         buf.index[0].copy_(tokens)
         buf.index[1].copy_(positions)
         buf.index[2].copy_(slots)
-        buf.allowed.copy_(allowed)
+        if near is None:
+            buf.allowed.copy_(allowed)
+        elif buf.near is not None:
+            buf.allowed.copy_(allowed)
+            buf.near.copy_(near)
+        else:
+            buf.allowed.copy_(near)
         logits: torch.Tensor = cache._eager(buf)[0]
         return logits
 
     @staticmethod
-    def _sees(cols: torch.Tensor, start: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-        """``(m, capacity)``: the context (the slots below ``start``) and, of the ``table.shape[1]`` slots from
-        ``start``, those ``table`` opens for each row."""
+    def _sees(cols: torch.Tensor, start: torch.Tensor, table: torch.Tensor,
+              lowest: torch.Tensor | None = None) -> torch.Tensor:
+        """``(m, capacity)``: the context (the slots below ``start``; with ``lowest``, ``(m,)`` or ``(1,)``, only
+        those from each row's ``lowest``) and, of the ``table.shape[1]`` slots from ``start``, those ``table``
+        opens for each row."""
         width = table.shape[1]
         rel = cols - start
         inside = (rel >= 0) & (rel < width)
-        return (rel < 0)[None, :] | (inside[None, :] & table[:, rel.clamp(0, max(width - 1, 0))])
+        context = (rel < 0)[None, :]
+        if lowest is not None:
+            context = context & (cols[None, :] >= lowest[:, None])
+        return context | (inside[None, :] & table[:, rel.clamp(0, max(width - 1, 0))])
 
     def _pending_rows(self, d_len: torch.Tensor, pending: torch.Tensor) -> torch.Tensor:
         """The draft's logits ``(2, V)`` for its pending token and the padding row (or the two pending tokens)."""
         pos = d_len + self._two_rows
         seen = self._d_cols[None, :] <= pos[:, None]
-        return self._fit(self._forward(self.d_cache, self._first, self._draft_ids(pending), pos, pos, seen))
+        near = None if self._d_window is None else seen & (self._d_cols[None, :] > pos[:, None] - self._d_window)
+        return self._fit(self._forward(self.d_cache, self._first, self._draft_ids(pending), pos, pos, seen, near))
 
     @torch.no_grad()
     def _run(self) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:
@@ -284,14 +319,22 @@ class TreeStepGraph(FusedStep):
 
     def _target_logits(self, ids: torch.Tensor, t_len: torch.Tensor) -> torch.Tensor:
         """The target's logits ``(N + 1, V)`` for the root and the nodes in layout order, at slots from ``t_len``."""
-        return self._forward(self.t_cache, self._verify, ids, t_len + self._t_depths, t_len + self._t_slots,
-                             self._sees(self._t_cols, t_len, self._t_mask))
+        pos = t_len + self._t_depths
+        near = None
+        if self._t_near is not None and self._t_window is not None:  # the context seen from pos - size + 1 on
+            near = self._sees(self._t_cols, t_len, self._t_near, pos - self._t_window + 1)
+        return self._forward(self.t_cache, self._verify, ids, pos, t_len + self._t_slots,
+                             self._sees(self._t_cols, t_len, self._t_mask), near)
 
     def _layer_logits(self, d: int, tokens: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
         """The draft's logits for fed layer ``d`` (depth ``d + 1``), its nodes at their slots from ``start``."""
         allowed = self._sees(self._d_cols, start, self._fed_masks[d])
-        return self._fit(self._forward(self.d_cache, self._layer_bufs[d], self._draft_ids(tokens),
-                                       (start + d).expand(tokens.shape[0]), start + self._fed_slots[d], allowed))
+        pos = (start + d).expand(tokens.shape[0])
+        near = None
+        if self._d_window is not None:  # the context seen from pos - size + 1 on
+            near = self._sees(self._d_cols, start, self._d_near[d], (start + d - self._d_window + 1).reshape(1))
+        return self._fit(self._forward(self.d_cache, self._layer_bufs[d], self._draft_ids(tokens), pos,
+                                       start + self._fed_slots[d], allowed, near))
 
     def _keep(self, path: torch.Tensor, t_len: torch.Tensor, start: torch.Tensor) -> None:
         """Move the accepted nodes' keys and values to the slots after each cache's context (module doc)."""

@@ -292,9 +292,11 @@ def test_fused_tree_steps_replay_one_graph(pairs: tuple[tuple[object, object], t
     """``step_graph=True`` on a fixed i.i.d. tree: the whole step (layer drafts, target forward, the device walk,
     the accepted path moved into place) captured once and replayed every later step, in later decodes too;
     greedy decoding equals the CPU's, and at T = 1 the graphed run gives the eager fused run's tokens and
-    the usual device tree's on every seed."""
+    the usual device tree's on every seed; a window of 3 (Mistral, Gemma 3) decodes greedily past it."""
     from spec.llm.static_cache import shared_static_cache
     from spec.llm.tree_step_graph import TreeStepGraph
+    from tests.spec.llm.conftest import greedy_decode
+    from tests.spec.llm.test_windows import tiny
 
     (t_cpu, _), (t_gpu, d_gpu) = pairs
     prompt = [2, 7, 1, 8, 2, 8]
@@ -315,6 +317,12 @@ def test_fused_tree_steps_replay_one_graph(pairs: tuple[tuple[object, object], t
         eager = generate(t_gpu, d_gpu, prompt, "fixed", verifier, step_graph=True, cache="static", graphs=False, **kw)
         plain = generate(t_gpu, d_gpu, prompt, "fixed", verifier, **kw)
         assert graphed.tokens == eager.tokens == plain.tokens, seed
+    for name in ("mistral", "gemma3"):
+        target, draft = tiny(name, 0, 3), tiny(name, 1, 3)
+        want = greedy_decode(target, [3, 1, 4, 1, 5], 24)
+        got = generate(target.cuda(), draft.cuda(), [3, 1, 4, 1, 5], "fixed", verifier, temperature=0,
+                       max_new_tokens=24, draft_temperature=1.0, step_graph=True, **tree)
+        assert got.tokens == want, name
 
 
 @pytest.mark.parametrize("verifier", ["multidraft", "traversal"])

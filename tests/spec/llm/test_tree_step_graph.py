@@ -201,11 +201,67 @@ def test_step_graph_on_a_tree_needs_a_device_drafted_fixed_shape_and_a_device_wa
         generate(target, draft, [1, 2], **args)
 
 
-def test_step_graph_on_a_tree_refuses_sliding_windows() -> None:
-    target, draft = tiny("mistral", 0, 3), tiny("mistral", 1, 3)
-    with pytest.raises(ValueError, match="does not take sliding-window models"):
-        generate(target, draft, [3, 1, 4], "fixed", "traversal", cache="static", step_graph=True, max_new_tokens=4,
-                 builder_params={"draw": "iid"})
+@pytest.mark.parametrize(("window", "budget"), [(3, 7), (2, 24)])
+@pytest.mark.parametrize("name", ["mistral", "gemma3", "qwen2"])
+def test_fused_tree_steps_past_a_sliding_window(name: str, window: int, budget: int) -> None:
+    """29 positions: every layer windowed (Mistral) or only the sliding ones (Gemma 3, Qwen2).  The fused
+    steps cut each forward's mask as the device tree's forwards do (the target's context at slots equal to
+    positions and its nodes at their depths; the draft's earlier layers read at their slots), so greedy
+    decoding is reproduced and at T = 1 the tokens and accepted counts are the device tree's, for i.i.d. and
+    top-k trees (ranked from the draft at 1).  With a window of 2 on a 2-wide tree of 24 nodes, node 10
+    (depth 3, with a child) sees its ancestor node 1 (the root's second child) at a slot nearer than its
+    position: in the window read by slot, as the device tree's forward reads it, out of it read by
+    position."""
+    target, draft = tiny(name, 0, window), tiny(name, 1, window)
+    prompt, n = [3, 1, 4, 1, 5], 24
+    ref = greedy_decode(target, prompt, n)
+    for verifier, draw in itertools.product(DEVICE_TREE_METHODS, ("iid", "topk")):
+        kw: dict[str, Any] = dict(max_new_tokens=n, draft_temperature=1.0, cache="static",
+                                  **shape_kw("fixed", 2, None, budget, draw=draw))
+        got = generate(target, draft, prompt, "fixed", verifier, temperature=0, step_graph=True, **kw)
+        assert got.tokens == ref, (verifier, draw)
+        assert sum(s.graph_s > 0 for s in got.steps) == len(got.steps) - 1
+        for seed in range(3):
+            plain = generate(target, draft, prompt, "fixed", verifier, temperature=1.0, seed=seed, **kw)
+            fused = generate(target, draft, prompt, "fixed", verifier, temperature=1.0, seed=seed, step_graph=True,
+                             **kw)
+            assert fused.tokens == plain.tokens, (verifier, draw, seed)
+            assert [s.accepted for s in fused.steps] == [s.accepted for s in plain.steps]
+
+
+@pytest.mark.parametrize("name", ["mistral", "gemma3"])
+def test_fused_draft_rows_equal_draft_trees_rows_in_a_window(name: str) -> None:
+    """Row by row, with a window of 2 that bites at every layer of a 2-wide tree of 24 nodes: the laws the
+    fused step draws each layer from equal those ``LLMDraft.draft_tree`` draws the same tree from (same
+    uniforms, same tokens).  Node 10 sees its ancestor node 1 (the root's second child) at a slot one nearer
+    than its position, inside the window as the device tree's forward reads slots; read by position it
+    would not be."""
+    from spec.llm.adapter import LLMDraft
+    from spec.llm.generate import _prefill
+
+    target, draft = tiny(name, 0, 2), tiny(name, 1, 2)
+    prompt, vocab, sampling = [3, 1, 4, 1, 5, 9], 13, Sampling(1.0)
+    parents = FixedBuilder(width=2).full_shape(24)
+    u = np.random.default_rng(0).random(len(parents))
+    past = len(prompt) - 1
+    caches = [StaticTreeCache(m, 64) for m in (target, draft, draft)]
+    for model, cache in zip((target, draft, draft), caches):
+        _prefill(model, cache, prompt[:-1])
+    device = LLMDraft(draft, caches[2], past, pending=[prompt[-1]], sampling=sampling, vocab=vocab)
+    tree = device.draft_tree(parents, torch.from_numpy(u))
+    step = TreeStepGraph(target, draft, caches[0], caches[1], parents=parents, order=range(len(parents)),
+                         verifier="traversal", sampling=sampling, d_sampling=sampling, vocab=vocab)
+    step._stage(past, prompt[-1], past, [prompt[-1]], np.concatenate([u, np.full(len(parents) + 1, 0.5)]),
+                (past + len(parents) + 1, past + 2 + step.fed))
+    out, raw, _ = step._run()
+    assert out[3 + step.depth :].tolist() == tree.tokens.tolist()
+    layers = _tree_layout(parents)[0]
+    fused = {-1: sampling.probs(raw[0])[0]}  # each fed node's row: its layer's forward, its place in the layer
+    for d, layer in enumerate(layers[:-1]):
+        fused.update(zip(layer, sampling.probs(raw[d + 1])))
+    assert 10 in tree.rows_of
+    for j, node in enumerate(tree.rows_of):
+        torch.testing.assert_close(fused[node], tree.q[j], atol=1e-6, rtol=1e-5, msg=f"node {node}")
 
 
 def test_tree_step_graph_refuses_bad_arguments(pair: tuple[Any, Any]) -> None:
