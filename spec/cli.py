@@ -139,6 +139,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                           "(default): numpy, but torch for a chain drafted on a GPU with sps/asps/block whose "
                           "(budget + 1) x vocabulary rows exceed 2**17 entries (the copy to the host would cost more); "
                           "device: torch, with multidraft/traversal on a tree drafted on the device walked there too")
+    dec.add_argument("--step-graph", action="store_true",
+                     help="run every step after the first as ONE fixed-shape piece of device work, one CUDA graph on "
+                          "cuda (generate's step_graph): the chain builder with sps/asps/block, or a fixed / chain "
+                          "tree drawn iid or topk with multidraft/traversal; needs the static cache (--cache static, "
+                          "or auto on cuda). Same tokens; on the CPU it only adds work")
+    dec.add_argument("--compile-step", action="store_true",
+                     help="with --step-graph: the step's draws and verifier through torch.compile (inductor) first "
+                          "(generate's compile_step; the first step pays the compilation)")
     dec.add_argument("--no-ar", action="store_true", help="skip the autoregressive baseline run")
     add_seed(dec, "builder draws and verifier uniforms")
     add_json(dec)
@@ -176,7 +184,8 @@ def _cmd_decode(args: argparse.Namespace) -> int:
     with torch.inference_mode():
         out = generate(target, draft, ids, args.builder, args.verifier, budget=args.budget,
                        builder_params=dict(args.param), cache=args.cache, chain_on_device=not args.host_chain,
-                       verify_backend=args.verify_backend, draft_temperature=args.draft_temperature, **settings)
+                       verify_backend=args.verify_backend, draft_temperature=args.draft_temperature,
+                       step_graph=args.step_graph, compile_step=args.compile_step, **settings)
         ar = None if args.no_ar else ar_generate(target, ids, cache=args.cache, **settings)
     summary = out.summary()
     report: dict[str, Any] = {"builder": args.builder, "verifier": args.verifier, "budget": args.budget,

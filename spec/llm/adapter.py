@@ -832,7 +832,8 @@ class LLMDraft:
         u = None if uniforms is None else uniforms.to(device=root.device, dtype=torch.float64)
         context = self.context_len
         short = [torch.zeros((), dtype=torch.bool, device=root.device)]
-        prev_nodes, prev_rows = (ROOT,), self.sampling.probs_unchecked(root).reshape(1, self._vocab)
+        prev_nodes: tuple[int, ...] = (ROOT,)
+        prev_rows = self.sampling.probs_unchecked(root).reshape(1, self._vocab)
         seen: dict[int, tuple[int, ...]] = {ROOT: ()}
         tokens: list[torch.Tensor] = []
         q_rows: list[torch.Tensor] = []

@@ -790,6 +790,35 @@ def test_decode_command_stops_at_any_stop_token_of_the_generation_config(
     assert report["dtype"] == "bfloat16" and 1 <= report["new_tokens"] <= 5
 
 
+@needs_decode_command
+def test_decode_command_runs_fused_steps(saved_pair: SavedPair, capsys: pytest.CaptureFixture[str]) -> None:
+    """``tmc decode --step-graph`` (and ``--compile-step``, through dynamo's ``eager`` backend here) on the
+    static cache decodes greedily with a fused chain and a fused top-k tree; without the static cache, or
+    ``--compile-step`` alone, it exits 2 naming what is missing."""
+    import json
+
+    from spec.llm import generate as gen
+    from tmc.cli import main
+
+    pair, tok, target = saved_pair.path, saved_pair.tokenizer, saved_pair.target
+    ids = tok("def f(x):")["input_ids"]
+    greedy = ar_generate(target, ids, temperature=0.0, max_new_tokens=10, eos_token_id=tok.eos_token_id).tokens
+    base = ["decode", "--target", str(pair / "target"), "--draft", str(pair / "draft"), "--prompt", "def f(x):",
+            "--max-new-tokens", "10", "--temperature", "0", "--no-ar", "--json"]
+    runs = (["--builder", "chain", "--verifier", "sps", "--budget", "3"],
+            ["--builder", "fixed", "--param", "draw=topk", "--verifier", "traversal", "--budget", "6",
+             "--draft-temperature", "1"])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(gen, "COMPILE_BACKEND", "eager")
+        for run, extra in itertools.product(runs, ([], ["--compile-step"])):
+            assert main([*base, *run, "--cache", "static", "--step-graph", *extra]) == 0, (run, extra)
+            assert json.loads(capsys.readouterr().out)["tokens"] == greedy, (run, extra)
+    assert main([*base, *runs[0], "--cache", "dynamic", "--step-graph"]) == 2
+    assert "step_graph=True needs cache='static'" in capsys.readouterr().err
+    assert main([*base, *runs[0], "--cache", "static", "--compile-step"]) == 2
+    assert "it needs step_graph=True" in capsys.readouterr().err
+
+
 #: (builder, verifier, params, draft temperature) under the plain target law at T = 1: a cooler draft, a warmer
 #: one, and a one-hot (greedy) draft whose sampled nodes all record a point mass
 WARM_CONFIGS = [("chain", "sps", {}, 0.5), ("dyspec", "traversal", {}, 2.0), ("fixed", "multidraft", {"width": 2}, 0.0)]
