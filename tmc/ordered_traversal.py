@@ -67,7 +67,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from itertools import permutations
-from math import comb, perm
+from math import comb, fsum, perm
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -82,12 +82,27 @@ IntArray = NDArray[np.int64]
 #: children drawn without replacement); more raises ``ValueError`` instead of running for hours.
 MAX_SWOR_TUPLES = 1_000_000
 
+#: Below this the mass left after some draws, ``1 − Σ drawn``, has lost too many bits to the subtraction
+#: (or reached 0 while tokens with ``q > 0`` are left, as after a token with ``q = 1 − 1e-20``):
+#: :func:`swor_sorted_law` then sums the tokens left instead (:func:`mass_left`).
+CANCELLED_MASS = 2.0**-20
+
+
+def mass_left(q: Sequence[float] | FloatArray, support: Sequence[int], drawn: Sequence[int], left: float) -> float:
+    """The draft mass not yet drawn: ``left`` (``1 − Σ drawn``, as a loop subtracts it) when it is at least
+    :data:`CANCELLED_MASS`, else the exactly rounded sum of the ``support`` tokens not in ``drawn``."""
+    if left >= CANCELLED_MASS:
+        return left
+    return fsum(float(q[t]) for t in support if t not in drawn)
+
 
 def ratio_order(p_row: FloatArray, q_row: FloatArray) -> list[int]:
     """Token ids by decreasing ``p / q`` (tokens with ``q = 0`` last), ties to the lower id.
 
     The key of token ``t`` is ``−p(t)/q(t)`` (``+inf`` when ``q(t) = 0``),
-    sorted stably, so equal keys keep the lower id first.
+    sorted stably, so equal keys keep the lower id first.  A ratio past the
+    float64 range (a subnormal ``q(t)``) is ``+inf`` as the division rounds
+    it, so such tokens come first, among themselves by id.
     """
     order: list[int] = _ratio_order_array(p_row, q_row).tolist()
     return order
@@ -98,7 +113,8 @@ def _ratio_order_array(p_row: FloatArray, q_row: FloatArray) -> IntArray:
     q = np.asarray(q_row, dtype=np.float64)
     drawn = q > 0.0
     keys = np.full(len(q), np.inf)
-    keys[drawn] = -(p[drawn] / q[drawn])
+    with np.errstate(over="ignore"):  # p / q past the float range rounds to inf (ratio_order's doc)
+        keys[drawn] = -(p[drawn] / q[drawn])
     return np.argsort(keys, kind="stable")
 
 
@@ -190,7 +206,8 @@ def swor_sorted_law(q_row: FloatArray, order: Sequence[int] | IntArray, k: int, 
         if ranked[:i] != list(prefix):
             continue
         prob, left = 1.0, 1.0
-        for t in combo:
+        for j, t in enumerate(combo):
+            left = mass_left(q_row, support, combo[:j], left)
             prob *= q_row[t] / left
             left -= q_row[t]
         out[ranked[i]] += prob

@@ -154,6 +154,59 @@ def test_vectorised_order_and_masses_equal_the_loops_bitwise() -> None:
         assert got.tobytes() == want.tobytes(), trial
 
 
+def _exact_swor_sorted_laws(q: np.ndarray, order: list[int], k: int) -> dict[tuple[int, ...], np.ndarray]:
+    """Every reachable prefix's next-element law of ``k`` draws without replacement sorted by ``order``, in
+    exact rational arithmetic on the float values of ``q`` (each draw from the mass left, summed exactly)."""
+    from fractions import Fraction
+
+    rank = {t: i for i, t in enumerate(order)}
+    qf = [Fraction(float(x)) for x in q]
+    support = [t for t in range(len(q)) if q[t] > 0]
+    joint: dict[tuple[int, ...], Fraction] = {}
+    for combo in permutations(support, k):
+        prob, left = Fraction(1), sum(qf[t] for t in support)
+        for t in combo:
+            prob, left = prob * qf[t] / left, left - qf[t]
+        key = tuple(sorted(combo, key=rank.__getitem__))
+        joint[key] = joint.get(key, Fraction(0)) + prob
+    laws = {}
+    for n in range(k):
+        for prefix in {s[:n] for s in joint}:
+            total = sum(w for s, w in joint.items() if s[:n] == prefix)
+            law = np.zeros(len(q))
+            for s, w in joint.items():
+                if s[:n] == prefix:
+                    law[s[n]] += float(w / total)
+            laws[prefix] = law
+    return laws
+
+
+def test_swor_sorted_law_of_a_row_whose_mass_one_token_holds() -> None:
+    """A draft row at a temperature near 0: one token holds ``q = 1.0`` as stored and three hold ``1e-20``
+    to ``3e-20``.  After that token is drawn, ``1 − Σ drawn`` is exactly 0 while tokens are left; the laws
+    sum the tokens left instead (``mass_left``) and equal exact rational enumeration, relative to each
+    entry, with no division by zero (warnings are errors here)."""
+    q = np.array([1.0, 1e-20, 3e-20, 2e-20])
+    order = ratio_order(np.array([0.1, 0.4, 0.2, 0.3]), q)
+    checked = 0
+    for prefix, want in _exact_swor_sorted_laws(q, order, 3).items():
+        np.testing.assert_allclose(swor_sorted_law(q, order, 3, list(prefix)), want, rtol=1e-12, atol=0)
+        checked += 1
+    assert checked == 6
+
+
+def test_ratio_order_takes_ratios_past_the_float_range_without_a_warning() -> None:
+    """A draft row with subnormal entries (a draft at a temperature near 0) makes ``p / q`` overflow: those
+    ratios round to ``+inf`` and rank first, among themselves by id, with no ``RuntimeWarning`` (the test
+    configuration turns warnings into errors), as the rule by definition and the torch division give."""
+    p = np.array([0.25, 0.25, 0.25, 0.25])
+    q = np.array([5e-324, 1.0 - 1e-12, 1e-320, 0.0])
+    q[1] = 1.0 - q[0] - q[2]
+    with np.errstate(over="ignore"):
+        want = _ratio_order_by_definition(p, q)
+    assert ratio_order(p, q) == want == [0, 2, 1, 3]
+
+
 @pytest.mark.parametrize("shape", [(2, 1), (2, 2), (1, 1, 1)], ids=lambda s: "x".join(map(str, s)))
 def test_equals_traversal_on_topk_trees_and_chains(shape: tuple[int, ...]) -> None:
     """Children drawn topk keep their order, and a chain has no siblings: Traversal's kernel exactly."""
