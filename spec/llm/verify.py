@@ -106,7 +106,7 @@ from numpy.typing import ArrayLike
 
 from spec.llm.sampling import categorical_draw as _categorical
 from tmc.multidraft import ROOT, Draw
-from tmc.ordered_traversal import MAX_SWOR_TUPLES
+from tmc.ordered_traversal import MAX_SWOR_TUPLES, mass_left
 from tmc.validate import ROW_SUM_TOL
 
 __all__ = [
@@ -956,7 +956,8 @@ def _swor_sorted_law(q_row: Tensor, order: list[int], k: int, prefix: list[int])
         if ranked[:i] != list(prefix):
             continue
         prob, left = 1.0, 1.0
-        for t in combo:
+        for j, t in enumerate(combo):
+            left = mass_left(q, support, combo[:j], left)
             prob *= q[t] / left
             left -= q[t]
         acc[ranked[i]] += prob

@@ -519,6 +519,22 @@ def test_ordered_traversal_refuses_a_huge_swor_enumeration():
     assert verify_tree("traversal", [0, 1, 2], [-1, -1, -1], "swor", q, q, [0.0] * 4).n_accepted == 1
 
 
+def test_ordered_traversal_on_a_row_whose_mass_one_token_holds():
+    """Three children drawn without replacement from a row where token 0 holds ``q = 1.0`` as stored (the
+    others ``1e-20`` to ``3e-20``): the sorted laws meet ``1 − Σ drawn = 0`` with tokens left and sum the
+    tokens left (``tmc.ordered_traversal.mass_left``); the torch port gives numpy's tokens on a grid of
+    uniforms, with no division by zero in either (warnings are errors here)."""
+    q_row = np.array([1.0, 1e-20, 3e-20, 2e-20])
+    tree = DraftTree((-1, -1, -1), (0, 1, 2), (Draw.SWOR,) * 3, {-1: q_row}, 4)
+    p = np.array([[0.1, 0.4, 0.2, 0.3], [0.25] * 4, [0.25] * 4, [0.25] * 4])
+    q = np.vstack([q_row, np.full((3, 4), np.nan)])  # only the root's row is read
+    grid = np.linspace(0.0, 0.999, 7)
+    for u in ((a, b, c, d) for a in grid for b in grid[::3] for c in grid[::3] for d in grid[::2]):
+        want = ordered_traversal_sample_from_uniforms(tree, p, np.array(u))
+        got = verify_tree("ordered_traversal", [0, 1, 2], [-1, -1, -1], "swor", q, p, list(u))
+        assert got.tokens.tolist() == want, u
+
+
 def test_noise_size_rejects_unknown_methods():
     with pytest.raises(ValueError, match="method must be one of"):
         noise_size("greedy", 3)
