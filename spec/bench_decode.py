@@ -29,7 +29,7 @@ Side by side in one run, on the same prompts, every method decodes exactly
   (``generate``'s ``draft_temperature``) instead of the row's, e.g.
   ``fixed/draw=topk:traversal:dtemp=1``, whose tree at temperature 0 branches;
   a ``:graph`` flag (a ``chain`` with a chain verifier, or a ``chain`` / ``fixed``
-  tree drawn ``iid`` or ``topk`` with ``multidraft`` / ``traversal``) runs every
+  tree drawn ``iid``, ``swor`` or ``topk`` with ``multidraft`` / ``traversal``) runs every
   step after the first as one fixed-shape piece of device work, captured as one
   CUDA graph (``generate``'s ``step_graph``, on the static cache whatever
   ``--cache`` says), e.g. ``chain:sps:graph`` or
@@ -200,9 +200,9 @@ def parse_method(text: str, budget: int, chain_budget: int) -> Method:
     step_graph = "graph" in flags or compile_step
     fused_needs = (f"method {text!r}: the flag 'graph' (generate's step_graph), or 'compiled' (step_graph and "
                    f"compile_step), takes the chain builder with a chain verifier, or the chain or fixed builder "
-                   f"drawing iid (or topk: a fixed tree wider than 1 with dtemp=T, T > 0, since at temperature 0 "
-                   f"the draft's rows are one-hot) with multidraft / traversal, drafting on the device, without "
-                   f"'host' or 'numpy'")
+                   f"drawing iid (or topk / swor: a fixed tree wider than 1 with dtemp=T, T > 0, since at "
+                   f"temperature 0 the draft's rows are one-hot) with multidraft / traversal, drafting on the "
+                   f"device, without 'host' or 'numpy'")
     if {"graph", "compiled"} <= set(flags) or (step_graph and (builder not in ("chain", "fixed") or on_host
                                                                 or "numpy" in flags)):
         raise ValueError(fused_needs)
@@ -227,10 +227,10 @@ def parse_method(text: str, budget: int, chain_budget: int) -> Method:
     except ValueError as err:
         raise ValueError(f"method {text!r}: {err}") from None
     draw = getattr(made, "draw", None)
-    # a ranked tree is fused where the device drafts it (generate._device_shape) at both of the bench's
+    # a ranked / swor tree is fused where the device drafts it (generate._device_shape) at both of the bench's
     # temperatures: the draft's rows keep width tokens (a draft temperature above 0), or one child per node
-    ranked_ok = draw == Draw.TOPK and (builder == "chain" or getattr(made, "width", 1) == 1
-                                       or (draft_temperature or 0.0) > 0)
+    ranked_ok = draw in (Draw.TOPK, Draw.SWOR) and (builder == "chain" or getattr(made, "width", 1) == 1
+                                                     or (draft_temperature or 0.0) > 0)
     fused_tree = verifier in DEVICE_TREE_METHODS and (draw == Draw.IID or ranked_ok)
     if step_graph and not (fused_tree or (builder == "chain" and verifier in CHAIN_METHODS)):
         raise ValueError(fused_needs)
@@ -631,8 +631,8 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                    help="decode: comma-separated ar, ar-static, ar-loop, hf-assisted, "
                         "BUILDER[/KEY=VALUE...]:VERIFIER[:FLAG...][@BUDGET] with flags host (chain, fixed), "
                         "torch, numpy or device (the verifier backend), dtemp=T (the draft's own temperature), graph "
-                        "(chain + chain verifier, or a chain / fixed tree drawn iid or topk + multidraft / traversal: "
-                        "each step one fixed-shape CUDA graph, generate's step_graph), "
+                        "(chain + chain verifier, or a chain / fixed tree drawn iid, swor or topk + multidraft / "
+                        "traversal: each step one fixed-shape CUDA graph, generate's step_graph), "
                         "compiled (graph, with the step's draws and verifier compiled first: compile_step)")
     g.add_argument("--budget", type=int, default=16, help="decode: tree budget of methods without @ (default 16)")
     g.add_argument("--chain-budget", type=int, default=4, help="decode: chain length of chain methods without @ (default 4)")

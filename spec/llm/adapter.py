@@ -86,7 +86,7 @@ from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from spec.builders.base import check_prob
 from spec.draft import check_beam_args, select_beam
-from spec.llm.sampling import Sampling, categorical_draw, logits_fault, ranked_tokens
+from spec.llm.sampling import Sampling, categorical_draw, logits_fault, ranked_tokens, swor_draws
 from spec.llm.static_cache import StaticTreeCache, cache_keyword
 from spec.llm.static_cache import model_device as _device
 from spec.llm.static_cache import model_dtype as _dtype
@@ -772,7 +772,7 @@ class LLMDraft:
         self.tree_fault()
 
     def draft_tree(self, parents: Sequence[int], uniforms: torch.Tensor | None, *,
-                   stop_below: float | None = None) -> DeviceTree:
+                   stop_below: float | None = None, swor: bool = False) -> DeviceTree:
         """A tree of a shape fixed in advance, drawn on the model's device with no host sync.
 
         ``parents`` numbers the nodes breadth first (a node's depth is never
@@ -787,7 +787,12 @@ class LLMDraft:
         ``FixedBuilder(draw="topk")`` grows, as long as every row has a token
         with ``q > 0`` for each child; ``short`` is set when one has not (the
         host builder would have grown fewer children there: :meth:`discard_tree`,
-        then the host path).  Forwards: the pending tokens if any, then one per layer
+        then the host path).  With ``swor`` (and uniforms) siblings are drawn
+        without replacement, the tree ``FixedBuilder(draw="swor")`` grows: the
+        node with ``r`` earlier siblings by inverse CDF from its parent's row
+        with those siblings' tokens set to 0
+        (:func:`spec.builders.base.without`); ``short`` is set when such a row
+        has no mass left.  Forwards: the pending tokens if any, then one per layer
         that has children (the whole layer, as a host builder's
         ``fetch(frontier)`` feeds it), each node seeing the context, its
         ancestors and itself.  Bad draft logits set ``fault`` instead of
@@ -815,6 +820,8 @@ class LLMDraft:
             if par != list(range(-1, n - 1)):
                 raise ValueError("stop_below needs a chain: parents must be -1, 0, 1, ...")
             stop_below = check_prob("confidence", stop_below)
+        if not isinstance(swor, bool) or (swor and uniforms is None):
+            raise ValueError(f"swor must be True (with uniforms) or False, got {swor!r}")
         if uniforms is not None:
             shape_ok = isinstance(uniforms, torch.Tensor) and tuple(uniforms.shape) == (n,)
             if not shape_ok or not uniforms.is_floating_point():
@@ -852,7 +859,13 @@ class LLMDraft:
             where = {p: j for j, p in enumerate(drawn_from)}
             of_node = [where[par[i]] for i in layer]  # each node's row in parent_rows
             deepest = max(rank[i] for i in layer)
-            if u is not None:  # each node drawn from its parent's row
+            if u is not None and swor and deepest > 0:  # rank by rank, the earlier siblings' tokens removed
+                ranks = [(torch.tensor([of_node[i] for i, v in enumerate(layer) if rank[v] == j], device=root.device),
+                          torch.tensor([i for i, v in enumerate(layer) if rank[v] == j], device=root.device))
+                         for j in range(deepest + 1)]
+                tok, cut = swor_draws(parent_rows, ranks, u[layer[0] : layer[-1] + 1])
+                short.append(cut)
+            elif u is not None:  # each node drawn from its parent's row
                 rows = parent_rows.expand(len(layer), -1) if len(drawn_from) == 1 else parent_rows[of_node]
                 tok = categorical_draw(rows, u[layer[0] : layer[-1] + 1])
             elif deepest == 0:  # one child per parent, in the parents' order: each row's argmax (lowest id on ties)

@@ -301,8 +301,9 @@ def _device_chain(b: TreeBuilder, verifier: str) -> bool:
 
 
 def _fused_tree(fixed_shape: tuple[tuple[int, ...], Draw] | None, verifier: str) -> bool:
-    """Whether ``step_graph=True`` runs :class:`TreeStepGraph`: a shape drafted on the device, drawn i.i.d. or
-    ranked (:data:`~spec.llm.tree_step_graph.FUSED_DRAWS`), verified by a tree verifier walked on the device."""
+    """Whether ``step_graph=True`` runs :class:`TreeStepGraph`: a shape drafted on the device, drawn i.i.d.,
+    without replacement or ranked (:data:`~spec.llm.tree_step_graph.FUSED_DRAWS`), verified by a tree verifier
+    walked on the device."""
     return fixed_shape is not None and fixed_shape[1] in FUSED_DRAWS and verifier in DEVICE_TREE_METHODS
 
 
@@ -314,7 +315,8 @@ def _check_step_graph(b: TreeBuilder, verifier: str, chain_on_device: bool, cach
         raise ValueError("step_graph=True drafts on the device: it needs chain_on_device=True")
     if not _fused_tree(fixed_shape, verifier):  # then a chain step, ChainStepGraph's
         tree = ("or multidraft / traversal on a 'fixed' (or 'chain') tree drafted on the device, drawn iid, or "
-                "topk from draft rows that keep width tokens (draft temperature above 0, no top-p, top-k >= width)")
+                "topk / swor from draft rows that keep width tokens (draft temperature above 0, no top-p, "
+                "top-k >= width)")
         if type(b) is not ChainBuilder or b.confidence is not None:
             raise ValueError(f"step_graph=True needs the 'chain' builder with no confidence stop (a chain of fixed "
                              f"length) and a chain verifier, {tree}")
@@ -332,10 +334,10 @@ def _device_shape(b: TreeBuilder, verifier: str, budget: int, drafting: Sampling
     """The parents of the trees ``b`` grows and how its nodes are drawn, when a tree verifier takes
     them (:func:`_tree_step`) and the shape is known before any draw: a :class:`ChainBuilder` with
     no ``confidence`` stop, a :class:`FixedBuilder` drawing ``iid`` (no draw can change the
-    shape), or one drawing ``topk`` from draft rows (processed by ``drafting``) that keep
+    shape), or one drawing ``topk`` or ``swor`` from draft rows (processed by ``drafting``) that keep
     ``width`` tokens with ``q > 0``: a temperature above 0 with no top-p and no top-k below
     ``width`` (only an underflow to 0 can then cut a row short; the step sees it and takes the
-    host path).  The classes themselves: a subclass may grow otherwise.  Else ``None``."""
+    host path), or one child a node.  The classes themselves: a subclass may grow otherwise.  Else ``None``."""
     if verifier not in TREE_METHODS:
         return None
     if type(b) is ChainBuilder:  # a chain that may stop early has no fixed shape: the host path
@@ -345,7 +347,7 @@ def _device_shape(b: TreeBuilder, verifier: str, budget: int, drafting: Sampling
     kind = Draw(b.draw)
     full_rows = (drafting.temperature > 0 and drafting.top_p is None and b.width <= vocab
                  and (drafting.top_k is None or drafting.top_k >= b.width))
-    if kind == Draw.IID or (kind == Draw.TOPK and (b.width == 1 or full_rows)):
+    if kind == Draw.IID or b.width == 1 or full_rows:  # one sibling: a ranked or swor child is always there
         return b.full_shape(budget), kind
     return None
 
@@ -402,19 +404,22 @@ def _tree_step(
     and ``multidraft`` / ``traversal``) the verifier runs on the device first
     (:func:`spec.llm.tree_device.tree_head`) and that one transfer carries
     its result as well: no rows are copied.  The uniforms come from ``rng`` in the host path's
-    order (one per ``iid`` node, then the verifier's), so the tokens are those
+    order (one per ``iid`` or ``swor`` node, then the verifier's), so the tokens are those
     of :class:`FixedBuilder` / :class:`ChainBuilder` + :func:`_verify`
     (tested).  Returns the
     verification, the target cache positions to keep and the times that end
     drafting and the target forward; or ``None`` when a ranked node fell
-    on a token with ``q = 0`` (``short``: the host builder grows another
-    shape there), with both caches back where the step began and no
-    uniform used: the caller then takes the host path for the step.
+    on a token with ``q = 0`` or a ``swor`` row ran out of mass (``short``:
+    the host builder grows another shape there), with both caches back where
+    the step began and no uniform used: the caller then takes the host path for the step.
     ``where``: the target's ``(device, dtype)``.
     """
     device = where[0]
     n, kind = len(shape.parents), shape.kind
-    drafted = d_step.draft_tree(shape.parents, torch.from_numpy(rng.random(n)) if kind == Draw.IID else None)
+    rng_state = rng.bit_generator.state if kind == Draw.SWOR else None  # a swor tree may come out short
+    sampled = kind != Draw.TOPK
+    drafted = d_step.draft_tree(shape.parents, torch.from_numpy(rng.random(n)) if sampled else None,
+                                swor=kind == Draw.SWOR)
     t1 = time.perf_counter()
     drawn = drafted.tokens.to(device)  # a no-op when draft and target share the device
     ids = torch.cat([torch.full((1,), root, dtype=torch.long, device=device), drawn.index_select(0, shape.ids)])
@@ -424,9 +429,10 @@ def _tree_step(
     t2 = time.perf_counter()
     fault = drafted.fault.to(device) | (logits_fault(logits) if t_fault is None else t_fault)
     flags = [fault.to(torch.int64).reshape(1), drafted.short.to(device).to(torch.int64).reshape(1)]
-    head, rng_state = None, None
+    head = None
     if shape.plan is not None:  # verified on the device: the flags, the result and the tokens in ONE transfer
-        rng_state = rng.bit_generator.state  # given back if the step is redone on the host
+        if rng_state is None:  # given back if the step is redone on the host
+            rng_state = rng.bit_generator.state
         u = rng.random(noise_size(verifier, n))
         # trusted: p from logits the fault flag vouches for, q the rows the tokens were drawn from (a
         # ranked token at q = 0 sets `short`), uniforms from random(); a flagged step's result is dropped
@@ -451,7 +457,7 @@ def _tree_step(
         return res, keep_indices(shape.skeleton, res.nodes, t_past, shape.order, with_root=True), (t1, t2)
     u = rng.random(noise_size(verifier, n))
     tokens = got[2:]
-    rows = dict(zip(drafted.rows_of, drafted.q.cpu().numpy())) if kind == Draw.IID else {}  # topk: no rows
+    rows = dict(zip(drafted.rows_of, drafted.q.cpu().numpy())) if sampled else {}  # topk: no rows
     tree = DraftTree(shape.parents, tuple(tokens), (kind,) * n, rows, p.shape[-1])
     if backend == "numpy":
         res = verify_tree_numpy(verifier, tree, p.cpu().numpy(), u)
@@ -464,8 +470,9 @@ def _tree_step(
 
 def _drafted_rows(drafted: Any, kind: Draw, n: int, p: torch.Tensor) -> torch.Tensor | None:
     """The ``(N + 1, V)`` draft rows of a device-drafted tree in the verifiers' layout, on ``p``'s device
-    (rows of nodes without sampled children are 0, never read); ``None`` for ranked (``topk``) trees."""
-    if kind != Draw.IID:
+    (rows of nodes without sampled children are 0, never read; a ``swor`` node's row is its parent's full
+    row, from which the verifier removes the earlier siblings); ``None`` for ranked (``topk``) trees."""
+    if kind == Draw.TOPK:
         return None
     q_rows = torch.zeros((n + 1, p.shape[-1]), dtype=torch.float64, device=drafted.q.device)
     q_rows[[node + 1 for node in drafted.rows_of]] = drafted.q
@@ -599,7 +606,7 @@ def generate(
     A ``fixed`` builder drawing ``iid`` with a tree verifier drafts its tree
     (whose shape no draw can change) on the device the same way, one forward
     per layer and no host sync until the tokens are drawn
-    (:func:`_tree_step`); so does one drawing ``topk`` when the draft's rows
+    (:func:`_tree_step`); so does one drawing ``topk`` or ``swor`` when the draft's rows
     keep ``width`` tokens with ``q > 0`` (draft temperature above 0, no
     top-p, no top-k below ``width``; a step whose rows underflow is redone
     on the host).  The tokens are the same either way (tested), ``False``
@@ -622,12 +629,12 @@ def generate(
     one CUDA graph when the caches capture graphs
     (:class:`~spec.llm.step_graph.ChainStepGraph`; needs ``cache`` static and the
     torch verifier); likewise each step of a tree drafted on the device
-    (``fixed`` or ``chain``, drawn ``iid``, or ``topk`` where the device
+    (``fixed`` or ``chain``, drawn ``iid``, or ``topk`` / ``swor`` where the device
     drafts it, above) with ``multidraft`` or ``traversal``, walked on the
     device, the accepted path moved into place in both caches on the device
     too (:class:`~spec.llm.tree_step_graph.TreeStepGraph`, sliding windows
-    included; a ranked step that comes out short is redone unfused, on the
-    same uniforms).  The first step, which feeds the prompt to the draft,
+    included; a ranked or swor step that comes out short is redone unfused,
+    on the same uniforms).  The first step, which feeds the prompt to the draft,
     takes the usual path.  The tokens are the same (tested on the CPU, where
     the same work runs eagerly).  Off by default: on the CPU it only adds work.
     ``compile_step`` (with ``step_graph``): the step's draws and verifier go
@@ -711,8 +718,8 @@ def generate(
                     fused = shared_chain_step(target, draft, t_cache, d_cache, k=budget, verifier=verifier,
                                               iid=b.draw == Draw.IID, sampling=sampling, d_sampling=d_sampling,
                                               vocab=vocab, compile_backend=backend_c)
-            ranked = isinstance(fused, TreeStepGraph) and fused.draw == Draw.TOPK
-            before = rng.bit_generator.state if ranked else None  # a ranked tree may come out short
+            may_be_short = isinstance(fused, TreeStepGraph) and fused.draw != Draw.IID
+            before = rng.bit_generator.state if may_be_short else None  # a ranked / swor tree may come out short
             u_draft = rng.random(fused.draft_uniforms) if fused.draft_uniforms else None
             one = fused.step(t_past, root, *d_state, u_draft, rng.random(fused.noise))
             if one is not None:

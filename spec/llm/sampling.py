@@ -27,11 +27,13 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Sampling", "categorical_draw", "check_sampling", "logits_fault", "process_logits", "ranked_tokens"]
+__all__ = ["Sampling", "categorical_draw", "check_sampling", "logits_fault", "process_logits", "ranked_tokens",
+           "swor_draws"]
 
 
 def check_sampling(
@@ -124,6 +126,31 @@ def categorical_draw(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     # Every other i has cdf[i] > u * total, so i <= that index and the minimum leaves it alone.
     last = (weights > 0.0).cumsum(dim=-1).argmax(dim=-1)
     return torch.minimum(i, last)
+
+
+def swor_draws(rows: torch.Tensor, ranks: Sequence[tuple[torch.Tensor, torch.Tensor]],
+               u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Siblings drawn without replacement on the device, rank by rank, with no host sync: the rule of
+    :class:`spec.builders.FixedBuilder` with ``draw="swor"`` (:func:`spec.builders.base.without`, then
+    :func:`tmc.noise.categorical`).
+
+    ``ranks[j]`` = ``(parents, places)``: for the nodes with ``j`` earlier siblings, their parents' rows in
+    ``rows`` ``(M, L)`` and their places in the output.  Each such node is drawn by inverse CDF with
+    ``u[place]`` from its parent's row with the tokens of its earlier siblings set to 0.  Returns the tokens
+    ``(len(u),)`` int64 and a 0-d bool: some node's law had no mass left (the host builder draws no more
+    siblings there; that node's token is meaningless).  Out-of-place operations only, so ``torch.compile``
+    traces it whole.
+    """
+    removed = torch.zeros_like(rows, dtype=torch.bool)
+    tok = torch.zeros(u.shape[0], dtype=torch.int64, device=rows.device)
+    empty = []
+    for parents, places in ranks:
+        law = rows.index_select(0, parents).masked_fill(removed.index_select(0, parents), 0.0)
+        drawn = categorical_draw(law, u.index_select(0, places))
+        empty.append((law <= 0.0).all(dim=-1).any())
+        tok = tok.index_copy(0, places, drawn)
+        removed = removed.index_put((parents, drawn), torch.ones((), dtype=torch.bool, device=rows.device))
+    return tok, torch.stack(empty).any()
 
 
 def ranked_tokens(rows: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -3,7 +3,8 @@
 :class:`spec.llm.step_graph.ChainStepGraph` does this for a chain verified by
 a chain verifier.  :class:`TreeStepGraph` does it for a tree of a shape known
 before the step (a ``fixed`` tree or a fixed chain, given as ``parents``
-numbered breadth first), drawn i.i.d. or ranked (``topk``), verified by
+numbered breadth first), drawn i.i.d., without replacement (``swor``) or
+ranked (``topk``), verified by
 ``multidraft`` or ``traversal``, whose walks run on the device
 (:mod:`spec.llm.tree_device`).
 The step is the work of :func:`spec.llm.generate._tree_step` with
@@ -34,17 +35,19 @@ gather completes before the write.
 the path reached the last layer (never fed), that node's token too: one or
 two pending tokens, as in the chain step.
 
-**Short ranked steps.**  A ranked node takes the ``r``-th most likely token
-of its parent's row, which needs ``r + 1`` tokens with ``q > 0`` there; where a
-row underflows the host builder grows fewer children, a shape this step
-cannot take.  The step then sets a flag beside the fault flag and
+**Short steps.**  A ranked node takes the ``r``-th most likely token of its
+parent's row, which needs ``r + 1`` tokens with ``q > 0`` there; a ``swor``
+node is drawn from its parent's row with its ``r`` earlier siblings' tokens
+removed, which needs mass left there.  Where a row underflows the host
+builder grows fewer children, a shape this step cannot take.  The step then
+sets a flag beside the fault flag and
 :meth:`TreeStepGraph.step` returns ``None``: nothing of the context moved
 (every write went to slots past it), no uniform was used, and the caller
 runs the step another way (:func:`spec.llm.generate.generate` takes the
 device tree's path, which finds the tree short too and lets the host
-builder grow it).  The decode loop only fuses ranked trees whose rows keep
-``width`` tokens (draft temperature above 0, no top-p, no top-k below the
-width), where only an underflow to 0 cuts a row short.
+builder grow it).  The decode loop only fuses ranked and ``swor`` trees
+whose rows keep ``width`` tokens (draft temperature above 0, no top-p, no
+top-k below the width), where only an underflow to 0 cuts a row short.
 
 **Sliding windows.**  A tree node's slot is not its position, so a window is
 not a plain slot range; each forward's mask is cut as the device tree's
@@ -57,9 +60,7 @@ layer's node when its *slot* lies within the window (the slot is at or past
 its position, so it reads nearer than it is: the device tree's rule, and the
 rows need not be the draft's own decoding's, since each node records the law
 it was drawn from), and its own layer's nodes.  The fixed parts are tables
-made once per shape.  Draws without replacement (``swor``) are refused:
-their rows change between siblings, and no builder here drafts them on the
-device.  Batch size 1,
+made once per shape.  Batch size 1,
 both models on one device, both caches
 :class:`~spec.llm.static_cache.StaticTreeCache`.
 """
@@ -67,7 +68,7 @@ both models on one device, both caches
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -75,7 +76,7 @@ import torch
 from numpy.typing import NDArray
 
 from spec.llm.adapter import _tree_layout
-from spec.llm.sampling import Sampling, categorical_draw, logits_fault, ranked_tokens
+from spec.llm.sampling import Sampling, categorical_draw, logits_fault, ranked_tokens, swor_draws
 from spec.llm.static_cache import StaticTreeCache, _Size
 from spec.llm.step_graph import ChainStepResult, FusedStep
 from spec.llm.tree_device import DEVICE_TREE_METHODS, TreePlan, tree_head
@@ -84,11 +85,11 @@ from tmc.validate import check_int
 
 __all__ = ["FUSED_DRAWS", "TreeStepGraph", "shared_tree_step"]
 
-#: How a fused tree step may draw its nodes: no draw changes the shape (a ranked step that comes out short is
-#: reported, not grown smaller).
-FUSED_DRAWS: tuple[Draw, ...] = (Draw.IID, Draw.TOPK)
+#: How a fused tree step may draw its nodes: no draw changes the shape (a ranked or without-replacement step that
+#: comes out short is reported, not grown smaller).
+FUSED_DRAWS: tuple[Draw, ...] = (Draw.IID, Draw.SWOR, Draw.TOPK)
 
-#: The bit of the output's flag that marks a short ranked step (bit 0 is the logits fault, FusedStep's).
+#: The bit of the output's flag that marks a short step (bit 0 is the logits fault, FusedStep's).
 SHORT = 2
 
 def _tables(parents: tuple[int, ...], order: Sequence[int]) -> dict[str, Any]:
@@ -141,15 +142,16 @@ def _ranked_layer(parents: tuple[int, ...], layer: Sequence[int], rank: Sequence
 
 
 class TreeStepGraph(FusedStep):
-    """One step of a fixed tree drawn i.i.d. or ranked and a device-walked tree verifier, as fixed-shape device
-    work (module doc).
+    """One step of a fixed tree (drawn i.i.d., without replacement or ranked) and a device-walked tree verifier,
+    as fixed-shape device work (module doc).
 
     ``parents``: the shape, breadth first; ``order``: the node of each position
     of the target's forward after the root (the decode's layout); ``draw``:
-    ``iid`` (each node drawn by inverse CDF from its parent's row) or ``topk``
-    (the node with ``r`` earlier siblings is its parent row's ``r``-th most
-    likely token; a step where some row has too few tokens with ``q > 0`` is
-    reported short, :meth:`step`).  The other arguments are
+    ``iid`` (each node drawn by inverse CDF from its parent's row), ``swor``
+    (the node with ``r`` earlier siblings drawn so from its parent's row with
+    those siblings' tokens removed) or ``topk`` (that node is its parent
+    row's ``r``-th most likely token); a ``swor`` or ``topk`` step where some
+    row has too few tokens with ``q > 0`` is reported short (:meth:`step`).  The other arguments are
     :class:`~spec.llm.step_graph.ChainStepGraph`'s; ``verifier`` is
     ``multidraft`` or ``traversal``.  ``compile_backend`` compiles the draws
     and the verifier's walk before the capture.
@@ -173,7 +175,7 @@ class TreeStepGraph(FusedStep):
         self.size = n = len(self.parents)
         self.depth = len(tab["layers"])
         self.forwards = self.depth  # draft forwards: the pending tokens, then each layer but the last
-        self.draft_uniforms, self.noise = (n if self.draw == Draw.IID else 0), n + 1
+        self.draft_uniforms, self.noise = (0 if self.draw == Draw.TOPK else n), n + 1
         self.fed = len(tab["fed"])
         dev = self.device
         self.plan = TreePlan.of(self.parents, self.draw, dev)
@@ -213,6 +215,12 @@ class TreeStepGraph(FusedStep):
             self._two_rows = torch.arange(2, dtype=torch.int64, device=dev)
             self._d_path = torch.arange(max(self.depth - 1, 0), dtype=torch.int64, device=dev)
             self._t_path = torch.arange(self.depth, dtype=torch.int64, device=dev)
+            # draws without replacement, per layer and sibling rank: the nodes' parent rows, their places in the layer
+            self._swor_ranks = [[(long([par_rows[i] for i in range(len(ranks)) if ranks[i] == j]),
+                                  long([i for i in range(len(ranks)) if ranks[i] == j]))
+                                 for j in range(max(ranks) + 1)]
+                                for par_rows, (_, _, ranks) in zip(
+                                    [[0] * len(tab["layers"][0])] + tab["parent_rows"], tab["ranked"])]
             # ranked draws, per layer: the parents' rows, each node's entry of their flattened (P, k) ranking
             self._rank_rows, self._rank_picks, self._rank_k, self._always_short = [], [], [], []
             for rows, of_node, ranks in tab["ranked"]:
@@ -222,7 +230,8 @@ class TreeStepGraph(FusedStep):
                 self._rank_k.append(k)
                 self._always_short.append(max(ranks) >= self.vocab)
         top = min(self.vocab, self._d_vocab) - 1
-        draw_fn = functools.partial(_draw_layer if self.draw == Draw.IID else _rank_layer, sampling=d_sampling, top=top)
+        layers: dict[Draw, Callable[..., Any]] = {Draw.IID: _draw_layer, Draw.SWOR: _swor_layer, Draw.TOPK: _rank_layer}
+        draw_fn = functools.partial(layers[self.draw], sampling=d_sampling, top=top)
         self._kernels(draw_fn, functools.partial(tree_head, verifier, self.plan, trusted=True), compile_backend)
 
     # --- buffers ---------------------------------------------------------------------------
@@ -286,7 +295,7 @@ class TreeStepGraph(FusedStep):
 
         ``out`` is int64 ``(3 + depth + N,)``: the fault flag, the accepted count, the emitted token, the
         accepted nodes (``-1`` after the last), every drawn token."""
-        ints, n, iid = self._ints, self.size, self.draw == Draw.IID
+        ints, n, sampled = self._ints, self.size, self.draw != Draw.TOPK
         u_draft, u_verify = self._u[: self.draft_uniforms], self._u[self.draft_uniforms :]
         t_len, d_len, root, two = ints[0], ints[1], ints[2], ints[5]
         first = self._pending_rows(d_len, ints[3:5])
@@ -294,11 +303,15 @@ class TreeStepGraph(FusedStep):
         start = d_len + 1 + two  # the slot of the first fed node; the root's position is start - 1
         rows: list[torch.Tensor] = []  # the processed rows each layer is drawn from (the verifier's q)
         drawn: list[torch.Tensor] = []
-        short: list[torch.Tensor] = []  # ranked draws: some node fell on a token with q = 0
+        short: list[torch.Tensor] = []  # ranked / swor draws: some node fell on a token with q = 0
         for d, layer in enumerate(self._layers):
-            if iid:
+            if self.draw == Draw.IID:
                 row, tok = self._draw(raw[-1], self._parent_rows[d], u_draft.index_select(0, layer))
                 rows.append(row)
+            elif self.draw == Draw.SWOR:
+                row, tok, cut = self._draw(raw[-1], self._swor_ranks[d], u_draft.index_select(0, layer))
+                rows.append(row)
+                short.append(cut)
             else:
                 tok, cut = self._draw(raw[-1], self._rank_rows[d], self._rank_picks[d], self._rank_k[d],
                                       self._always_short[d])
@@ -310,7 +323,7 @@ class TreeStepGraph(FusedStep):
         t_ids = torch.cat([root.reshape(1), x.index_select(0, self._t_order)])
         t_logits = self._target_logits(t_ids, t_len)
         p, t_fault = self.sampling.probs_with_fault(t_logits.index_select(0, self._t_rows))
-        q = torch.zeros_like(p).index_copy(0, self._q_rows, torch.cat(rows)) if iid else None  # ranked: no rows
+        q = torch.zeros_like(p).index_copy(0, self._q_rows, torch.cat(rows)) if sampled else None  # ranked: no rows
         fault = logits_fault(torch.cat(raw)) | (logits_fault(t_logits) if t_fault is None else t_fault)
         flag = fault.to(torch.int64) + (SHORT * torch.stack(short).any().to(torch.int64) if short else 0)
         head = self._head(x, q, p, u_verify)  # (bad = 0, n, y, path)
@@ -382,11 +395,12 @@ class TreeStepGraph(FusedStep):
         """One step after ``t_past`` target positions (the root ``root`` not among them) and ``d_past``
         draft positions followed by ``pending`` (one or two tokens); one upload, one transfer back.
 
-        ``u_draft``: the ``N`` uniforms of the i.i.d. draws (``None`` for ranked draws); ``u_verify``: the
+        ``u_draft``: the ``N`` uniforms of the draws (``None`` for ranked draws); ``u_verify``: the
         verifier's ``N + 1``.  Both caches' lengths must be ``t_past`` and ``d_past``; afterwards they hold
         the context and the accepted path.  Logits a :class:`~spec.llm.sampling.Sampling` refuses raise its
         ``ValueError`` (the draft's first).  The result's ``drafted`` holds every node's token.  ``None``
-        when a ranked node fell on a token with ``q = 0`` (the host builder grows a smaller tree there): the
+        when a ranked node fell on a token with ``q = 0`` or a ``swor`` node's law had no mass left (the
+        host builder grows a smaller tree there): the
         step is void, its uniforms unused, and both caches' lengths are still ``t_past`` / ``d_past`` (the
         context's slots untouched), so the caller can run the step another way.
         """
@@ -418,6 +432,16 @@ def _draw_layer(logits: torch.Tensor, parent_rows: torch.Tensor, u: torch.Tensor
     rows = sampling.probs_unchecked(logits)
     tok = categorical_draw(rows.index_select(0, parent_rows), u)
     return rows, tok.clamp(0, top)
+
+
+def _swor_layer(logits: torch.Tensor, ranks: Sequence[tuple[torch.Tensor, torch.Tensor]], u: torch.Tensor, *,
+                sampling: Sampling, top: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One layer's draws without replacement (:meth:`spec.llm.adapter.LLMDraft.draft_tree` with ``swor``): the
+    processed rows ``(m, V)`` of ``logits``, each node's token (:func:`~spec.llm.sampling.swor_draws` with
+    ``ranks``, the layer's per-rank parent rows and places), clamped to ``[0, top]``, and its short flag."""
+    rows = sampling.probs_unchecked(logits)
+    tok, short = swor_draws(rows, ranks, u)
+    return rows, tok.clamp(0, top), short
 
 
 def _rank_layer(logits: torch.Tensor, parents: torch.Tensor, picks: torch.Tensor, k: int, always_short: bool, *,

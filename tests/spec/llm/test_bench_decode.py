@@ -46,9 +46,11 @@ def test_parse_method() -> None:
     assert (fused_tree.step_graph, fused_tree.compile_step, fused_tree.label) == (
         True, False, "fixed/draw=iid+traversal@7/graph")
     assert parse_method("chain:multidraft:compiled", 16, 4).compile_step  # a chain is a tree drawn iid
-    # ranked trees the device drafts at both temperatures: the draft at its own temperature > 0, or one child each
+    # ranked / swor trees the device drafts at both temperatures: the draft at its own temperature > 0, or one
+    # child each (fixed draws swor by default)
     for ranked in ("fixed/draw=topk:traversal:dtemp=1:graph@6", "fixed/draw=topk/width=1:multidraft:graph",
-                   "chain/draw=topk:traversal:graph"):
+                   "chain/draw=topk:traversal:graph", "fixed:traversal:dtemp=1:compiled",
+                   "fixed/width=1:traversal:graph"):
         assert parse_method(ranked, 16, 4).step_graph, ranked
     device_tree = parse_method("fixed/draw=iid:traversal:device@8", 16, 4)  # the tree walked on the device
     assert (device_tree.backend, device_tree.label) == ("device", "fixed/draw=iid+traversal@8/device")
@@ -69,7 +71,7 @@ def test_parse_method() -> None:
                 "dyspec:traversal:dtemp=nan", "dyspec:traversal:dtemp=inf", "dyspec:traversal:dtemp=1:dtemp=1",
                 "dyspec:traversal:dtemp", "chain/confidence=0:sps", "chain/confidence=1.5:sps@20",
                 "dyspec:traversal:graph", "fixed/draw=topk:traversal:graph", "chain:sps:host:graph",
-                "fixed/draw=topk:traversal:dtemp=0:graph", "fixed/draw=swor:traversal:dtemp=1:graph",
+                "fixed/draw=topk:traversal:dtemp=0:graph", "fixed/draw=swor:traversal:dtemp=0:graph",
                 "chain:sps:numpy:graph", "chain:sps:graph:graph", "chain:sps:graph:compiled",
                 "dyspec:traversal:compiled", "chain:kseq:compiled", "chain:sps:host:compiled", "fixed:traversal:graph",
                 "fixed/draw=iid:kseq:graph", "fixed/draw=iid:sps:graph", "fixed/draw=iid:traversal:host:graph",

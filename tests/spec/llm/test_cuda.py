@@ -325,16 +325,17 @@ def test_fused_tree_steps_replay_one_graph(pairs: tuple[tuple[object, object], t
         assert got.tokens == want, name
 
 
-@pytest.mark.parametrize("verifier", ["multidraft", "traversal"])
+@pytest.mark.parametrize(("verifier", "draw"), [(v, d) for v in ("multidraft", "traversal") for d in ("topk", "swor")])
 def test_fused_ranked_tree_steps_on_cuda(pairs: tuple[tuple[object, object], tuple[object, object]],
-                                         verifier: str) -> None:
+                                         verifier: str, draw: str) -> None:
     """``step_graph=True`` on a fixed top-k tree ranked from the draft at 1 (``ranked_tokens`` inside the
-    captured step): greedy decoding equals the CPU's with every step after the first fused, and at T = 1 the
-    graphed run gives the eager fused run's tokens and the usual device tree's on every seed."""
+    captured step), or a tree drawn without replacement: greedy decoding equals the CPU's with every step after
+    the first fused, and at T = 1 the graphed run gives the eager fused run's tokens and the usual device tree's
+    on every seed."""
     (t_cpu, _), (t_gpu, d_gpu) = pairs
     prompt = [2, 7, 1, 8, 2, 8]
     ref = ar_generate(t_cpu, prompt, temperature=0, max_new_tokens=40).tokens
-    tree = dict(budget=7, draft_temperature=1.0, builder_params={"draw": "topk", "width": 2})
+    tree = dict(budget=7, draft_temperature=1.0, builder_params={"draw": draw, "width": 2})
     out = generate(t_gpu, d_gpu, prompt, "fixed", verifier, temperature=0, max_new_tokens=40, step_graph=True,
                    **tree)
     assert out.tokens == ref

@@ -247,7 +247,7 @@ def test_device_tree_equals_the_host_tree(pair: tuple[object, object], verifier:
     assert runs == 30
 
 
-#: (temperature, top_k, draft_temperature, path) for fixed top-k trees: ``device`` where the draft's rows
+#: (temperature, top_k, draft_temperature, path) for fixed top-k and swor trees: ``device`` where the draft's rows
 #: keep ``width`` tokens with q > 0; ``host`` where they cannot (a one-hot draft, a top-k below the width);
 #: ``short`` where the rows of this sharp pair underflow to 0 at a draft temperature of 0.001, so device
 #: trees come out short and the step is redone on the host
@@ -256,32 +256,35 @@ TOPK_SETTINGS = ((1.0, None, None, "device"), (0.6, 9, None, "device"), (0.0, No
                  (1.0, None, 0.001, "short"))
 
 
-@pytest.mark.parametrize(("verifier", "cache"), list(itertools.product(TREE_METHODS, ("dynamic", "static"))))
-def test_device_topk_tree_equals_the_host_tree(pair: tuple[object, object], verifier: str, cache: str,
+@pytest.mark.parametrize(("verifier", "cache", "draw"),
+                         list(itertools.product(TREE_METHODS, ("dynamic", "static"), ("topk", "swor"))))
+def test_device_topk_tree_equals_the_host_tree(pair: tuple[object, object], verifier: str, cache: str, draw: str,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    """A fixed top-k tree drafted on the device (ranked tokens, ``spec.llm.sampling.ranked_tokens``) gives
-    the host path's tokens, accepted counts and forward counts, with every verifier backend; where the
-    draft's rows cannot keep ``width`` tokens the host path runs from the start, and a tree that comes out
-    short (``discard_tree``) is redone on the host with the same tokens."""
+    """A fixed top-k tree drafted on the device (ranked tokens, ``spec.llm.sampling.ranked_tokens``), or a
+    fixed tree drawn without replacement (each sibling from its parent's row with the earlier siblings'
+    tokens removed), gives the host path's tokens, accepted counts and forward counts, with every verifier
+    backend; where the draft's rows cannot keep ``width`` tokens the host path runs from the start, and a
+    tree that comes out short (``discard_tree``) is redone on the host with the same tokens (and, for
+    ``swor``, the same uniforms)."""
     target, draft = pair
     calls = {"draft_tree": 0, "discard_tree": 0}
     for name in calls:
         original = getattr(LLMDraft, name)
 
-        def counted(self: LLMDraft, *args: object, _name: str = name, _original: Any = original) -> Any:
+        def counted(self: LLMDraft, *args: object, _name: str = name, _original: Any = original, **kw: Any) -> Any:
             calls[_name] += 1
-            return _original(self, *args)
+            return _original(self, *args, **kw)
 
         monkeypatch.setattr(LLMDraft, name, counted)
     runs = 0
     for (temperature, top_k, dtemp, path), seed, (width, depth, budget) in itertools.product(
             TOPK_SETTINGS, range(2), ((2, None, 7), (3, 2, 9))):
         kw = dict(temperature=temperature, max_new_tokens=14, budget=budget, seed=seed, cache=cache,
-                  builder_params={"draw": "topk", "width": width, "depth": depth}, top_k=top_k,
+                  builder_params={"draw": draw, "width": width, "depth": depth}, top_k=top_k,
                   draft_temperature=dtemp)
         try:
             host = generate(target, draft, [5, 3, 5], "fixed", verifier, chain_on_device=False, **kw)
-        except ValueError as err:  # not lossless on top-k trees (K-SEQ): the device path refuses alike
+        except ValueError as err:  # not lossless on these trees (K-SEQ): the device path refuses alike
             with pytest.raises(ValueError, match="verifies iid trees only"):
                 generate(target, draft, [5, 3, 5], "fixed", verifier, **kw)
             assert "verifies iid trees only" in str(err)
@@ -345,6 +348,11 @@ def test_draft_tree_misuse_is_refused(pair: tuple[object, object]) -> None:
             draft.draft_tree((-1, 0), u)
     with pytest.raises(ValueError, match=r"shape \(3,\)"):
         draft.draft_tree((-1, -1, 0), torch.zeros(2, dtype=torch.float64))
+    for swor in ("yes", 1):
+        with pytest.raises(ValueError, match="swor must be True .with uniforms. or False"):
+            draft.draft_tree((-1, -1), torch.zeros(2, dtype=torch.float64), swor=swor)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="swor must be True .with uniforms. or False"):
+        draft.draft_tree((-1, -1), None, swor=True)
     with pytest.raises(RuntimeError, match="follows draft_tree"):
         draft.settle_tree([1, 2, 3])
     with pytest.raises(RuntimeError, match="discard_tree follows draft_tree"):

@@ -244,3 +244,44 @@ def test_categorical_draw_equals_the_host_rule_row_by_row() -> None:
     assert u_top * float(np.cumsum(tiny)[-1]) == float(np.cumsum(tiny)[-1])  # the case is the fallback's
     assert int(categorical_draw(torch.from_numpy(tiny), torch.tensor(u_top, dtype=torch.float64))) \
         == categorical(tiny, u_top) == 3
+
+
+def test_swor_draws_equal_the_host_builders_rule() -> None:
+    """:func:`spec.llm.sampling.swor_draws` (a layer of ``swor`` siblings on the device) gives, node by node,
+    the token :class:`spec.builders.FixedBuilder` draws: :func:`tmc.noise.categorical` on the parent's row with
+    the earlier siblings' tokens set to 0 (:func:`spec.builders.base.without`), one uniform a node; and it
+    flags exactly the layers where some sibling's law had no mass left (the host builder stops there).
+    Rows with exact zeros and few positive entries make both cases common; u = 0 and u just below 1 are
+    among the uniforms."""
+    from spec.builders.base import without
+    from spec.llm.sampling import swor_draws
+    from tmc.noise import categorical
+
+    rng = np.random.default_rng(8)
+    full = short = 0
+    for _ in range(300):
+        vocab, parents, width = int(rng.integers(1, 9)), int(rng.integers(1, 4)), int(rng.integers(1, 5))
+        rows = rng.dirichlet(np.ones(vocab), size=parents)
+        rows[rng.random(rows.shape) < 0.4] = 0.0
+        rows[np.arange(parents), rng.integers(vocab, size=parents)] += 0.2  # each row keeps some mass
+        of_node = [p for p in range(parents) for _ in range(width)]  # node i: parent of_node[i], rank i % width
+        u = rng.random(len(of_node))
+        u[rng.random(len(u)) < 0.15] = 0.0
+        u[rng.random(len(u)) < 0.15] = float(np.nextafter(1.0, 0.0))
+        ranks = [(torch.tensor(of_node[j::width]), torch.arange(j, len(of_node), width)) for j in range(width)]
+        tok, cut = swor_draws(torch.from_numpy(rows), ranks, torch.from_numpy(u))
+        empty = False
+        for p in range(parents):
+            drawn: list[int] = []
+            for j in range(width):
+                law = without(rows[p], drawn)
+                if not law.any():
+                    empty = True
+                    break
+                drawn.append(categorical(law, float(u[p * width + j])))
+            if len(drawn) == width:  # a full sibling group: every token the host's
+                assert tok[p * width : (p + 1) * width].tolist() == drawn
+        assert bool(cut) == empty
+        full += not empty
+        short += empty
+    assert full > 80 and short > 80, (full, short)

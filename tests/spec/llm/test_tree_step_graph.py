@@ -72,23 +72,26 @@ def test_fused_tree_steps_give_the_device_trees_tokens(pair: tuple[Any, Any], ve
     check_fused_steps_equal_the_device_path(pair, shape[0], verifier, _depth(*shape), 30, **shape_kw(*shape))
 
 
-@pytest.mark.parametrize(("verifier", "shape"), list(itertools.product(DEVICE_TREE_METHODS, SHAPES)))
-def test_fused_ranked_tree_steps_give_the_device_trees_tokens(pair: tuple[Any, Any], verifier: str,
-                                                              shape: tuple[str, int | None, int | None, int]) -> None:
-    """Top-k trees (each node its parent row's next most likely token; a chain takes each row's argmax): the
-    fused steps rank on the device as ``LLMDraft.draft_tree`` does."""
+@pytest.mark.parametrize(("verifier", "shape", "draw"),
+                         [(v, s, d) for v, s, d in itertools.product(DEVICE_TREE_METHODS, SHAPES, ("topk", "swor"))
+                          if s[0] == "fixed" or d == "topk"])  # the chain builder draws iid or topk
+def test_fused_ranked_and_swor_tree_steps_give_the_device_trees_tokens(
+        pair: tuple[Any, Any], verifier: str, shape: tuple[str, int | None, int | None, int], draw: str) -> None:
+    """Top-k trees (each node its parent row's next most likely token; a chain takes each row's argmax) and
+    trees drawn without replacement (each sibling from its parent's row with the earlier siblings' tokens
+    removed): the fused steps draw on the device as ``LLMDraft.draft_tree`` does."""
     check_fused_steps_equal_the_device_path(pair, shape[0], verifier, _depth(*shape), 30, RANKED_SETTINGS,
-                                            **shape_kw(*shape, draw="topk"))
+                                            **shape_kw(*shape, draw=draw))
 
 
-@pytest.mark.parametrize("verifier", DEVICE_TREE_METHODS)
-def test_short_ranked_steps_are_void_and_redone_unfused(pair: tuple[Any, Any], verifier: str,
+@pytest.mark.parametrize(("verifier", "draw"), list(itertools.product(DEVICE_TREE_METHODS, ("topk", "swor"))))
+def test_short_ranked_steps_are_void_and_redone_unfused(pair: tuple[Any, Any], verifier: str, draw: str,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """At a draft temperature of 0.002 this sharp draft's rows underflow to 0 past their top token in some
-    steps but not in others (measured while writing: a third to a half of them).  A fused ranked step that
-    ranks a token with q = 0 is void: ``step`` gives ``None`` with both caches' lengths as they were; the decode
-    redoes that step unfused on the same uniforms and fuses the next one again.  Tokens and accepted counts
-    stay the device tree's."""
+    steps but not in others (measured while writing: a third to two thirds of them).  A fused ranked step
+    that ranks a token with q = 0, or a swor step whose second sibling's law has no mass left, is void:
+    ``step`` gives ``None`` with both caches' lengths as they were; the decode redoes that step unfused on the
+    same uniforms and fuses the next one again.  Tokens and accepted counts stay the device tree's."""
     target, draft = pair
     original = TreeStepGraph.step
     voids: list[bool] = []
@@ -104,7 +107,7 @@ def test_short_ranked_steps_are_void_and_redone_unfused(pair: tuple[Any, Any], v
     refused_then_fused = 0
     for seed in (0, 1):
         kw: dict[str, Any] = dict(temperature=1.0, draft_temperature=0.002, max_new_tokens=40, seed=seed,
-                                  cache="static", **shape_kw("fixed", 2, None, 7, draw="topk"))
+                                  cache="static", **shape_kw("fixed", 2, None, 7, draw=draw))
         ref = generate(target, draft, [5, 3, 5], "fixed", verifier, **kw)
         before = len(voids)
         got = generate(target, draft, [5, 3, 5], "fixed", verifier, step_graph=True, **kw)
@@ -159,7 +162,7 @@ def test_the_tree_step_reads_no_value_on_the_host(pair: tuple[Any, Any], verifie
     nothing in it waits for the device, so a CUDA graph can capture it whole."""
     target, draft = pair
     for sampling, draw in itertools.product((Sampling(0.0), Sampling(1.0), Sampling(0.7, top_k=5, top_p=0.9)),
-                                            ("iid", "topk")):
+                                            ("iid", "swor", "topk")):
         _meta_step(target, draft, verifier, sampling, draw)
 
 
@@ -183,7 +186,7 @@ def test_bad_logits_in_a_fused_tree_step_raise_the_usual_error(pair: tuple[Any, 
     (dict(builder_params={"draw": "topk"}, temperature=0), "the 'chain' builder with no confidence stop"),
     (dict(builder_params={"draw": "topk"}, top_p=0.9), "the 'chain' builder with no confidence stop"),
     (dict(builder_params={"draw": "topk", "width": 3}, top_k=2), "the 'chain' builder with no confidence stop"),
-    (dict(builder_params={"draw": "swor"}), "the 'chain' builder with no confidence stop"),
+    (dict(builder_params={"draw": "swor"}, temperature=0), "the 'chain' builder with no confidence stop"),
     (dict(verifier="kseq"), "the 'chain' builder with no confidence stop"),
     (dict(builder="dyspec", builder_params={}), "the 'chain' builder with no confidence stop"),
     (dict(builder="chain", verifier="kseq"), "needs a chain verifier"),
@@ -279,8 +282,8 @@ def test_tree_step_graph_refuses_bad_arguments(pair: tuple[Any, Any]) -> None:
         TreeStepGraph(target, draft, tc, dc, **{**kw, "order": (0, 1, 1)})
     with pytest.raises(ValueError, match="vocab 30 differs"):
         TreeStepGraph(target, draft, tc, dc, **{**kw, "vocab": 30})
-    for draw in ("swor", "sample", None):
-        with pytest.raises(ValueError, match=r"draw must be one of \['iid', 'topk'\]"):
+    for draw in ("sample", None, 2):
+        with pytest.raises(ValueError, match=r"draw must be one of \['iid', 'swor', 'topk'\]"):
             TreeStepGraph(target, draft, tc, dc, **{**kw, "draw": draw})
     step = TreeStepGraph(target, draft, tc, dc, **kw)
     u3, u4 = np.full(3, 0.5), np.full(4, 0.5)
@@ -328,12 +331,12 @@ def test_fused_tree_steps_grow_the_caches_they_outrun(pair: tuple[Any, Any], mon
     assert step._layout is not None and step._layout[0] is caches[0].kv and step._layout[1] is caches[1].kv
 
 
-@pytest.mark.parametrize(("verifier", "draw"), list(itertools.product(DEVICE_TREE_METHODS, ("iid", "topk"))))
+@pytest.mark.parametrize(("verifier", "draw"), list(itertools.product(DEVICE_TREE_METHODS, ("iid", "swor", "topk"))))
 def test_compiled_tree_steps_trace_whole_and_give_the_same_tokens(pair: tuple[Any, Any], verifier: str, draw: str,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """``compile_step=True`` on a tree: the layer draws and the walk through ``torch.compile(fullgraph=True)``
     with dynamo's ``eager`` backend (a graph break would raise); the tokens stay the device tree's.  Top-k
-    trees rank from the draft at 1 (a greedy target) or at the target's temperature."""
+    and swor trees draw from the draft at 1 (under a greedy target too)."""
     from spec.llm import generate as gen
 
     monkeypatch.setattr(gen, "COMPILE_BACKEND", "eager")
@@ -341,7 +344,7 @@ def test_compiled_tree_steps_trace_whole_and_give_the_same_tokens(pair: tuple[An
     before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     for temp, seed in itertools.product((0.0, 1.0), (0, 1)):
         kw: dict[str, Any] = dict(temperature=temp, max_new_tokens=24, seed=seed, cache="static",
-                                  draft_temperature=1.0 if draw == "topk" else None,
+                                  draft_temperature=None if draw == "iid" else 1.0,
                                   **shape_kw("fixed", 2, None, 7, draw=draw))
         ref = generate(target, draft, [5, 3, 5], "fixed", verifier, **kw)
         got = generate(target, draft, [5, 3, 5], "fixed", verifier, step_graph=True, compile_step=True, **kw)
