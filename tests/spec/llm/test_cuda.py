@@ -210,6 +210,18 @@ def test_windowed_models_replay_graphs_on_the_static_cache(name: str) -> None:
         assert graphed.tokens == eager.tokens
 
 
+def _graphed_eager_and_plain_agree(t_gpu: object, d_gpu: object, prompt: list[int], builder: str, verifier: str,
+                                   **tree: object) -> None:
+    """At T = 1 on 5 seeds: the fused steps replayed as graphs, the same steps run eagerly (``graphs=False``)
+    and the usual device path give the same tokens."""
+    for seed in range(5):
+        kw: dict[str, object] = dict(temperature=1.0, max_new_tokens=40, seed=seed, **tree)
+        graphed = generate(t_gpu, d_gpu, prompt, builder, verifier, step_graph=True, **kw)
+        eager = generate(t_gpu, d_gpu, prompt, builder, verifier, step_graph=True, cache="static", graphs=False, **kw)
+        plain = generate(t_gpu, d_gpu, prompt, builder, verifier, **kw)
+        assert graphed.tokens == eager.tokens == plain.tokens, seed
+
+
 @pytest.mark.parametrize("verifier", ["sps", "asps", "block"])
 def test_fused_chain_steps_replay_one_graph(pairs: tuple[tuple[object, object], tuple[object, object]],
                                            verifier: str) -> None:
@@ -234,12 +246,7 @@ def test_fused_chain_steps_replay_one_graph(pairs: tuple[tuple[object, object], 
                      and s.sampling.temperature == 0]
             assert len(fused) == 1 and fused[0].graphs and fused[0].captures == 1  # once, in the first decode
             assert fused[0].replays == (run + 1) * (len(out.steps) - 1) > 0
-    for seed in range(5):
-        kw = dict(budget=4, temperature=1.0, max_new_tokens=40, seed=seed)
-        graphed = generate(t_gpu, d_gpu, prompt, "chain", verifier, step_graph=True, **kw)
-        eager = generate(t_gpu, d_gpu, prompt, "chain", verifier, step_graph=True, cache="static", graphs=False, **kw)
-        plain = generate(t_gpu, d_gpu, prompt, "chain", verifier, **kw)
-        assert graphed.tokens == eager.tokens == plain.tokens, seed
+    _graphed_eager_and_plain_agree(t_gpu, d_gpu, prompt, "chain", verifier, budget=4)
     for name in ("mistral", "gemma3"):
         target, draft = tiny(name, 0, 3), tiny(name, 1, 3)
         want = greedy_decode(target, [3, 1, 4, 1, 5], 24)
@@ -311,12 +318,7 @@ def test_fused_tree_steps_replay_one_graph(pairs: tuple[tuple[object, object], t
                  and s.sampling.temperature == 0]
         assert len(fused) == 1 and fused[0].graphs and fused[0].captures == 1  # once, in the first decode
         assert fused[0].replays == (run + 1) * (len(out.steps) - 1) > 0
-    for seed in range(5):
-        kw = dict(temperature=1.0, max_new_tokens=40, seed=seed, **tree)
-        graphed = generate(t_gpu, d_gpu, prompt, "fixed", verifier, step_graph=True, **kw)
-        eager = generate(t_gpu, d_gpu, prompt, "fixed", verifier, step_graph=True, cache="static", graphs=False, **kw)
-        plain = generate(t_gpu, d_gpu, prompt, "fixed", verifier, **kw)
-        assert graphed.tokens == eager.tokens == plain.tokens, seed
+    _graphed_eager_and_plain_agree(t_gpu, d_gpu, prompt, "fixed", verifier, **tree)
     for name in ("mistral", "gemma3"):
         target, draft = tiny(name, 0, 3), tiny(name, 1, 3)
         want = greedy_decode(target, [3, 1, 4, 1, 5], 24)
@@ -340,12 +342,7 @@ def test_fused_ranked_tree_steps_on_cuda(pairs: tuple[tuple[object, object], tup
                    **tree)
     assert out.tokens == ref
     assert sum(s.graph_s > 0 for s in out.steps) == len(out.steps) - 1
-    for seed in range(5):
-        kw = dict(temperature=1.0, max_new_tokens=40, seed=seed, **tree)
-        graphed = generate(t_gpu, d_gpu, prompt, "fixed", verifier, step_graph=True, **kw)
-        eager = generate(t_gpu, d_gpu, prompt, "fixed", verifier, step_graph=True, cache="static", graphs=False, **kw)
-        plain = generate(t_gpu, d_gpu, prompt, "fixed", verifier, **kw)
-        assert graphed.tokens == eager.tokens == plain.tokens, seed
+    _graphed_eager_and_plain_agree(t_gpu, d_gpu, prompt, "fixed", verifier, **tree)
 
 
 def test_fused_tree_step_profile_on_cuda(pairs: tuple[tuple[object, object], tuple[object, object]]) -> None:
