@@ -313,7 +313,6 @@ def select_cache(cache: Any, indices: Sequence[int] | NDArray[np.integer[Any]] |
     return cache
 
 
-@functools.lru_cache(maxsize=128)
 def fit_vocabulary(logits: torch.Tensor, vocab: int) -> torch.Tensor:
     """A draft's logits ``(..., V_draft)`` on the decode vocabulary of ``vocab`` ids: cut to it, or widened
     with ``-inf`` (ids the draft lacks are never drawn)."""
@@ -326,6 +325,7 @@ def fit_vocabulary(logits: torch.Tensor, vocab: int) -> torch.Tensor:
     return torch.cat([logits, pad], dim=-1)
 
 
+@functools.lru_cache(maxsize=128)
 def _tree_layout(parents: tuple[int, ...]) -> tuple[tuple[tuple[int, ...], ...], tuple[int, ...]]:
     """The layers of a breadth-first tree shape (its nodes, by depth) and each node's count of earlier
     siblings; ``ValueError`` for an empty or malformed shape.  Cached: the decode loop drafts the same

@@ -579,3 +579,21 @@ def test_wetap_trees_from_an_llm_draft_equal_the_row_path(sampling):
         via_rows = builder.build(_RowsOnly(drafts[1]), budget, seed)
         assert (via_beam.parents, via_beam.tokens) == (via_rows.parents, via_rows.tokens)
         assert drafts[0].forwards == drafts[1].forwards and not drafts[0]._rows  # no row reached the host
+
+
+def test_fit_vocabulary_reads_its_logits_every_call_and_the_layouts_are_cached():
+    """``fit_vocabulary`` is a pure function of the logits' current values: a static cache's graph writes its
+    logits into the same tensor every replay, so a cache keyed by the tensor would hand back the first
+    replay's rows (a decorator once slid onto it from ``_tree_layout``, whose layouts are cached)."""
+    from spec.llm.adapter import _tree_layout, fit_vocabulary
+
+    logits = torch.zeros(2, 3)
+    wide, cut, same = fit_vocabulary(logits, 5), fit_vocabulary(logits, 2), fit_vocabulary(logits, 3)
+    assert wide.shape == (2, 5) and torch.isinf(wide[:, 3:]).all() and cut.shape == (2, 2) and same is logits
+    logits.fill_(1.0)  # as a graph replay writes its output buffer
+    assert fit_vocabulary(logits, 5)[:, :3].eq(1.0).all() and fit_vocabulary(logits, 2).eq(1.0).all()
+    assert not hasattr(fit_vocabulary, "cache_info")
+    before = _tree_layout.cache_info().hits
+    _tree_layout((-1, -1, 0))
+    _tree_layout((-1, -1, 0))
+    assert _tree_layout.cache_info().hits >= before + 1
