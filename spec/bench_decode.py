@@ -34,7 +34,8 @@ Side by side in one run, on the same prompts, every method decodes exactly
   CUDA graph (``generate``'s ``step_graph``, on the static cache whatever
   ``--cache`` says), e.g. ``chain:sps:graph`` or
   ``fixed/draw=topk:traversal:dtemp=1:graph@6``; ``:compiled`` does the same with the step's
-  draws and verifier compiled by ``torch.compile`` first (``compile_step``).  Its steps are not split into builder,
+  draws and verifier compiled by ``torch.compile`` first (``compile_step``), ``:whole`` with the
+  whole step compiled (``compile_step="whole"``).  Its steps are not split into builder,
   verifier and forwards, so its cost columns come from
   :meth:`~spec.llm.step_graph.ChainStepGraph.profile` after the first prompt:
   the step against its forwards alone (``bld+ver %``: the difference, of the
@@ -115,7 +116,7 @@ class Method:
     backend: str = "auto"  # generate's verify_backend
     draft_temperature: float | None = None  # generate's draft_temperature (None: the row's temperature)
     step_graph: bool = False  # generate's step_graph: each chain step one fixed-shape graph
-    compile_step: bool = False  # generate's compile_step: the fused step's draws and verifier compiled
+    compile_step: bool | str = False  # generate's compile_step: the fused step's draws and verifier, or "whole"
 
     @property
     def ours(self) -> bool:
@@ -130,7 +131,8 @@ class Method:
         return (f"{self.builder}{shown}+{self.verifier}@{self.budget}" + ("/host" if self.on_host else "")
                 + ("" if self.backend == "auto" else f"/{self.backend}")
                 + ("" if self.draft_temperature is None else f"/dtemp={self.draft_temperature:g}")
-                + ("/compiled" if self.compile_step else "/graph" if self.step_graph else ""))
+                + ("/whole" if self.compile_step == "whole" else "/compiled" if self.compile_step
+                   else "/graph" if self.step_graph else ""))
 
 
 def _builder_params(text: str, fields: list[str]) -> tuple[tuple[str, Any], ...]:
@@ -178,11 +180,11 @@ def parse_method(text: str, budget: int, chain_budget: int) -> Method:
     verifier, *flags = verifier.split(":")
     dtemp = [f for f in flags if f.startswith("dtemp=")]
     flags = [f for f in flags if not f.startswith("dtemp=")]
-    unknown = [f for f in flags if f not in ("host", "torch", "numpy", "device", "graph", "compiled")]
+    unknown = [f for f in flags if f not in ("host", "torch", "numpy", "device", "graph", "compiled", "whole")]
     backends = {"torch", "numpy", "device"} & set(flags)
     if unknown or len(set(flags)) != len(flags) or len(backends) > 1 or len(dtemp) > 1:
         raise ValueError(f"method {text!r}: the fields after the verifier are flags, each at most once: 'host', "
-                         f"'graph' or 'compiled', one of 'torch' / 'numpy' / 'device', and 'dtemp=T'; "
+                         f"one of 'graph' / 'compiled' / 'whole', one of 'torch' / 'numpy' / 'device', and 'dtemp=T'; "
                          f"got {':'.join(flags + dtemp)!r}")
     draft_temperature = None
     if dtemp:
@@ -196,17 +198,18 @@ def parse_method(text: str, budget: int, chain_budget: int) -> Method:
     if on_host and builder not in ("chain", "fixed"):
         raise ValueError(f"method {text!r}: only the chain and fixed builders (drafted on the device) take the flag "
                          f"'host'")
-    compile_step = "compiled" in flags
-    step_graph = "graph" in flags or compile_step
-    fused_needs = (f"method {text!r}: the flag 'graph' (generate's step_graph), or 'compiled' (step_graph and "
-                   f"compile_step), takes the chain builder with a chain verifier, or the chain or fixed builder "
+    compile_step: bool | str = "whole" if "whole" in flags else "compiled" in flags
+    step_graph = "graph" in flags or bool(compile_step)
+    fused_needs = (f"method {text!r}: the flag 'graph' (generate's step_graph), 'compiled' (step_graph and "
+                   f"compile_step) or 'whole' (compile_step='whole'), one of them, takes the chain builder with a "
+                   f"chain verifier, or the chain or fixed builder "
                    f"drawing iid (or topk / swor: a fixed tree wider than 1 with dtemp=T, T > 0, since at "
                    f"temperature 0 the draft's rows are one-hot) with multidraft / traversal, drafting on the "
                    f"device, without 'host' or 'numpy'")
-    if {"graph", "compiled"} <= set(flags) or (step_graph and (builder not in ("chain", "fixed") or on_host
-                                                                or "numpy" in flags)):
+    if len({"graph", "compiled", "whole"} & set(flags)) > 1 or (
+            step_graph and (builder not in ("chain", "fixed") or on_host or "numpy" in flags)):
         raise ValueError(fused_needs)
-    backend = next((f for f in flags if f not in ("host", "graph", "compiled")), "auto")
+    backend = next((f for f in flags if f not in ("host", "graph", "compiled", "whole")), "auto")
     if not sep or builder not in BUILDERS or verifier not in VERIFIERS:
         raise ValueError(
             f"method {text!r}: use one of {', '.join(BASELINES)} or BUILDER:VERIFIER[@BUDGET] with a builder of "
@@ -355,6 +358,7 @@ def _step_profile(method: Method, target: Any, draft: Any, prompt: list[int], te
     for model, kv in ((target, t_cache), (draft, d_cache)):
         _prefill(model, kv, prompt[:-1])
     compile_backend = COMPILE_BACKEND if method.compile_step else None
+    scope = "whole" if method.compile_step == "whole" else "parts"
     step: FusedStep
     if method.verifier in DEVICE_TREE_METHODS:  # the shape and layout generate gives the tree (its default order)
         if isinstance(built, ChainBuilder):
@@ -366,12 +370,12 @@ def _step_profile(method: Method, target: Any, draft: Any, prompt: list[int], te
         shape = _Shape.of(parents, kind, "dfs", vocab, t_cache.device)
         step = shared_tree_step(target, draft, t_cache, d_cache, parents=parents, order=shape.order,
                                 verifier=method.verifier, sampling=sampling, d_sampling=d_sampling, vocab=vocab,
-                                draw=kind, compile_backend=compile_backend)
+                                draw=kind, compile_backend=compile_backend, compile_scope=scope)
     else:
         assert isinstance(built, ChainBuilder)
         step = shared_chain_step(target, draft, t_cache, d_cache, k=method.budget, verifier=method.verifier,
                                  iid=built.draw == Draw.IID, sampling=sampling, d_sampling=d_sampling, vocab=vocab,
-                                 compile_backend=compile_backend)
+                                 compile_backend=compile_backend, compile_scope=scope)
     past = len(prompt) - 1
     return step.profile(past, prompt[-1], past, [prompt[-1]], reps=reps)
 
@@ -633,7 +637,9 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                         "torch, numpy or device (the verifier backend), dtemp=T (the draft's own temperature), graph "
                         "(chain + chain verifier, or a chain / fixed tree drawn iid, swor or topk + multidraft / "
                         "traversal: each step one fixed-shape CUDA graph, generate's step_graph), "
-                        "compiled (graph, with the step's draws and verifier compiled first: compile_step)")
+                        "compiled (graph, with the step's draws and verifier compiled first: compile_step), "
+                        "whole (graph, the whole step compiled, both models' forwards included: "
+                        "compile_step='whole')")
     g.add_argument("--budget", type=int, default=16, help="decode: tree budget of methods without @ (default 16)")
     g.add_argument("--chain-budget", type=int, default=4, help="decode: chain length of chain methods without @ (default 4)")
     g.add_argument("--prompts", type=int, default=8, help="decode: held-out prompts (default 8)")

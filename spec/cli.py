@@ -144,9 +144,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                           "cuda (generate's step_graph): the chain builder with sps/asps/block, or a fixed / chain "
                           "tree drawn iid or topk with multidraft/traversal; needs the static cache (--cache static, "
                           "or auto on cuda). Same tokens; on the CPU it only adds work")
-    dec.add_argument("--compile-step", action="store_true",
+    dec.add_argument("--compile-step", nargs="?", const="parts", choices=["parts", "whole"], default=None,
                      help="with --step-graph: the step's draws and verifier through torch.compile (inductor) first "
-                          "(generate's compile_step; the first step pays the compilation)")
+                          "(parts, the default), or the whole step, both models' forwards included (whole); "
+                          "generate's compile_step, the first step pays the compilation")
     dec.add_argument("--no-ar", action="store_true", help="skip the autoregressive baseline run")
     add_seed(dec, "builder draws and verifier uniforms")
     add_json(dec)
@@ -185,7 +186,7 @@ def _cmd_decode(args: argparse.Namespace) -> int:
         out = generate(target, draft, ids, args.builder, args.verifier, budget=args.budget,
                        builder_params=dict(args.param), cache=args.cache, chain_on_device=not args.host_chain,
                        verify_backend=args.verify_backend, draft_temperature=args.draft_temperature,
-                       step_graph=args.step_graph, compile_step=args.compile_step, **settings)
+                       step_graph=args.step_graph, compile_step=args.compile_step or False, **settings)
         ar = None if args.no_ar else ar_generate(target, ids, cache=args.cache, **settings)
     summary = out.summary()
     report: dict[str, Any] = {"builder": args.builder, "verifier": args.verifier, "budget": args.budget,

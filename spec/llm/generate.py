@@ -55,7 +55,7 @@ from spec.llm.adapter import (
 from spec.llm.host_verify import verify_chain_numpy, verify_tree_numpy
 from spec.llm.sampling import Sampling, logits_fault
 from spec.llm.static_cache import cache_keyword, holds_layers, model_device, model_dtype, shared_static_cache
-from spec.llm.step_graph import ChainStepGraph, shared_chain_step
+from spec.llm.step_graph import COMPILE_SCOPES, ChainStepGraph, shared_chain_step
 from spec.llm.tree_device import DEVICE_TREE_METHODS, TreePlan, read_head, tree_head
 from spec.llm.tree_step_graph import FUSED_DRAWS, TreeStepGraph, shared_tree_step
 from spec.llm.verify import (
@@ -555,7 +555,7 @@ def generate(
     chain_on_device: bool = True,
     verify_backend: str = "auto",
     step_graph: bool = False,
-    compile_step: bool = False,
+    compile_step: bool | str = False,
 ) -> GenerateOutput:
     """Speculative decoding of ``max_new_tokens`` tokens after ``input_ids`` (module doc).
 
@@ -637,20 +637,24 @@ def generate(
     on the same uniforms).  The first step, which feeds the prompt to the draft,
     takes the usual path.  The tokens are the same (tested on the CPU, where
     the same work runs eagerly).  Off by default: on the CPU it only adds work.
-    ``compile_step`` (with ``step_graph``): the step's draws and verifier go
-    through ``torch.compile`` (inductor, whole graphs) first, so the captured
-    graph launches a few fused kernels for them instead of some 150 small
-    ones; the first step of each setting pays the compilation.
+    ``compile_step`` (with ``step_graph``): ``True`` (or ``"parts"``) sends
+    the step's draws and verifier through ``torch.compile`` (inductor, whole
+    graphs) first, so the captured graph launches a few fused kernels for
+    them instead of some 150 small ones; ``"whole"`` compiles the whole step,
+    both models' forwards included (:mod:`spec.llm.step_graph`), so the
+    forwards' inputs, masks and cache moves are fused too.  The first step of
+    each setting pays the compilation.
     """
     t_start = time.perf_counter()
     if not isinstance(chain_on_device, bool):
         raise ValueError(f"chain_on_device must be True or False, got {chain_on_device!r}")
     if not isinstance(step_graph, bool):
         raise ValueError(f"step_graph must be True or False, got {step_graph!r}")
-    if not isinstance(compile_step, bool):
-        raise ValueError(f"compile_step must be True or False, got {compile_step!r}")
+    if compile_step not in (False, True, *COMPILE_SCOPES) or type(compile_step) not in (bool, str):
+        raise ValueError(f"compile_step must be False, True or one of {COMPILE_SCOPES}, got {compile_step!r}")
     if compile_step and not step_graph:
-        raise ValueError("compile_step=True compiles the fused step: it needs step_graph=True")
+        raise ValueError(f"compile_step={compile_step!r} compiles the fused step: it needs step_graph=True")
+    scope = "whole" if compile_step == "whole" else "parts"
     vocab = _vocab(target, "target")
     d_vocab = _vocab(draft, "draft")  # a draft of another size works on the target's ids (LLMDraft's vocab)
     check_attention(target, "target")
@@ -712,12 +716,12 @@ def generate(
                 if shape is not None and _fused_tree(fixed_shape, verifier):
                     fused = shared_tree_step(target, draft, t_cache, d_cache, parents=shape.parents, order=shape.order,
                                              verifier=verifier, sampling=sampling, d_sampling=d_sampling, vocab=vocab,
-                                             draw=shape.kind, compile_backend=backend_c)
+                                             draw=shape.kind, compile_backend=backend_c, compile_scope=scope)
                 else:
                     assert isinstance(b, ChainBuilder)
                     fused = shared_chain_step(target, draft, t_cache, d_cache, k=budget, verifier=verifier,
                                               iid=b.draw == Draw.IID, sampling=sampling, d_sampling=d_sampling,
-                                              vocab=vocab, compile_backend=backend_c)
+                                              vocab=vocab, compile_backend=backend_c, compile_scope=scope)
             may_be_short = isinstance(fused, TreeStepGraph) and fused.draw != Draw.IID
             before = rng.bit_generator.state if may_be_short else None  # a ranked / swor tree may come out short
             u_draft = rng.random(fused.draft_uniforms) if fused.draft_uniforms else None

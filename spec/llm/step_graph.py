@@ -43,7 +43,13 @@ counted on the CPU with :func:`spec.llm.opcount.count_ops`); a GPU runs each
 for a few microseconds even inside a graph.  With a backend named, each
 draw and the verifier's head go through ``torch.compile`` as whole graphs
 of fixed shapes first (``fullgraph``: a host read is an error, not a
-silent split), so the capture records inductor's fused kernels instead.
+silent split), so the capture records inductor's fused kernels instead
+(``compile_scope="parts"``).  That leaves about 100 operations outside the
+forwards (the forwards' inputs and masks, the target's rows, the cache
+moves: counted for a fixed tree of 7 nodes); ``compile_scope="whole"``
+compiles the whole step, the two models' forwards included, as one graph
+(dynamo traces through the models and the static caches), so inductor may
+fuse those too and the forwards' own small operations with them.
 
 The work is :func:`spec.llm.generate._chain_step`'s, on the same uniforms in
 the same order, so the tokens are the same (tested on the CPU, where the
@@ -69,7 +75,7 @@ from spec.llm.static_cache import StaticTreeCache, _round_capacity, _Size
 from spec.llm.verify import CHAIN_METHODS, _chain_head, noise_size
 from tmc.validate import check_int
 
-__all__ = ["ChainStepGraph", "ChainStepResult", "FusedStep", "shared_chain_step"]
+__all__ = ["COMPILE_SCOPES", "ChainStepGraph", "ChainStepResult", "FusedStep", "shared_chain_step"]
 
 _INTS = 6  # t_len, d_len, root, pending[0], pending[1], two pending tokens (0/1)
 
@@ -88,6 +94,9 @@ class ChainStepResult(NamedTuple):
 def _vocab_of(model: Any) -> int:
     return int(model.config.vocab_size)
 
+
+#: What ``compile_backend`` compiles (module doc): each draw and the verifier's head, or the whole step.
+COMPILE_SCOPES: tuple[str, ...] = ("parts", "whole")
 
 #: Graphs dynamo may keep per code object (``_draw_row``, ``_verify_head``): one per setting (sampling, verifier,
 #: chain length, vocabulary) a process decodes with; its default (8) is hit by a benchmark's rows.
@@ -191,15 +200,20 @@ class FusedStep:
         self._ints = self._staged[:_INTS]
         self._u = self._staged[_INTS:].view(torch.float64)
 
-    def _kernels(self, draw: Any, head: Any, compile_backend: str | None) -> None:
-        """The step's draw and verifier head, as given or through ``torch.compile`` with ``compile_backend``."""
+    def _kernels(self, draw: Any, head: Any, compile_backend: str | None, compile_scope: str = "parts") -> None:
+        """The step's draw and verifier head, as given or through ``torch.compile`` with ``compile_backend``
+        (``compile_scope="parts"``), or as given inside the whole step compiled (``"whole"``)."""
         if compile_backend is not None and not isinstance(compile_backend, str):
             raise ValueError(f"compile_backend must be None or a torch.compile backend name, got {compile_backend!r}")
-        self.compile_backend = compile_backend
-        if compile_backend is None:
+        if compile_scope not in COMPILE_SCOPES:
+            raise ValueError(f"compile_scope must be one of {COMPILE_SCOPES}, got {compile_scope!r}")
+        self.compile_backend, self.compile_scope = compile_backend, compile_scope
+        if compile_backend is None or compile_scope == "whole":
             self._draw, self._head = draw, head
         else:
             self._draw, self._head = _compiled(draw, compile_backend), _compiled(head, compile_backend)
+        if compile_backend is not None and compile_scope == "whole":
+            self._run = _compiled(self._run, compile_backend)  # type: ignore[method-assign]
 
     def _check_state(self, t_past: int, root: int, d_past: int, pending: Sequence[int]) -> None:
         """``ValueError`` unless the caches hold ``t_past`` / ``d_past`` positions, ``pending`` is one or two
@@ -295,7 +309,11 @@ class FusedStep:
     def _time_in_turns(self, step: Any, forwards: Any, target: Any, reps: int) -> dict[str, float]:
         """:meth:`ChainStepGraph.profile`'s figures from the step (run or replayed by the caller first), its
         forwards alone and the target forward alone: each the median of ``reps`` runs, device synchronised
-        around each, the three taking turns (order rotated) after two warm-up rounds."""
+        around each, the three taking turns (order rotated) after two warm-up rounds.  With the whole step
+        compiled the forwards are compiled alike, so the difference is what the draws, the verifier and the
+        cache moves add to compiled forwards."""
+        if self.compile_backend is not None and self.compile_scope == "whole":
+            forwards, target = _compiled(forwards, self.compile_backend), _compiled(target, self.compile_backend)
         if self.graphs:
             assert self._graph is not None
             runs = {"step": self._graph.replay, "forwards": self._captured(forwards).replay,
@@ -330,12 +348,12 @@ class ChainStepGraph(FusedStep):
     CUDA graph when both caches capture graphs (``graphs``), else it runs
     eagerly on the same buffers.  ``captures`` and ``replays`` count graphs
     captured and replayed.  ``compile_backend``: a ``torch.compile`` backend for the draws and the
-    verifier's head (module doc), or ``None``.
+    verifier's head, or for the whole step with ``compile_scope="whole"`` (module doc), or ``None``.
     """
 
     def __init__(self, target: Any, draft: Any, t_cache: StaticTreeCache, d_cache: StaticTreeCache, *, k: int,
                  verifier: str, iid: bool, sampling: Sampling, d_sampling: Sampling, vocab: int,
-                 compile_backend: str | None = None) -> None:
+                 compile_backend: str | None = None, compile_scope: str = "parts") -> None:
         self._setup(target, draft, t_cache, d_cache, vocab)
         if verifier not in CHAIN_METHODS:
             raise ValueError(f"verifier must be one of {CHAIN_METHODS} (a chain verifier), got {verifier!r}")
@@ -347,7 +365,8 @@ class ChainStepGraph(FusedStep):
         with torch.inference_mode(False):
             self._steps = torch.arange(max(2, self.k + 1), dtype=torch.int64, device=self.device)
         draw = functools.partial(_draw_row, sampling=d_sampling, iid=self.iid, top=min(self.vocab, self._d_vocab) - 1)
-        self._kernels(draw, functools.partial(_verify_head, sampling=sampling, verifier=verifier), compile_backend)
+        self._kernels(draw, functools.partial(_verify_head, sampling=sampling, verifier=verifier), compile_backend,
+                      compile_scope)
 
     # --- buffers ---------------------------------------------------------------------------
 
@@ -474,15 +493,16 @@ class ChainStepGraph(FusedStep):
 
 def shared_chain_step(target: Any, draft: Any, t_cache: StaticTreeCache, d_cache: StaticTreeCache, *, k: int,
                       verifier: str, iid: bool, sampling: Sampling, d_sampling: Sampling, vocab: int,
-                      compile_backend: str | None = None) -> ChainStepGraph:
+                      compile_backend: str | None = None, compile_scope: str = "parts") -> ChainStepGraph:
     """The :class:`ChainStepGraph` of these caches and settings, made once and reused across decodes (as
     :func:`~spec.llm.static_cache.shared_static_cache` reuses the caches), so a decode replays the graph an
     earlier one captured: only a cache that grew since makes it capture again."""
     per_cache = t_cache.step_graphs
-    key = (id(d_cache), k, verifier, bool(iid), sampling, d_sampling, vocab, compile_backend)
+    key = (id(d_cache), k, verifier, bool(iid), sampling, d_sampling, vocab, compile_backend, compile_scope)
     step = per_cache.get(key)
     if step is None or step.d_cache is not d_cache or step.target is not target or step.draft is not draft:
         step = ChainStepGraph(target, draft, t_cache, d_cache, k=k, verifier=verifier, iid=iid, sampling=sampling,
-                              d_sampling=d_sampling, vocab=vocab, compile_backend=compile_backend)
+                              d_sampling=d_sampling, vocab=vocab, compile_backend=compile_backend,
+                              compile_scope=compile_scope)
         per_cache[key] = step
     return step

@@ -154,13 +154,14 @@ class TreeStepGraph(FusedStep):
     row has too few tokens with ``q > 0`` is reported short (:meth:`step`).  The other arguments are
     :class:`~spec.llm.step_graph.ChainStepGraph`'s; ``verifier`` is
     ``multidraft`` or ``traversal``.  ``compile_backend`` compiles the draws
-    and the verifier's walk before the capture.
+    and the verifier's walk before the capture, or the whole step with
+    ``compile_scope="whole"`` (:mod:`spec.llm.step_graph`).
     """
 
     def __init__(self, target: Any, draft: Any, t_cache: StaticTreeCache, d_cache: StaticTreeCache, *,
                  parents: Sequence[int], order: Sequence[int], verifier: str, sampling: Sampling,
                  d_sampling: Sampling, vocab: int, draw: Draw | str = Draw.IID,
-                 compile_backend: str | None = None) -> None:
+                 compile_backend: str | None = None, compile_scope: str = "parts") -> None:
         self._setup(target, draft, t_cache, d_cache, vocab)
         if verifier not in DEVICE_TREE_METHODS:
             raise ValueError(f"verifier must be one of {DEVICE_TREE_METHODS} (walked on the device), got {verifier!r}")
@@ -232,7 +233,8 @@ class TreeStepGraph(FusedStep):
         top = min(self.vocab, self._d_vocab) - 1
         layers: dict[Draw, Callable[..., Any]] = {Draw.IID: _draw_layer, Draw.SWOR: _swor_layer, Draw.TOPK: _rank_layer}
         draw_fn = functools.partial(layers[self.draw], sampling=d_sampling, top=top)
-        self._kernels(draw_fn, functools.partial(tree_head, verifier, self.plan, trusted=True), compile_backend)
+        self._kernels(draw_fn, functools.partial(tree_head, verifier, self.plan, trusted=True), compile_backend,
+                      compile_scope)
 
     # --- buffers ---------------------------------------------------------------------------
 
@@ -466,16 +468,16 @@ def _rank_layer(logits: torch.Tensor, parents: torch.Tensor, picks: torch.Tensor
 def shared_tree_step(target: Any, draft: Any, t_cache: StaticTreeCache, d_cache: StaticTreeCache, *,
                      parents: Sequence[int], order: Sequence[int], verifier: str, sampling: Sampling,
                      d_sampling: Sampling, vocab: int, draw: Draw | str = Draw.IID,
-                     compile_backend: str | None = None) -> TreeStepGraph:
+                     compile_backend: str | None = None, compile_scope: str = "parts") -> TreeStepGraph:
     """The :class:`TreeStepGraph` of these caches and settings, made once and reused across decodes
     (:func:`spec.llm.step_graph.shared_chain_step`'s rule)."""
     per_cache = t_cache.step_graphs
     key = ("tree", id(d_cache), tuple(parents), tuple(order), verifier, sampling, d_sampling, vocab,
-           getattr(draw, "value", draw), compile_backend)
+           getattr(draw, "value", draw), compile_backend, compile_scope)
     step = per_cache.get(key)
     if step is None or step.d_cache is not d_cache or step.target is not target or step.draft is not draft:
         step = TreeStepGraph(target, draft, t_cache, d_cache, parents=parents, order=order, verifier=verifier,
                              sampling=sampling, d_sampling=d_sampling, vocab=vocab, draw=draw,
-                             compile_backend=compile_backend)
+                             compile_backend=compile_backend, compile_scope=compile_scope)
         per_cache[key] = step
     return step

@@ -46,6 +46,8 @@ def test_parse_method() -> None:
     assert (fused_tree.step_graph, fused_tree.compile_step, fused_tree.label) == (
         True, False, "fixed/draw=iid+traversal@7/graph")
     assert parse_method("chain:multidraft:compiled", 16, 4).compile_step  # a chain is a tree drawn iid
+    whole = parse_method("fixed/draw=iid:traversal:whole@7", 16, 4)  # the whole step compiled
+    assert (whole.step_graph, whole.compile_step, whole.label) == (True, "whole", "fixed/draw=iid+traversal@7/whole")
     # ranked / swor trees the device drafts at both temperatures: the draft at its own temperature > 0, or one
     # child each (fixed draws swor by default)
     for ranked in ("fixed/draw=topk:traversal:dtemp=1:graph@6", "fixed/draw=topk/width=1:multidraft:graph",
@@ -73,6 +75,7 @@ def test_parse_method() -> None:
                 "dyspec:traversal:graph", "fixed/draw=topk:traversal:graph", "chain:sps:host:graph",
                 "fixed/draw=topk:traversal:dtemp=0:graph", "fixed/draw=swor:traversal:dtemp=0:graph",
                 "chain:sps:numpy:graph", "chain:sps:graph:graph", "chain:sps:graph:compiled",
+                "chain:sps:compiled:whole", "chain:sps:graph:whole", "dyspec:traversal:whole", "chain:sps:host:whole",
                 "dyspec:traversal:compiled", "chain:kseq:compiled", "chain:sps:host:compiled", "fixed:traversal:graph",
                 "fixed/draw=iid:kseq:graph", "fixed/draw=iid:sps:graph", "fixed/draw=iid:traversal:host:graph",
                 "fixed/draw=topk:multidraft:compiled"):
@@ -162,6 +165,26 @@ def test_fused_tree_rows_run_beside_device_tree_rows(pair: tuple[object, object]
         assert fused["builder_pct"] is None and "step_overhead_pct" in fused
         assert min(fused["step_step_ms"], fused["step_forwards_ms"], fused["step_target_ms"]) > 0
     assert rows[(0.0, label + "/graph")]["agree_ar"] == 1.0
+
+
+def test_whole_compiled_rows_run_beside_device_tree_rows(pair: tuple[object, object],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``:whole`` row (the whole fused step through ``torch.compile``; dynamo's ``eager`` backend here, so the
+    tracing is real and no code is generated) decodes the device tree's tokens and profiles the compiled step."""
+    from spec.llm import generate as gen
+
+    monkeypatch.setattr(gen, "COMPILE_BACKEND", "eager")
+    target, draft = pair
+    methods = [parse_method(m, budget=6, chain_budget=3) for m in ("fixed/draw=iid:traversal",
+                                                                  "fixed/draw=iid:traversal:whole")]
+    report = run_decode_bench(target, draft, [[4, 4, 1], [2, 7, 1]], methods, temperatures=(0.0, 1.0), new_tokens=12,
+                              warmup=False, cache="static")
+    rows = {(r["temperature"], r["method"]): r for r in report["rows"]}
+    for temp in (0.0, 1.0):
+        whole, plain = rows[(temp, "fixed/draw=iid+traversal@6/whole")], rows[(temp, "fixed/draw=iid+traversal@6")]
+        assert whole["tokens_per_step"] == plain["tokens_per_step"]
+        assert min(whole["step_step_ms"], whole["step_forwards_ms"], whole["step_target_ms"]) > 0
+    torch._dynamo.reset()
 
 
 def test_every_method_runs_and_greedy_rows_equal_ar(pair: tuple[object, object]) -> None:

@@ -273,22 +273,24 @@ def test_fused_step_profile_on_cuda(pairs: tuple[tuple[object, object], tuple[ob
 
 
 @pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # torch's own code
-@pytest.mark.parametrize("verifier", ["sps", "block"])
-def test_compiled_fused_steps_on_cuda(pairs: tuple[tuple[object, object], tuple[object, object]], verifier: str) -> None:
-    """``compile_step=True``: inductor's kernels for the draws and the verifier inside the captured step graph.
-    Greedy decoding equals the CPU's; at T = 1 the tokens equal the plain device chain's on at least 4 of 5 seeds
-    (inductor may order a float64 sum otherwise, moving a row by about 1e-18; a draw flips only when a uniform
-    lands that close to a boundary)."""
+@pytest.mark.parametrize(("verifier", "scope"), [(v, c) for v in ("sps", "block") for c in (True, "whole")])
+def test_compiled_fused_steps_on_cuda(pairs: tuple[tuple[object, object], tuple[object, object]], verifier: str,
+                                      scope: bool | str) -> None:
+    """``compile_step=True``: inductor's kernels for the draws and the verifier inside the captured step graph
+    (``"whole"``: the whole step, both models' forwards included).  Greedy decoding equals the CPU's; at T = 1 the
+    tokens equal the plain device chain's on at least 4 of 5 seeds (inductor may order a float64 sum otherwise,
+    moving a row by about 1e-18, or a float32 one in a compiled forward; a draw flips only when a uniform lands
+    that close to a boundary)."""
     (t_cpu, _), (t_gpu, d_gpu) = pairs
     prompt = [2, 7, 1, 8, 2, 8]
     ref = ar_generate(t_cpu, prompt, temperature=0, max_new_tokens=40).tokens
     out = generate(t_gpu, d_gpu, prompt, "chain", verifier, budget=4, temperature=0, max_new_tokens=40,
-                   step_graph=True, compile_step=True)
+                   step_graph=True, compile_step=scope)
     assert out.tokens == ref
     same = 0
     for seed in range(5):
         kw = dict(budget=4, temperature=1.0, max_new_tokens=40, seed=seed)
-        compiled = generate(t_gpu, d_gpu, prompt, "chain", verifier, step_graph=True, compile_step=True, **kw)
+        compiled = generate(t_gpu, d_gpu, prompt, "chain", verifier, step_graph=True, compile_step=scope, **kw)
         same += compiled.tokens == generate(t_gpu, d_gpu, prompt, "chain", verifier, **kw).tokens
     assert same >= 4
 
@@ -363,20 +365,22 @@ def test_fused_tree_step_profile_on_cuda(pairs: tuple[tuple[object, object], tup
 
 
 @pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # torch's own code
-def test_compiled_fused_tree_steps_on_cuda(pairs: tuple[tuple[object, object], tuple[object, object]]) -> None:
+@pytest.mark.parametrize("scope", [True, "whole"])
+def test_compiled_fused_tree_steps_on_cuda(pairs: tuple[tuple[object, object], tuple[object, object]],
+                                           scope: bool | str) -> None:
     """``compile_step=True`` on a tree: inductor's kernels for the layer draws and the walk inside the captured
-    step.  Greedy equals the CPU's; at T = 1 the plain device tree's tokens on at least 4 of 5 seeds (as for
-    chains: inductor may order a float64 sum otherwise)."""
+    step (``"whole"``: the whole step).  Greedy equals the CPU's; at T = 1 the plain device tree's tokens on at
+    least 4 of 5 seeds (as for chains: inductor may order a sum otherwise)."""
     (t_cpu, _), (t_gpu, d_gpu) = pairs
     prompt = [2, 7, 1, 8, 2, 8]
     tree = dict(budget=7, builder_params={"draw": "iid", "width": 2})
     ref = ar_generate(t_cpu, prompt, temperature=0, max_new_tokens=40).tokens
     out = generate(t_gpu, d_gpu, prompt, "fixed", "traversal", temperature=0, max_new_tokens=40, step_graph=True,
-                   compile_step=True, **tree)
+                   compile_step=scope, **tree)
     assert out.tokens == ref
     same = 0
     for seed in range(5):
         kw = dict(temperature=1.0, max_new_tokens=40, seed=seed, **tree)
-        compiled = generate(t_gpu, d_gpu, prompt, "fixed", "traversal", step_graph=True, compile_step=True, **kw)
+        compiled = generate(t_gpu, d_gpu, prompt, "fixed", "traversal", step_graph=True, compile_step=scope, **kw)
         same += compiled.tokens == generate(t_gpu, d_gpu, prompt, "fixed", "traversal", **kw).tokens
     assert same >= 4

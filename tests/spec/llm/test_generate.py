@@ -792,9 +792,9 @@ def test_decode_command_stops_at_any_stop_token_of_the_generation_config(
 
 @needs_decode_command
 def test_decode_command_runs_fused_steps(saved_pair: SavedPair, capsys: pytest.CaptureFixture[str]) -> None:
-    """``tmc decode --step-graph`` (and ``--compile-step``, through dynamo's ``eager`` backend here) on the
-    static cache decodes greedily with a fused chain and a fused top-k tree; without the static cache, or
-    ``--compile-step`` alone, it exits 2 naming what is missing."""
+    """``tmc decode --step-graph`` (and ``--compile-step`` / ``--compile-step whole``, through dynamo's
+    ``eager`` backend here) on the static cache decodes greedily with a fused chain and a fused top-k tree;
+    without the static cache, or ``--compile-step`` alone, it exits 2 naming what is missing."""
     import json
 
     from spec.llm import generate as gen
@@ -810,13 +810,15 @@ def test_decode_command_runs_fused_steps(saved_pair: SavedPair, capsys: pytest.C
              "--draft-temperature", "1"])
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(gen, "COMPILE_BACKEND", "eager")
-        for run, extra in itertools.product(runs, ([], ["--compile-step"])):
+        for run, extra in itertools.product(runs, ([], ["--compile-step"], ["--compile-step", "whole"])):
             assert main([*base, *run, "--cache", "static", "--step-graph", *extra]) == 0, (run, extra)
             assert json.loads(capsys.readouterr().out)["tokens"] == greedy, (run, extra)
     assert main([*base, *runs[0], "--cache", "dynamic", "--step-graph"]) == 2
     assert "step_graph=True needs cache='static'" in capsys.readouterr().err
     assert main([*base, *runs[0], "--cache", "static", "--compile-step"]) == 2
     assert "it needs step_graph=True" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # argparse: not a scope
+        main([*base, *runs[0], "--cache", "static", "--step-graph", "--compile-step", "all"])
 
 
 #: (builder, verifier, params, draft temperature) under the plain target law at T = 1: a cooler draft, a warmer

@@ -207,8 +207,10 @@ def test_bad_logits_in_a_fused_step_raise_the_usual_error(pair: tuple[Any, Any],
     (dict(cache="dynamic"), "needs cache='static'"),
     (dict(cache="auto"), "needs cache='static'"),  # auto is dynamic on the CPU
     (dict(verify_backend="numpy"), "verify_backend 'torch', 'device' or 'auto'"),
-    (dict(compile_step=1), "compile_step must be True or False"),
+    (dict(compile_step=1), "compile_step must be False, True or one of"),
+    (dict(compile_step="all"), "compile_step must be False, True or one of"),
     (dict(compile_step=True, step_graph=False), "compile_step=True compiles the fused step: it needs step_graph=True"),
+    (dict(compile_step="whole", step_graph=False), "compile_step='whole' compiles the fused step: it needs"),
 ])
 def test_step_graph_needs_a_fixed_chain_on_the_static_cache(pair: tuple[Any, Any], kwargs: dict[str, Any],
                                                             match: str) -> None:
@@ -286,10 +288,13 @@ def test_fused_steps_grow_the_caches_they_outrun(pair: tuple[Any, Any], monkeypa
     assert step._layout is not None and step._layout[0] is caches[0].kv and step._layout[1] is caches[1].kv
 
 
-@pytest.mark.parametrize(("verifier", "draw"), list(itertools.product(CHAIN_METHODS, ("iid", "topk"))))
+@pytest.mark.parametrize(("verifier", "draw", "scope"),
+                         list(itertools.product(CHAIN_METHODS, ("iid", "topk"), (True, "whole"))))
 def test_compiled_steps_trace_whole_and_give_the_same_tokens(pair: tuple[Any, Any], verifier: str, draw: str,
+                                                             scope: bool | str,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    """``compile_step=True`` puts the draws and the verifier through ``torch.compile(fullgraph=True)``; here with the
+    """``compile_step=True`` puts the draws and the verifier through ``torch.compile(fullgraph=True)``, and
+    ``compile_step="whole"`` the whole step, both models' forwards and the static caches included; here with the
     ``eager`` backend (dynamo traces, no code is generated), so any graph break would raise.  The tokens stay the
     device chain's, and dynamo made new graphs."""
     from spec.llm import generate as gen
@@ -301,7 +306,7 @@ def test_compiled_steps_trace_whole_and_give_the_same_tokens(pair: tuple[Any, An
         kw: dict[str, Any] = dict(budget=3, temperature=temp, max_new_tokens=24, seed=seed, cache="static",
                                   builder_params={"draw": draw})
         ref = generate(target, draft, [5, 3, 5], "chain", verifier, **kw)
-        got = generate(target, draft, [5, 3, 5], "chain", verifier, step_graph=True, compile_step=True, **kw)
+        got = generate(target, draft, [5, 3, 5], "chain", verifier, step_graph=True, compile_step=scope, **kw)
         assert got.tokens == ref.tokens, (temp, seed)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > before
 
@@ -329,4 +334,9 @@ def test_compiled_steps_with_inductor_on_the_cpu(pair: tuple[Any, Any]) -> None:
     kw: dict[str, Any] = dict(budget=3, temperature=1.0, max_new_tokens=24, seed=2, cache="static")
     ref = generate(target, draft, [5, 3, 5], "chain", "block", **kw)
     got = generate(target, draft, [5, 3, 5], "chain", "block", step_graph=True, compile_step=True, **kw)
+    assert got.tokens == ref.tokens
+    # the whole step, the two models' forwards included, as inductor's code (greedy: no draw rides on a last bit)
+    kw["temperature"] = 0.0
+    ref = generate(target, draft, [5, 3, 5], "chain", "block", **kw)
+    got = generate(target, draft, [5, 3, 5], "chain", "block", step_graph=True, compile_step="whole", **kw)
     assert got.tokens == ref.tokens

@@ -331,12 +331,15 @@ def test_fused_tree_steps_grow_the_caches_they_outrun(pair: tuple[Any, Any], mon
     assert step._layout is not None and step._layout[0] is caches[0].kv and step._layout[1] is caches[1].kv
 
 
-@pytest.mark.parametrize(("verifier", "draw"), list(itertools.product(DEVICE_TREE_METHODS, ("iid", "swor", "topk"))))
+@pytest.mark.parametrize(("verifier", "draw", "scope"),
+                         list(itertools.product(DEVICE_TREE_METHODS, ("iid", "swor", "topk"), (True, "whole"))))
 def test_compiled_tree_steps_trace_whole_and_give_the_same_tokens(pair: tuple[Any, Any], verifier: str, draw: str,
+                                                                  scope: bool | str,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """``compile_step=True`` on a tree: the layer draws and the walk through ``torch.compile(fullgraph=True)``
-    with dynamo's ``eager`` backend (a graph break would raise); the tokens stay the device tree's.  Top-k
-    and swor trees draw from the draft at 1 (under a greedy target too)."""
+    (``"whole"``: the whole step, both models' forwards included) with dynamo's ``eager`` backend (a graph
+    break would raise); the tokens stay the device tree's.  Top-k and swor trees draw from the draft at 1
+    (under a greedy target too)."""
     from spec.llm import generate as gen
 
     monkeypatch.setattr(gen, "COMPILE_BACKEND", "eager")
@@ -347,7 +350,7 @@ def test_compiled_tree_steps_trace_whole_and_give_the_same_tokens(pair: tuple[An
                                   draft_temperature=None if draw == "iid" else 1.0,
                                   **shape_kw("fixed", 2, None, 7, draw=draw))
         ref = generate(target, draft, [5, 3, 5], "fixed", verifier, **kw)
-        got = generate(target, draft, [5, 3, 5], "fixed", verifier, step_graph=True, compile_step=True, **kw)
+        got = generate(target, draft, [5, 3, 5], "fixed", verifier, step_graph=True, compile_step=scope, **kw)
         assert got.tokens == ref.tokens, (temp, seed)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > before
     torch._dynamo.reset()
@@ -355,10 +358,14 @@ def test_compiled_tree_steps_trace_whole_and_give_the_same_tokens(pair: tuple[An
 
 @pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # torch's own code
 def test_compiled_tree_steps_with_inductor_on_the_cpu(pair: tuple[Any, Any]) -> None:
-    """Inductor's generated code for the layer draws and the walk gives the device tree's tokens."""
+    """Inductor's generated code for the layer draws and the walk gives the device tree's tokens; for the whole
+    step (the forwards' inputs and masks, both models, the cache moves), greedy decoding."""
     target, draft = pair
     kw: dict[str, Any] = dict(temperature=1.0, max_new_tokens=24, seed=2, cache="static", **shape_kw("fixed", 2, None, 7))
     ref = generate(target, draft, [5, 3, 5], "fixed", "traversal", **kw)
     got = generate(target, draft, [5, 3, 5], "fixed", "traversal", step_graph=True, compile_step=True, **kw)
     assert got.tokens == ref.tokens
+    kw.update(temperature=0.0, draft_temperature=1.0)
+    got = generate(target, draft, [5, 3, 5], "fixed", "traversal", step_graph=True, compile_step="whole", **kw)
+    assert got.tokens == greedy_decode(target, [5, 3, 5], 24)
     torch._dynamo.reset()
