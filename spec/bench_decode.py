@@ -232,9 +232,9 @@ def parse_method(text: str, budget: int, chain_budget: int) -> Method:
     draw = getattr(made, "draw", None)
     # a ranked / swor tree is fused where the device drafts it (generate._device_shape) at both of the bench's
     # temperatures: the draft's rows keep width tokens (a draft temperature above 0), or one child per node
-    ranked_ok = draw in (Draw.TOPK, Draw.SWOR) and (builder == "chain" or getattr(made, "width", 1) == 1
+    full_rows = draw in (Draw.TOPK, Draw.SWOR) and (builder == "chain" or getattr(made, "width", 1) == 1
                                                      or (draft_temperature or 0.0) > 0)
-    fused_tree = verifier in DEVICE_TREE_METHODS and (draw == Draw.IID or ranked_ok)
+    fused_tree = verifier in DEVICE_TREE_METHODS and (draw == Draw.IID or full_rows)
     if step_graph and not (fused_tree or (builder == "chain" and verifier in CHAIN_METHODS)):
         raise ValueError(fused_needs)
     return Method(text, builder, verifier, n, on_host, params, backend, draft_temperature, step_graph, compile_step)
@@ -364,7 +364,7 @@ def _step_profile(method: Method, target: Any, draft: Any, prompt: list[int], te
         if isinstance(built, ChainBuilder):
             parents = tuple(range(-1, method.budget - 1))
         else:
-            assert isinstance(built, FixedBuilder)  # parse_method: chain or fixed, drawing iid or topk
+            assert isinstance(built, FixedBuilder)  # parse_method: chain or fixed, drawing iid, swor or topk
             parents = built.full_shape(method.budget)
         kind = Draw(built.draw)
         shape = _Shape.of(parents, kind, "dfs", vocab, t_cache.device)

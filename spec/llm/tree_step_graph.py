@@ -217,14 +217,13 @@ class TreeStepGraph(FusedStep):
             self._d_path = torch.arange(max(self.depth - 1, 0), dtype=torch.int64, device=dev)
             self._t_path = torch.arange(self.depth, dtype=torch.int64, device=dev)
             # draws without replacement, per layer and sibling rank: the nodes' parent rows, their places in the layer
-            self._swor_ranks = [[(long([par_rows[i] for i in range(len(ranks)) if ranks[i] == j]),
-                                  long([i for i in range(len(ranks)) if ranks[i] == j]))
-                                 for j in range(max(ranks) + 1)]
-                                for par_rows, (_, _, ranks) in zip(
-                                    [[0] * len(tab["layers"][0])] + tab["parent_rows"], tab["ranked"])]
+            self._swor_ranks = [] if self.draw != Draw.SWOR else [
+                [(long([par_rows[i] for i in range(len(ranks)) if ranks[i] == j]),
+                  long([i for i in range(len(ranks)) if ranks[i] == j])) for j in range(max(ranks) + 1)]
+                for par_rows, (_, _, ranks) in zip([[0] * len(tab["layers"][0])] + tab["parent_rows"], tab["ranked"])]
             # ranked draws, per layer: the parents' rows, each node's entry of their flattened (P, k) ranking
             self._rank_rows, self._rank_picks, self._rank_k, self._always_short = [], [], [], []
-            for rows, of_node, ranks in tab["ranked"]:
+            for rows, of_node, ranks in tab["ranked"] if self.draw == Draw.TOPK else ():
                 k = min(max(ranks) + 1, self.vocab)  # draft_tree's rule: a rank past the vocabulary is short
                 self._rank_rows.append(long(rows))
                 self._rank_picks.append(long([j * k + min(r, k - 1) for j, r in zip(of_node, ranks)]))
