@@ -149,41 +149,30 @@ def test_graph_rows_run_beside_device_chain_rows(pair: tuple[object, object]) ->
     assert rows[(0.0, "chain+asps@3/graph")]["agree_ar"] == 1.0
 
 
-@pytest.mark.parametrize(("row", "label"), [("fixed/draw=iid:traversal", "fixed/draw=iid+traversal@6"),
-                                            ("fixed/draw=topk:traversal:dtemp=1", "fixed/draw=topk+traversal@6")])
-def test_fused_tree_rows_run_beside_device_tree_rows(pair: tuple[object, object], row: str, label: str) -> None:
-    """A fused tree row (``:graph``; i.i.d., or ranked from the draft at 1) decodes the device tree's tokens;
-    its costs come from ``TreeStepGraph.profile`` on the graph its decodes used."""
-    target, draft = pair
-    methods = [parse_method(m, budget=6, chain_budget=3) for m in ("ar", row, row + ":graph")]
-    report = run_decode_bench(target, draft, [[4, 4, 1], [2, 7, 1]], methods, temperatures=(0.0, 1.0), new_tokens=12,
-                              warmup=False, cache="static")
-    rows = {(r["temperature"], r["method"].replace("/dtemp=1", "")): r for r in report["rows"]}
-    for temp in (0.0, 1.0):
-        fused, plain = rows[(temp, label + "/graph")], rows[(temp, label)]
-        assert fused["tokens_per_step"] == plain["tokens_per_step"]
-        assert fused["builder_pct"] is None and "step_overhead_pct" in fused
-        assert min(fused["step_step_ms"], fused["step_forwards_ms"], fused["step_target_ms"]) > 0
-    assert rows[(0.0, label + "/graph")]["agree_ar"] == 1.0
-
-
-def test_whole_compiled_rows_run_beside_device_tree_rows(pair: tuple[object, object],
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    """A ``:whole`` row (the whole fused step through ``torch.compile``; dynamo's ``eager`` backend here, so the
-    tracing is real and no code is generated) decodes the device tree's tokens and profiles the compiled step."""
+@pytest.mark.parametrize(("row", "label", "flag"), [
+    ("fixed/draw=iid:traversal", "fixed/draw=iid+traversal@6", "graph"),
+    ("fixed/draw=topk:traversal:dtemp=1", "fixed/draw=topk+traversal@6", "graph"),
+    ("fixed/draw=iid:traversal", "fixed/draw=iid+traversal@6", "whole"),
+])
+def test_fused_tree_rows_run_beside_device_tree_rows(pair: tuple[object, object], row: str, label: str, flag: str,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fused tree row (``:graph``; i.i.d., or ranked from the draft at 1; ``:whole``, the whole step through
+    ``torch.compile``, here with dynamo's ``eager`` backend: real tracing, no code generated) decodes the device
+    tree's tokens; its costs come from ``TreeStepGraph.profile`` on the graph its decodes used."""
     from spec.llm import generate as gen
 
     monkeypatch.setattr(gen, "COMPILE_BACKEND", "eager")
     target, draft = pair
-    methods = [parse_method(m, budget=6, chain_budget=3) for m in ("fixed/draw=iid:traversal",
-                                                                  "fixed/draw=iid:traversal:whole")]
+    methods = [parse_method(m, budget=6, chain_budget=3) for m in ("ar", row, f"{row}:{flag}")]
     report = run_decode_bench(target, draft, [[4, 4, 1], [2, 7, 1]], methods, temperatures=(0.0, 1.0), new_tokens=12,
                               warmup=False, cache="static")
-    rows = {(r["temperature"], r["method"]): r for r in report["rows"]}
+    rows = {(r["temperature"], r["method"].replace("/dtemp=1", "")): r for r in report["rows"]}
     for temp in (0.0, 1.0):
-        whole, plain = rows[(temp, "fixed/draw=iid+traversal@6/whole")], rows[(temp, "fixed/draw=iid+traversal@6")]
-        assert whole["tokens_per_step"] == plain["tokens_per_step"]
-        assert min(whole["step_step_ms"], whole["step_forwards_ms"], whole["step_target_ms"]) > 0
+        fused, plain = rows[(temp, f"{label}/{flag}")], rows[(temp, label)]
+        assert fused["tokens_per_step"] == plain["tokens_per_step"]
+        assert fused["builder_pct"] is None and "step_overhead_pct" in fused
+        assert min(fused["step_step_ms"], fused["step_forwards_ms"], fused["step_target_ms"]) > 0
+    assert rows[(0.0, f"{label}/{flag}")]["agree_ar"] == 1.0
     torch._dynamo.reset()
 
 
