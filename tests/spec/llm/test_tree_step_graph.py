@@ -233,6 +233,24 @@ def test_fused_tree_steps_past_a_sliding_window(name: str, window: int, budget: 
 
 
 @pytest.mark.parametrize("name", ["mistral", "gemma3"])
+def test_whole_compiled_steps_past_a_sliding_window(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``compile_step="whole"`` on windowed models (every layer windowed; by layer kind, two mask buffers): dynamo
+    traces the fused chain and swor tree steps whole (``eager`` backend: a graph break would raise) and greedy
+    decoding past a window of 3 is reproduced."""
+    from spec.llm import generate as gen
+
+    monkeypatch.setattr(gen, "COMPILE_BACKEND", "eager")
+    target, draft = tiny(name, 0, 3), tiny(name, 1, 3)
+    ref = greedy_decode(target, [3, 1, 4, 1, 5], 24)
+    for builder, verifier, kw in (("fixed", "traversal", shape_kw("fixed", 2, None, 7, draw="swor")),
+                                  ("chain", "sps", {"budget": 4})):
+        got = generate(target, draft, [3, 1, 4, 1, 5], builder, verifier, temperature=0, max_new_tokens=24,
+                       draft_temperature=1.0, cache="static", step_graph=True, compile_step="whole", **kw)
+        assert got.tokens == ref, builder
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("name", ["mistral", "gemma3"])
 def test_fused_draft_rows_equal_draft_trees_rows_in_a_window(name: str) -> None:
     """Row by row, with a window of 2 that bites at every layer of a 2-wide tree of 24 nodes: the laws the
     fused step draws each layer from equal those ``LLMDraft.draft_tree`` draws the same tree from (same
