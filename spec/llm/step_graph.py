@@ -260,6 +260,25 @@ class FusedStep:
         h[_INTS:].view(np.float64)[:] = uniforms
         self._staged.copy_(self._host, non_blocking=self.device.type == "cuda")
 
+    @staticmethod
+    def _feed(cache: StaticTreeCache, buf: _Size, tokens: torch.Tensor, positions: torch.Tensor,
+              slots: torch.Tensor, allowed: torch.Tensor, near: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits ``(n, V_model)`` of ``tokens`` written at ``slots``; the cache's host length is left alone.
+        ``near``: ``allowed`` cut to the cache's sliding window (``None`` without one), for the windowed layers
+        (every layer, or those of kind ``sliding_attention`` beside full ones that take ``allowed``)."""
+        buf.index[0].copy_(tokens)
+        buf.index[1].copy_(positions)
+        buf.index[2].copy_(slots)
+        if near is None:
+            buf.allowed.copy_(allowed)
+        elif buf.near is not None:
+            buf.allowed.copy_(allowed)
+            buf.near.copy_(near)
+        else:
+            buf.allowed.copy_(near)
+        logits: torch.Tensor = cache._eager(buf)[0]
+        return logits
+
     def _prepare(self, t_need: int, d_need: int) -> None:
         raise NotImplementedError
 
@@ -388,22 +407,10 @@ class ChainStepGraph(FusedStep):
         """Logits ``(n, V_model)`` of ``tokens`` at positions (= slots) ``start, start + 1, ...``, each seeing the
         slots up to its own (cut to the window where the model has one); the cache's host length is left alone."""
         pos = start + self._steps[: buf.size]
-        buf.index[0].copy_(tokens)
-        buf.index[1].copy_(pos)
-        buf.index[2].copy_(pos)
         seen = cols[None, :] <= pos[:, None]
         window = cache.window
-        if window is None:
-            buf.allowed.copy_(seen)
-        else:
-            near = seen & (cols[None, :] > pos[:, None] - window.size)
-            if buf.near is not None:  # full-attention layers and windowed ones
-                buf.allowed.copy_(seen)
-                buf.near.copy_(near)
-            else:
-                buf.allowed.copy_(near)
-        logits: torch.Tensor = cache._eager(buf)[0]
-        return logits
+        near = None if window is None else seen & (cols[None, :] > pos[:, None] - window.size)
+        return self._feed(cache, buf, tokens, pos, pos, seen, near)
 
     def _draft_logits(self, buf: _Size, tokens: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
         """The draft's logits on the decode vocabulary (``LLMDraft``'s rule: ids it cannot embed go in as 0)."""

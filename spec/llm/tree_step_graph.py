@@ -251,25 +251,6 @@ class TreeStepGraph(FusedStep):
     # --- the step's device work --------------------------------------------------------------
 
     @staticmethod
-    def _forward(cache: StaticTreeCache, buf: _Size, tokens: torch.Tensor, positions: torch.Tensor,
-                 slots: torch.Tensor, allowed: torch.Tensor, near: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits ``(n, V_model)`` of ``tokens`` written at ``slots``; the cache's host length is left alone.
-        ``near``: ``allowed`` cut to the cache's sliding window (``None`` without one), for the windowed layers
-        (every layer, or those of kind ``sliding_attention`` beside full ones that take ``allowed``)."""
-        buf.index[0].copy_(tokens)
-        buf.index[1].copy_(positions)
-        buf.index[2].copy_(slots)
-        if near is None:
-            buf.allowed.copy_(allowed)
-        elif buf.near is not None:
-            buf.allowed.copy_(allowed)
-            buf.near.copy_(near)
-        else:
-            buf.allowed.copy_(near)
-        logits: torch.Tensor = cache._eager(buf)[0]
-        return logits
-
-    @staticmethod
     def _sees(cols: torch.Tensor, start: torch.Tensor, table: torch.Tensor,
               lowest: torch.Tensor | None = None) -> torch.Tensor:
         """``(m, capacity)``: the context (the slots below ``start``; with ``lowest``, ``(m,)`` or ``(1,)``, only
@@ -288,7 +269,7 @@ class TreeStepGraph(FusedStep):
         pos = d_len + self._two_rows
         seen = self._d_cols[None, :] <= pos[:, None]
         near = None if self._d_window is None else seen & (self._d_cols[None, :] > pos[:, None] - self._d_window)
-        return self._fit(self._forward(self.d_cache, self._first, self._draft_ids(pending), pos, pos, seen, near))
+        return self._fit(self._feed(self.d_cache, self._first, self._draft_ids(pending), pos, pos, seen, near))
 
     @torch.no_grad()
     def _run(self) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:
@@ -337,7 +318,7 @@ class TreeStepGraph(FusedStep):
         near = None
         if self._t_near is not None and self._t_window is not None:  # the context seen from pos - size + 1 on
             near = self._sees(self._t_cols, t_len, self._t_near, pos - self._t_window + 1)
-        return self._forward(self.t_cache, self._verify, ids, pos, t_len + self._t_slots,
+        return self._feed(self.t_cache, self._verify, ids, pos, t_len + self._t_slots,
                              self._sees(self._t_cols, t_len, self._t_mask), near)
 
     def _layer_logits(self, d: int, tokens: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
@@ -347,7 +328,7 @@ class TreeStepGraph(FusedStep):
         near = None
         if self._d_window is not None:  # the context seen from pos - size + 1 on
             near = self._sees(self._d_cols, start, self._d_near[d], (start + d - self._d_window + 1).reshape(1))
-        return self._fit(self._forward(self.d_cache, self._layer_bufs[d], self._draft_ids(tokens), pos,
+        return self._fit(self._feed(self.d_cache, self._layer_bufs[d], self._draft_ids(tokens), pos,
                                        start + self._fed_slots[d], allowed, near))
 
     def _keep(self, path: torch.Tensor, t_len: torch.Tensor, start: torch.Tensor) -> None:
