@@ -17,6 +17,10 @@ One optional second question serves beam builders (WETAP), which keep the
 :func:`select_beam` answers it from rows, and a :class:`BeamDraft` (the LLM
 draft) answers it where its logits live, so ``W × V`` rows need not reach
 the host.  Both answers are the same set (tested).
+
+A third, for builders that keep each node's few most likely children
+(DynaTree): :func:`select_top` ranks each row's ``k`` best tokens from rows,
+and a :class:`TopDraft` ranks them on its device, so again no row travels.
 """
 
 from __future__ import annotations
@@ -35,8 +39,8 @@ FloatArray = NDArray[np.float64]
 
 IntArray = NDArray[np.int64]
 
-__all__ = ["BeamDraft", "DraftModel", "HashedDraft", "ToyDraft", "beam_candidates", "check_beam_args", "draft_rows",
-           "select_beam"]
+__all__ = ["BeamDraft", "DraftModel", "HashedDraft", "ToyDraft", "TopDraft", "beam_candidates", "check_beam_args",
+           "draft_rows", "select_beam", "select_top", "top_candidates"]
 
 
 @runtime_checkable
@@ -151,6 +155,87 @@ def beam_candidates(
     if not (np.isfinite(val).all() and (val > 0.0).all()):
         raise ValueError("draft beam_candidates returned values that are not finite and > 0")
     return pos, val
+
+
+@runtime_checkable
+class TopDraft(Protocol):
+    """A draft that ranks each row's most likely tokens itself (an LLM on its device).
+
+    ``top_candidates(paths, k)`` must return what :func:`select_top` returns for
+    the draft's rows of ``paths``; a builder that keeps only the best few children
+    of each node then never ships ``len(paths) × V`` rows to the host.
+    """
+
+    def top_candidates(self, paths: Sequence[Path], k: int) -> tuple[IntArray, FloatArray]:
+        """``(tokens, values)`` as :func:`select_top` gives for these paths' rows."""
+        ...
+
+
+def select_top(rows: ArrayLike, k: object) -> tuple[IntArray, FloatArray]:
+    """Each row's ``k`` most likely tokens with ``q > 0``, most likely first, equal values by lowest id.
+
+    Row ``i`` of the result is :func:`spec.builders.base.top_tokens` of ``rows[i]``
+    (the reference of :class:`TopDraft`): ``tokens`` ``(n, k)`` int64 and their
+    ``values`` ``(n, k)`` float64, a row with fewer than ``k`` tokens of ``q > 0``
+    padded at its end with token ``-1`` and value ``0``.  All rows at once: one
+    partition finds each row's ``k``-th largest value, a cumulative count keeps
+    the lowest ids among the values equal to it, and one sort orders the kept
+    entries (at most ``n · k``) by row, decreasing value, id.
+    """
+    arr = np.asarray(rows, dtype=np.float64)
+    if arr.ndim != 2:
+        raise ValueError(f"rows must be a 2-D (n, V) array, got shape {arr.shape}")
+    k = check_int("k", k, minimum=1)
+    n, vocab = arr.shape
+    keep = arr > 0.0
+    if k < vocab:
+        kth = np.partition(arr, vocab - k, axis=1)[:, vocab - k : vocab - k + 1]  # (n, 1): each row's k-th largest
+        above, level = arr > kth, arr == kth
+        room = k - above.sum(axis=1, keepdims=True)  # how many of the values equal to it fit
+        keep &= above | (level & (np.cumsum(level, axis=1) <= room))
+    r, c = np.nonzero(keep)  # row-major: ids ascending within a row
+    vals = arr[r, c]
+    order = np.lexsort((c, -vals, r))
+    r, c, vals = r[order], c[order], vals[order]
+    rank = np.arange(r.size) - np.searchsorted(r, r)  # place within the row
+    tokens = np.full((n, k), -1, dtype=np.int64)
+    values = np.zeros((n, k))
+    tokens[r, rank] = c
+    values[r, rank] = vals
+    return tokens, values
+
+
+def top_candidates(draft: DraftModel, paths: Sequence[Path], k: int) -> tuple[IntArray, FloatArray] | None:
+    """:func:`select_top` computed by a :class:`TopDraft` (its answer checked), or ``None`` for other drafts.
+
+    ``None`` tells the caller to fetch the rows itself.  ``ValueError`` when the
+    answer is malformed: shapes, ids out of range or repeated in a row, values
+    not positive or increasing along a row, padding other than trailing
+    ``(-1, 0)`` (the order of equal values is the draft's to get right).
+    """
+    k = check_int("k", k, minimum=1)
+    if not isinstance(draft, TopDraft):
+        return None
+    if not paths:
+        return np.zeros((0, k), dtype=np.int64), np.zeros((0, k))
+    tok, val = draft.top_candidates(list(paths), k)
+    tok, val = np.asarray(tok), np.asarray(val, dtype=np.float64)
+    n, vocab = len(paths), int(draft.vocab)
+    if tok.shape != (n, k) or val.shape != (n, k) or not np.issubdtype(tok.dtype, np.integer):
+        raise ValueError(f"draft top_candidates returned tokens {tok.shape} and values {val.shape}; expected two "
+                         f"({n}, {k}) arrays, the tokens integers")
+    tok = tok.astype(np.int64)
+    real = tok >= 0
+    if (tok >= vocab).any() or (real[:, 1:] & ~real[:, :-1]).any():
+        raise ValueError(f"draft top_candidates returned ids outside [0, {vocab}) or padding (-1) before an id")
+    if not (np.isfinite(val).all() and (val[real] > 0.0).all() and (val[~real] == 0.0).all()):
+        raise ValueError("draft top_candidates returned values that are not finite and > 0 (0 for padding)")
+    if (np.diff(val, axis=1) > 0.0).any():
+        raise ValueError("draft top_candidates returned a row whose values increase")
+    ranked = np.sort(np.where(real, tok, -1 - np.arange(k)), axis=1)  # padding made distinct
+    if (np.diff(ranked, axis=1) == 0).any():
+        raise ValueError("draft top_candidates returned the same id twice in one row")
+    return tok, val
 
 
 @dataclass

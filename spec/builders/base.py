@@ -37,7 +37,7 @@ from typing import Any, ClassVar
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from spec.draft import DraftModel, beam_candidates, draft_rows, select_beam
+from spec.draft import DraftModel, beam_candidates, draft_rows, select_beam, select_top, top_candidates
 from spec.randomness import Sampler, as_sampler
 from tmc.multidraft import ROOT, DraftTree, Draw
 from tmc.toy import Path
@@ -142,6 +142,19 @@ class Growing:
         self.fetch(nodes)
         rows = np.zeros((0, self.vocab)) if not nodes else np.stack([self._rows[n] for n in nodes])
         return select_beam(rows, np.asarray(weights, dtype=np.float64), k)
+
+    def top(self, nodes: Sequence[int], k: int) -> tuple[IntArray, FloatArray]:
+        """:func:`spec.draft.select_top` of the rows of ``nodes``: each node's ``k`` most likely tokens.
+
+        A :class:`spec.draft.TopDraft` ranks them on its side and no row is
+        fetched; other drafts' rows are fetched (and kept) as by :meth:`fetch`.
+        """
+        got = top_candidates(self.draft, [self.path(n) for n in nodes], k)  # checks k
+        if got is not None:
+            return got
+        self.fetch(nodes)
+        rows = np.zeros((0, self.vocab)) if not nodes else np.stack([self._rows[n] for n in nodes])
+        return select_top(rows, k)
 
     def set_row(self, node: int, row: FloatArray) -> None:
         """Record a row obtained elsewhere (a builder's scratch tree) for ``node``."""

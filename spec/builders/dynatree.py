@@ -32,7 +32,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from spec.builders.base import Growing, TreeBuilder, check_prob, top_tokens
+from spec.builders.base import Growing, TreeBuilder, check_prob
 from spec.randomness import Sampler
 from tmc.multidraft import ROOT, DraftTree, Draw
 from tmc.validate import check_int
@@ -127,26 +127,27 @@ class DynaTreeBuilder(TreeBuilder):
         return self.b_mid
 
     def _grow(self, grow: Growing, budget: int, sampler: Sampler, state: Any) -> None:
+        # Only each node's b_max best tokens and their q are read: an LLM draft ranks them on its device
+        # (spec.draft.TopDraft) and ships no row; other drafts' rows are fetched and ranked here.
         st = state if isinstance(state, DynaTreeState) else self.initial_state()
         prob: dict[int, float] = {ROOT: 1.0}
         frontier = [ROOT]
         if self.root_top1:
-            row = grow.row(ROOT)
-            tok = top_tokens(row, 1)[0]
-            first = grow.add(ROOT, tok, Draw.TOPK)
-            prob[first] = float(row[tok])
+            tok, q = grow.top([ROOT], 1)
+            first = grow.add(ROOT, int(tok[0, 0]), Draw.TOPK)
+            prob[first] = float(q[0, 0])
             frontier = [first]
         while frontier and grow.size < budget:
             ready = [u for u in frontier if self._expandable(grow.depth(u), prob[u], st)]
-            grow.fetch(ready)  # one draft call per layer
+            tokens, values = grow.top(ready, self.b_max)  # one draft call per layer
             nxt: list[int] = []
-            for u in ready:
-                row = grow.row(u)
-                for tok in top_tokens(row, self._breadth(float(row.max()), st)):
-                    if grow.size >= budget:
+            for u, toks, qs in zip(ready, tokens.tolist(), values.tolist()):
+                breadth = self._breadth(qs[0], st)  # qs[0]: the row's largest q, its confidence c(u)
+                for tok, q in zip(toks[:breadth], qs):
+                    if tok < 0 or grow.size >= budget:  # -1: the row has no more tokens with q > 0
                         break
                     kid = grow.add(u, tok, Draw.TOPK)
-                    prob[kid] = prob[u] * float(row[tok])
+                    prob[kid] = prob[u] * q
                     nxt.append(kid)
             frontier = nxt
         _prune_leaves(grow, prob, self.prune)

@@ -85,7 +85,7 @@ from numpy.typing import NDArray
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from spec.builders.base import check_prob
-from spec.draft import check_beam_args, select_beam
+from spec.draft import check_beam_args, select_beam, select_top
 from spec.llm.sampling import Sampling, categorical_draw, logits_fault, ranked_tokens, swor_draws
 from spec.llm.static_cache import StaticTreeCache, cache_keyword
 from spec.llm.static_cache import model_device as _device
@@ -114,6 +114,7 @@ __all__ = [
     "full_attention_span",
     "select_beam_torch",
     "select_cache",
+    "select_top_torch",
     "sync",
     "tree_logits",
     "trim_cache",
@@ -549,6 +550,31 @@ def select_beam_torch(probs: torch.Tensor, weights: FloatArray, k: int) -> tuple
     return both[0], both[1].view(np.float64)
 
 
+def select_top_torch(probs: torch.Tensor, k: int) -> tuple[IntArray, FloatArray]:
+    """:func:`spec.draft.select_top` on ``probs``' device: only ``n × k`` ids and values reach the host.
+
+    :func:`~spec.llm.sampling.ranked_tokens` gives each row's ``min(k, V)`` largest
+    entries in ``top_tokens``' order; entries ``<= 0`` become the padding
+    ``(-1, 0)``, as do the ranks past ``V``.
+    """
+    if probs.ndim != 2:
+        raise ValueError(f"probs must be a 2-D (n, V) tensor, got shape {tuple(probs.shape)}")
+    k = check_int("k", k, minimum=1)
+    n, vocab = probs.shape
+    if n == 0 or vocab == 0:
+        return np.full((n, k), -1, dtype=np.int64), np.zeros((n, k))
+    tok, val = ranked_tokens(probs.to(torch.float64), min(k, vocab))
+    real = val > 0.0
+    tok = torch.where(real, tok, -1)
+    val = torch.where(real, val, 0.0)
+    both = torch.stack([tok, val.view(torch.int64)]).cpu().numpy()  # one transfer: ids and value bits
+    tokens = np.full((n, k), -1, dtype=np.int64)
+    values = np.zeros((n, k))
+    tokens[:, : both.shape[2]] = both[0]
+    values[:, : both.shape[2]] = both[1].view(np.float64)
+    return tokens, values
+
+
 # --- the draft side ---------------------------------------------------------------------
 
 
@@ -707,6 +733,22 @@ class LLMDraft:
         if probs.device.type == "cpu":  # numpy's partition beats torch.topk on the CPU (about 2.5x at 128 x 4096)
             return select_beam(probs.numpy(), w, k)
         return select_beam_torch(probs, w, k)
+
+    def top_candidates(self, paths: Sequence[Path], k: int) -> tuple[IntArray, FloatArray]:
+        """:func:`spec.draft.select_top` of these paths' rows, ranked on the model's device.
+
+        At most one forward, like :meth:`rows`; only each row's ``k`` best ids
+        and their ``q`` reach the host, not ``len(paths) × V`` rows (DynaTree's
+        question).  The values equal the host computation from :meth:`rows` up to
+        the rounding of the host's renormalisation (``≤ 1e-15`` relative).
+        """
+        wanted = self._fed(paths)
+        if not wanted:
+            return np.zeros((0, k), dtype=np.int64), np.zeros((0, k))
+        probs = self._probs(wanted)
+        if probs.device.type == "cpu":  # numpy's partition, as for beams
+            return select_top(probs.numpy(), k)
+        return select_top_torch(probs, k)
 
     def _probs(self, paths: Sequence[Path]) -> torch.Tensor:
         """The processed rows ``(len(paths), V)`` of fed paths, float64 on the model's device."""

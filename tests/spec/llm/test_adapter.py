@@ -16,14 +16,16 @@ import torch  # noqa: E402
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM  # noqa: E402
 from transformers.cache_utils import DynamicSlidingWindowLayer  # noqa: E402
 
-from spec.builders import WetapBuilder  # noqa: E402
-from spec.draft import BeamDraft, DraftModel, beam_candidates, draft_rows, select_beam  # noqa: E402
+from spec.builders import DynaTreeBuilder, WetapBuilder  # noqa: E402
+from spec.draft import BeamDraft, DraftModel, TopDraft, beam_candidates, draft_rows, select_beam  # noqa: E402
+from spec.draft import select_top, top_candidates  # noqa: E402
 from spec.llm.adapter import (  # noqa: E402
     LLMDraft,
     additive_mask,
     cache_length,
     forward_masked,
     select_beam_torch,
+    select_top_torch,
     select_cache,
     tree_logits,
     trim_cache,
@@ -579,6 +581,72 @@ def test_wetap_trees_from_an_llm_draft_equal_the_row_path(sampling):
         via_rows = builder.build(_RowsOnly(drafts[1]), budget, seed)
         assert (via_beam.parents, via_beam.tokens) == (via_rows.parents, via_rows.tokens)
         assert drafts[0].forwards == drafts[1].forwards and not drafts[0]._rows  # no row reached the host
+
+
+# --- LLMDraft as a TopDraft (DynaTree's question) ------------------------------------------
+
+
+@pytest.mark.parametrize("sampling", SAMPLINGS)
+def test_llm_draft_top_equals_select_top_of_its_rows_with_one_forward_per_call(sampling):
+    model, ctx = tiny_model(seed=1), context(8, seed=1)
+    layers = [[()], [(3,), (9,), (4,)], [(3, 7), (3, 11), (9, 3), (4, 4)]]
+    top = LLMDraft(model, prefill(model, ctx)[0], len(ctx), last_logits=prefill(model, ctx)[1], sampling=sampling)
+    rows = LLMDraft(model, prefill(model, ctx)[0], len(ctx), last_logits=prefill(model, ctx)[1], sampling=sampling)
+    assert isinstance(top, TopDraft)
+    for paths in layers:
+        for k in (1, 3, 12, VOCAB + 5):
+            before = top.forwards
+            tokens, values = top_candidates(top, paths, k)
+            assert top.forwards - before <= 1
+            want_tokens, want_values = select_top(draft_rows(rows, paths), k)
+            np.testing.assert_array_equal(tokens, want_tokens)
+            np.testing.assert_allclose(values, want_values, rtol=1e-14, atol=0)
+    assert top.forwards == rows.forwards == 2 and not top._rows  # no row reached the host
+
+
+def test_select_top_torch_equals_select_top_with_ties_and_zeros():
+    """The CUDA path's ranking, run here on CPU tensors against the numpy reference."""
+    rng = np.random.default_rng(6)
+    for _ in range(200):
+        n, vocab = int(rng.integers(1, 6)), int(rng.integers(1, 9))
+        raw = rng.choice([0.0, 1.0, 2.0, 2.0, 3.0], size=(n, vocab))
+        raw[:, 0] += 1.0
+        probs = raw / raw.sum(axis=1, keepdims=True)
+        k = int(rng.integers(1, vocab + 3))
+        tokens, values = select_top_torch(torch.from_numpy(probs), k)
+        want_tokens, want_values = select_top(probs, k)
+        assert tokens.dtype == np.int64 and values.dtype == np.float64
+        np.testing.assert_array_equal(tokens, want_tokens)
+        np.testing.assert_array_equal(values, want_values)
+    empty = select_top_torch(torch.zeros(0, 4, dtype=torch.float64), 2)
+    assert empty[0].shape == empty[1].shape == (0, 2)
+
+
+@pytest.mark.parametrize(
+    ("probs", "k", "message"),
+    [(torch.full((3,), 1 / 3, dtype=torch.float64), 1, "2-D"), (torch.full((1, 3), 1 / 3, dtype=torch.float64), 0, "k must be >= 1")],
+)
+def test_select_top_torch_refuses_bad_arguments(probs, k, message):
+    with pytest.raises(ValueError, match=message):
+        select_top_torch(probs, k)
+
+
+@pytest.mark.parametrize("sampling", [Sampling(), Sampling(temperature=0.0), Sampling(temperature=0.3, top_k=7)])
+def test_dynatree_trees_from_an_llm_draft_equal_the_row_path(sampling):
+    model, ctx = tiny_model(seed=2), context(6, seed=4)
+    # thresholds low enough for the random model's flat rows to grow trees of several layers and widths
+    builder = DynaTreeBuilder(base_depth=3.0, max_depth=5, b_min=1, b_mid=2, b_max=3, tau_high=0.3, tau_low=0.1,
+                              rho_stop=1e-6, rho_deep=1e-5, prune=0.0)
+    sizes = []
+    for seed, budget in ((0, 5), (1, 10), (2, 16)):
+        drafts = [LLMDraft(model, DynamicCache(), 0, pending=ctx + [seed], sampling=sampling) for _ in range(2)]
+        via_top = builder.build(drafts[0], budget, seed)
+        via_rows = builder.build(_RowsOnly(drafts[1]), budget, seed)
+        assert (via_top.parents, via_top.tokens) == (via_rows.parents, via_rows.tokens)
+        assert drafts[0].forwards == drafts[1].forwards and not drafts[0]._rows  # no row reached the host
+        sizes.append(via_top.size)
+    # full trees (at temperature 0 one-hot rows make a chain of max_depth): the comparison covers every layer
+    assert sizes == ([5, 5, 5] if sampling.greedy else [5, 10, 16])
 
 
 def test_fit_vocabulary_reads_its_logits_every_call_and_the_layouts_are_cached():

@@ -184,6 +184,26 @@ def test_beam_selection_on_cuda_equals_the_numpy_reference() -> None:
         np.testing.assert_array_equal(val, want_val)
 
 
+def test_top_ranking_on_cuda_equals_the_numpy_reference() -> None:
+    """select_top_torch on CUDA rows (the DynaTree path there) against select_top on the same rows, ties included."""
+    import numpy as np
+
+    from spec.draft import select_top
+    from spec.llm.adapter import select_top_torch
+
+    rng = np.random.default_rng(10)
+    for _ in range(50):
+        n, vocab = int(rng.integers(1, 40)), int(rng.integers(1, 300))
+        raw = rng.choice([0.0, 1.0, 2.0, 2.0, 3.0, 7.0], size=(n, vocab))
+        raw[:, 0] += 1.0
+        probs = raw / raw.sum(axis=1, keepdims=True)
+        k = int(rng.integers(1, 12))
+        tokens, values = select_top_torch(torch.from_numpy(probs).cuda(), k)
+        want_tokens, want_values = select_top(probs, k)
+        np.testing.assert_array_equal(tokens, want_tokens)
+        np.testing.assert_array_equal(values, want_values)
+
+
 @pytest.mark.parametrize("name", ["mistral", "gemma3"])
 def test_windowed_models_replay_graphs_on_the_static_cache(name: str) -> None:
     """A sliding-window pair (every layer windowed: Mistral; by layer kind, two mask buffers: Gemma 3) takes the
