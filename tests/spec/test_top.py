@@ -1,7 +1,7 @@
 """The per-row ranking primitive (``spec.draft.select_top``, ``TopDraft``) and DynaTree through it.
 
-``select_top`` is checked row by row against ``top_tokens`` (a partition and a
-sort of one row: a second computation) and against a full sort; a draft that
+``select_top`` (``top_tokens`` row by row, padded) is checked against a full
+sort of each row (a second computation); a draft that
 ranks its rows itself must give DynaTree exactly the trees the row path gives,
 without any row being fetched.
 """
