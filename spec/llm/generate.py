@@ -48,7 +48,7 @@ from numpy.typing import NDArray
 from transformers import DynamicCache
 
 from spec.acceptance import verifiers_for
-from spec.builders import ChainBuilder, FixedBuilder, TreeBuilder, make_builder
+from spec.builders import ChainBuilder, DySpecBuilder, DySpecThresholdBuilder, FixedBuilder, TreeBuilder, make_builder
 from spec.llm.adapter import (
     LLMDraft, check_attention, check_span, forward_masked, forward_unchecked, select_cache, sync, tree_logits, trim_cache,
 )
@@ -316,7 +316,7 @@ def _check_step_graph(b: TreeBuilder, verifier: str, chain_on_device: bool, cach
     if not _fused_tree(fixed_shape, verifier):  # then a chain step, ChainStepGraph's
         tree = ("or multidraft / traversal on a 'fixed' (or 'chain') tree drafted on the device, drawn iid, or "
                 "topk / swor from draft rows that keep width tokens (draft temperature above 0, no top-p, "
-                "top-k >= width)")
+                "top-k >= width), or on a DySpec tree from a greedy draft (a chain)")
         if type(b) is not ChainBuilder or b.confidence is not None:
             raise ValueError(f"step_graph=True needs the 'chain' builder with no confidence stop (a chain of fixed "
                              f"length) and a chain verifier, {tree}")
@@ -337,9 +337,18 @@ def _device_shape(b: TreeBuilder, verifier: str, budget: int, drafting: Sampling
     shape), or one drawing ``topk`` or ``swor`` from draft rows (processed by ``drafting``) that keep
     ``width`` tokens with ``q > 0``: a temperature above 0 with no top-p and no top-k below
     ``width`` (only an underflow to 0 can then cut a row short; the step sees it and takes the
-    host path), or one child a node.  The classes themselves: a subclass may grow otherwise.  Else ``None``."""
+    host path), or one child a node.  Also DySpec (Alg. 1 or 2) from a greedy draft: every row is
+    one-hot, so each draw takes the row's whole mass, the next-sibling position's value
+    ``v · (1 − R[y])`` is 0 and the first child's is ``v``: the tree is a chain of
+    ``min(budget, max_depth)`` tokens, drawn ``swor`` (with one sibling, as ``iid``) — the chain the
+    host builder grows one draft call per node (tested).  The classes themselves: a subclass may grow
+    otherwise.  Else ``None``."""
     if verifier not in TREE_METHODS:
         return None
+    if type(b) in (DySpecBuilder, DySpecThresholdBuilder) and drafting.greedy:
+        assert isinstance(b, DySpecBuilder | DySpecThresholdBuilder)
+        n = budget if b.max_depth is None else min(budget, b.max_depth)
+        return tuple(range(-1, n - 1)), Draw.SWOR
     if type(b) is ChainBuilder:  # a chain that may stop early has no fixed shape: the host path
         return None if b.confidence is not None else (tuple(range(-1, budget - 1)), Draw(b.draw))
     if type(b) is not FixedBuilder:
@@ -609,8 +618,11 @@ def generate(
     (:func:`_tree_step`); so does one drawing ``topk`` or ``swor`` when the draft's rows
     keep ``width`` tokens with ``q > 0`` (draft temperature above 0, no
     top-p, no top-k below ``width``; a step whose rows underflow is redone
-    on the host).  The tokens are the same either way (tested), ``False``
-    takes the host path.
+    on the host).  So does DySpec (``dyspec``, ``dyspec-threshold``) from a
+    greedy draft (draft temperature 0), whose tree is then a chain of
+    ``min(budget, max_depth)`` tokens (:func:`_device_shape`): one
+    synchronisation for the chain instead of one draft call per node.  The
+    tokens are the same either way (tested), ``False`` takes the host path.
     ``verify_backend``: ``torch`` runs the verifiers of
     :mod:`spec.llm.verify`, ``numpy`` their :mod:`tmc` references
     (:mod:`spec.llm.host_verify`: rows copied to the host, about 3x faster on

@@ -10,6 +10,7 @@ equal on every seed; the draft rows agree to the host's renormalisation
 
 from __future__ import annotations
 
+import copy
 import itertools
 from typing import Any
 
@@ -306,6 +307,58 @@ def test_device_topk_tree_equals_the_host_tree(pair: tuple[object, object], veri
         runs += 1
     assert runs in (0, 28)
     assert runs or verifier == "kseq"
+
+
+#: (temperature, top_k, draft_temperature) with a greedy draft: a greedy target, a sampled one, a filtered one
+GREEDY_DRAFT = ((0.0, None, None), (1.0, None, 0.0), (0.7, 5, 0.0))
+
+
+@pytest.mark.parametrize(("builder", "verifier", "cache"),
+                         list(itertools.product(("dyspec", "dyspec-threshold"), ("multidraft", "traversal"),
+                                                ("dynamic", "static"))))
+def test_dyspec_from_a_greedy_draft_is_a_device_chain_equal_to_the_host_tree(
+        pair: tuple[object, object], builder: str, verifier: str, cache: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """From one-hot draft rows DySpec grows one chain of ``min(budget, max_depth)`` tokens, one draft call a node
+    on the host path; ``generate`` drafts that chain on the device instead (``_device_shape``): same tokens,
+    accepted counts, tree sizes and draft forwards as the host builder, for every verifier backend, and the
+    same tokens from fused steps; a warm draft keeps the host builder."""
+    target, _ = pair
+    draft = copy.deepcopy(target)  # the target with a noisy head: its argmax often agrees (a random draft's never)
+    with torch.no_grad():
+        noise = torch.randn(draft.lm_head.weight.shape, generator=torch.Generator().manual_seed(0))
+        draft.lm_head.weight.add_(noise, alpha=0.3)
+    drafted = {"n": 0}
+    original = LLMDraft.draft_tree
+
+    def counted(self: LLMDraft, *args: Any, **kw: Any) -> Any:
+        drafted["n"] += 1
+        return original(self, *args, **kw)
+
+    monkeypatch.setattr(LLMDraft, "draft_tree", counted)
+    accepted = 0
+    for (temperature, top_k, dtemp), seed, params in itertools.product(GREEDY_DRAFT, range(2),
+                                                                       ({}, {"max_depth": 3})):
+        kw = dict(temperature=temperature, top_k=top_k, draft_temperature=dtemp, max_new_tokens=14, budget=5,
+                  seed=seed, cache=cache, builder_params=params)
+        host = generate(target, draft, [5, 3, 5], builder, verifier, chain_on_device=False, **kw)
+        assert drafted["n"] == 0
+        chain = 5 if not params else 3
+        assert {(s.tree_size, s.draft_forwards) for s in host.steps[1:]} == {(chain, chain)}  # one call a node
+        for backend in ("torch", "numpy", "device"):
+            dev = generate(target, draft, [5, 3, 5], builder, verifier, verify_backend=backend, **kw)
+            assert dev.tokens == host.tokens, (temperature, dtemp, seed, params, backend)
+            assert [(s.accepted, s.emitted, s.tree_size, s.draft_forwards) for s in dev.steps] == \
+                [(s.accepted, s.emitted, s.tree_size, s.draft_forwards) for s in host.steps]
+            assert drafted["n"] == len(dev.steps)
+            drafted["n"] = 0
+        if cache == "static":  # and fused: the whole step as one piece of device work (TreeStepGraph)
+            assert generate(target, draft, [5, 3, 5], builder, verifier, step_graph=True, **kw).tokens == host.tokens
+            drafted["n"] = 0
+        accepted += sum(s.accepted for s in host.steps)
+    assert accepted > 0  # some chains are accepted past their first token
+    generate(target, draft, [5, 3, 5], builder, verifier, temperature=0.0, draft_temperature=1.0, max_new_tokens=6,
+             budget=5, cache=cache)
+    assert drafted["n"] == 0  # a warm draft: the host builder
 
 
 def test_device_tree_stops_at_eos_and_length_and_names_bad_logits(pair: tuple[object, object]) -> None:
