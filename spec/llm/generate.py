@@ -48,7 +48,10 @@ from numpy.typing import NDArray
 from transformers import DynamicCache
 
 from spec.acceptance import verifiers_for
-from spec.builders import ChainBuilder, DySpecBuilder, DySpecThresholdBuilder, FixedBuilder, TreeBuilder, make_builder
+from spec.builders import (
+    ChainBuilder, DynaTreeBuilder, DySpecBuilder, DySpecThresholdBuilder, FixedBuilder, TreeBuilder, WetapBuilder,
+    make_builder,
+)
 from spec.llm.adapter import (
     LLMDraft, check_attention, check_span, forward_masked, forward_unchecked, select_cache, sync, tree_logits, trim_cache,
 )
@@ -316,7 +319,7 @@ def _check_step_graph(b: TreeBuilder, verifier: str, chain_on_device: bool, cach
     if not _fused_tree(fixed_shape, verifier):  # then a chain step, ChainStepGraph's
         tree = ("or multidraft / traversal on a 'fixed' (or 'chain') tree drafted on the device, drawn iid, or "
                 "topk / swor from draft rows that keep width tokens (draft temperature above 0, no top-p, "
-                "top-k >= width), or on a DySpec tree from a greedy draft (a chain)")
+                "top-k >= width), or on the chain a fixed, DySpec, DynaTree or WETAP builder grows from a greedy draft")
         if type(b) is not ChainBuilder or b.confidence is not None:
             raise ValueError(f"step_graph=True needs the 'chain' builder with no confidence stop (a chain of fixed "
                              f"length) and a chain verifier, {tree}")
@@ -329,6 +332,31 @@ def _check_step_graph(b: TreeBuilder, verifier: str, chain_on_device: bool, cach
         raise ValueError("step_graph=True verifies on the device: it needs verify_backend 'torch', 'device' or 'auto'")
 
 
+def _greedy_chain(b: TreeBuilder, budget: int) -> tuple[int, Draw] | None:
+    """The length and draw kind of the chain ``b`` grows from one-hot draft rows (a greedy draft), for the
+    builders whose tree is then a chain whatever the context; ``None`` for the others.
+
+    A one-hot row has one token with ``q > 0``, so a ``topk`` or ``swor`` node gets one child: ``fixed``
+    (not ``iid``, whose draws are twins) grows a chain down to ``depth``; DySpec's draw takes the row's whole
+    mass, its next sibling's value ``v · (1 − R[y])`` is 0 and its first child's ``v``, so Alg. 1 and 2
+    grow a chain down to ``max_depth``; DynaTree's path probabilities are all 1, so every depth gate but
+    ``D_max`` passes and nothing is pruned; WETAP's beam keeps the one candidate a layer, ``length`` layers,
+    and its pruning to the budget drops the deepest leaf first (the chain's score is its depth, then the
+    deepest layer is spared while a shallower leaf exists, and a chain has none).  Tested against the host
+    builders (``tests/spec/llm/test_device_chain.py``).
+    """
+    if type(b) in (DySpecBuilder, DySpecThresholdBuilder):
+        assert isinstance(b, DySpecBuilder | DySpecThresholdBuilder)
+        return (budget if b.max_depth is None else min(budget, b.max_depth)), Draw.SWOR
+    if type(b) is FixedBuilder and b.draw != Draw.IID:
+        return (budget if b.depth is None else min(budget, b.depth)), Draw(b.draw)
+    if type(b) is DynaTreeBuilder:
+        return min(budget, b.max_depth), Draw.TOPK
+    if type(b) is WetapBuilder:
+        return min(budget, b.length), Draw.TOPK
+    return None
+
+
 def _device_shape(b: TreeBuilder, verifier: str, budget: int, drafting: Sampling,
                   vocab: int) -> tuple[tuple[int, ...], Draw] | None:
     """The parents of the trees ``b`` grows and how its nodes are drawn, when a tree verifier takes
@@ -337,20 +365,16 @@ def _device_shape(b: TreeBuilder, verifier: str, budget: int, drafting: Sampling
     shape), or one drawing ``topk`` or ``swor`` from draft rows (processed by ``drafting``) that keep
     ``width`` tokens with ``q > 0``: a temperature above 0 with no top-p and no top-k below
     ``width`` (only an underflow to 0 can then cut a row short; the step sees it and takes the
-    host path), or one child a node.  Also DySpec (Alg. 1 or 2) from a greedy draft: every row is
-    one-hot, so each draw takes the row's whole mass, the next-sibling position's value
-    ``v · (1 − R[y])`` is 0 and the first child's is ``v``: the tree is a chain of
-    ``min(budget, max_depth)`` tokens, drawn ``swor`` (with one sibling, as ``iid``) — the chain the
-    host builder grows one draft call per node (tested).  The classes themselves: a subclass may grow
-    otherwise.  Else ``None``."""
+    host path), or one child a node.  From a greedy draft, also the chains of :func:`_greedy_chain`
+    (``fixed``, DySpec, DynaTree, WETAP), whose draft calls the host builder made one node at a
+    time.  The classes themselves: a subclass may grow otherwise.  Else ``None``."""
     if verifier not in TREE_METHODS:
         return None
-    if type(b) in (DySpecBuilder, DySpecThresholdBuilder) and drafting.greedy:
-        assert isinstance(b, DySpecBuilder | DySpecThresholdBuilder)
-        n = budget if b.max_depth is None else min(budget, b.max_depth)
-        return tuple(range(-1, n - 1)), Draw.SWOR
     if type(b) is ChainBuilder:  # a chain that may stop early has no fixed shape: the host path
         return None if b.confidence is not None else (tuple(range(-1, budget - 1)), Draw(b.draw))
+    chain = _greedy_chain(b, budget) if drafting.greedy else None
+    if chain is not None:
+        return tuple(range(-1, chain[0] - 1)), chain[1]
     if type(b) is not FixedBuilder:
         return None
     kind = Draw(b.draw)
@@ -618,9 +642,10 @@ def generate(
     (:func:`_tree_step`); so does one drawing ``topk`` or ``swor`` when the draft's rows
     keep ``width`` tokens with ``q > 0`` (draft temperature above 0, no
     top-p, no top-k below ``width``; a step whose rows underflow is redone
-    on the host).  So does DySpec (``dyspec``, ``dyspec-threshold``) from a
-    greedy draft (draft temperature 0), whose tree is then a chain of
-    ``min(budget, max_depth)`` tokens (:func:`_device_shape`): one
+    on the host).  From a greedy draft (draft temperature 0) the trees of
+    ``fixed`` (``topk``, ``swor``), ``dyspec``, ``dyspec-threshold``,
+    ``dynatree`` and ``wetap`` are chains of a length known in advance
+    (:func:`_greedy_chain`), drafted on the device the same way: one
     synchronisation for the chain instead of one draft call per node.  The
     tokens are the same either way (tested), ``False`` takes the host path.
     ``verify_backend``: ``torch`` runs the verifiers of
@@ -642,7 +667,7 @@ def generate(
     (:class:`~spec.llm.step_graph.ChainStepGraph`; needs ``cache`` static and the
     torch verifier); likewise each step of a tree drafted on the device
     (``fixed`` or ``chain``, drawn ``iid``, or ``topk`` / ``swor`` where the device
-    drafts it, above) with ``multidraft`` or ``traversal``, walked on the
+    drafts it, and a greedy draft's chains, above) with ``multidraft`` or ``traversal``, walked on the
     device, the accepted path moved into place in both caches on the device
     too (:class:`~spec.llm.tree_step_graph.TreeStepGraph`, sliding windows
     included; a ranked or swor step that comes out short is redone unfused,

@@ -249,11 +249,11 @@ def test_device_tree_equals_the_host_tree(pair: tuple[object, object], verifier:
 
 
 #: (temperature, top_k, draft_temperature, path) for fixed top-k and swor trees: ``device`` where the draft's rows
-#: keep ``width`` tokens with q > 0; ``host`` where they cannot (a one-hot draft, a top-k below the width);
-#: ``short`` where the rows of this sharp pair underflow to 0 at a draft temperature of 0.001, so device
-#: trees come out short and the step is redone on the host
+#: keep ``width`` tokens with q > 0, and from a one-hot draft (the tree is a chain: ``generate._greedy_chain``);
+#: ``host`` where they cannot (a top-k below the width); ``short`` where the rows of this sharp pair underflow to
+#: 0 at a draft temperature of 0.001, so device trees come out short and the step is redone on the host
 TOPK_SETTINGS = ((1.0, None, None, "device"), (0.6, 9, None, "device"), (0.0, None, 1.0, "device"),
-                 (1.0, None, 0.5, "device"), (0.0, None, None, "host"), (1.0, 1, None, "host"),
+                 (1.0, None, 0.5, "device"), (0.0, None, None, "device"), (1.0, 1, None, "host"),
                  (1.0, None, 0.001, "short"))
 
 
@@ -313,15 +313,28 @@ def test_device_topk_tree_equals_the_host_tree(pair: tuple[object, object], veri
 GREEDY_DRAFT = ((0.0, None, None), (1.0, None, 0.0), (0.7, 5, 0.0))
 
 
-@pytest.mark.parametrize(("builder", "verifier", "cache"),
-                         list(itertools.product(("dyspec", "dyspec-threshold"), ("multidraft", "traversal"),
-                                                ("dynamic", "static"))))
-def test_dyspec_from_a_greedy_draft_is_a_device_chain_equal_to_the_host_tree(
-        pair: tuple[object, object], builder: str, verifier: str, cache: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """From one-hot draft rows DySpec grows one chain of ``min(budget, max_depth)`` tokens, one draft call a node
-    on the host path; ``generate`` drafts that chain on the device instead (``_device_shape``): same tokens,
-    accepted counts, tree sizes and draft forwards as the host builder, for every verifier backend, and the
-    same tokens from fused steps; a warm draft keeps the host builder."""
+#: (builder, params, chain length at budget 5, host draft calls a step) of the builders whose trees are chains
+#: from a greedy draft (``generate._greedy_chain``): within the budget and cut by each builder's own depth; WETAP
+#: builds its ``length`` layers (8) before it prunes to the budget
+GREEDY_CHAINS = (
+    ("dyspec", {}, 5, 5), ("dyspec", {"max_depth": 3}, 3, 3), ("dyspec-threshold", {"max_depth": 4}, 4, 4),
+    ("fixed", {}, 5, 5), ("fixed", {"draw": "topk", "width": 3, "depth": 4}, 4, 4),
+    ("dynatree", {}, 5, 5), ("dynatree", {"root_top1": False, "max_depth": 3, "base_depth": 2.0}, 3, 3),
+    ("wetap", {}, 5, 8), ("wetap", {"length": 3, "w_min": 2}, 3, 3),
+)
+
+
+@pytest.mark.parametrize(("case", "cache"), list(itertools.product(GREEDY_CHAINS, ("dynamic", "static"))),
+                         ids=lambda x: x if isinstance(x, str) else f"{x[0]}-{x[2]}")
+def test_greedy_draft_chains_are_drafted_on_the_device_equal_to_the_host_trees(
+        pair: tuple[object, object], case: tuple[str, dict[str, Any], int, int], cache: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """From one-hot draft rows these builders grow one chain of a known length, one draft call a node on the
+    host path; ``generate`` drafts that chain on the device instead (``_greedy_chain``): same tokens, accepted
+    counts and tree sizes as the host builder, one draft forward a node, for multidraft and traversal and every
+    verifier backend, and the same tokens from fused steps; a warm draft keeps the host builder (or, for
+    ``fixed``, drafts its full tree)."""
+    builder, params, chain, calls = case
     target, _ = pair
     draft = copy.deepcopy(target)  # the target with a noisy head: its argmax often agrees (a random draft's never)
     with torch.no_grad():
@@ -332,23 +345,23 @@ def test_dyspec_from_a_greedy_draft_is_a_device_chain_equal_to_the_host_tree(
 
     def counted(self: LLMDraft, *args: Any, **kw: Any) -> Any:
         drafted["n"] += 1
+        assert len(args[0]) == chain or drafted.get("warm")  # the parents: a chain of that length
         return original(self, *args, **kw)
 
     monkeypatch.setattr(LLMDraft, "draft_tree", counted)
     accepted = 0
-    for (temperature, top_k, dtemp), seed, params in itertools.product(GREEDY_DRAFT, range(2),
-                                                                       ({}, {"max_depth": 3})):
+    for (temperature, top_k, dtemp), verifier in itertools.product(GREEDY_DRAFT, ("multidraft", "traversal")):
         kw = dict(temperature=temperature, top_k=top_k, draft_temperature=dtemp, max_new_tokens=14, budget=5,
-                  seed=seed, cache=cache, builder_params=params)
+                  seed=1, cache=cache, builder_params=params)
         host = generate(target, draft, [5, 3, 5], builder, verifier, chain_on_device=False, **kw)
         assert drafted["n"] == 0
-        chain = 5 if not params else 3
-        assert {(s.tree_size, s.draft_forwards) for s in host.steps[1:]} == {(chain, chain)}  # one call a node
+        assert {(s.tree_size, s.draft_forwards) for s in host.steps[1:]} == {(chain, calls)}  # one call a layer
         for backend in ("torch", "numpy", "device"):
             dev = generate(target, draft, [5, 3, 5], builder, verifier, verify_backend=backend, **kw)
-            assert dev.tokens == host.tokens, (temperature, dtemp, seed, params, backend)
-            assert [(s.accepted, s.emitted, s.tree_size, s.draft_forwards) for s in dev.steps] == \
-                [(s.accepted, s.emitted, s.tree_size, s.draft_forwards) for s in host.steps]
+            assert dev.tokens == host.tokens, (temperature, dtemp, verifier, backend)
+            assert [(s.accepted, s.emitted, s.tree_size) for s in dev.steps] == \
+                [(s.accepted, s.emitted, s.tree_size) for s in host.steps]
+            assert {s.draft_forwards for s in dev.steps[1:]} == {chain}
             assert drafted["n"] == len(dev.steps)
             drafted["n"] = 0
         if cache == "static":  # and fused: the whole step as one piece of device work (TreeStepGraph)
@@ -356,9 +369,10 @@ def test_dyspec_from_a_greedy_draft_is_a_device_chain_equal_to_the_host_tree(
             drafted["n"] = 0
         accepted += sum(s.accepted for s in host.steps)
     assert accepted > 0  # some chains are accepted past their first token
-    generate(target, draft, [5, 3, 5], builder, verifier, temperature=0.0, draft_temperature=1.0, max_new_tokens=6,
-             budget=5, cache=cache)
-    assert drafted["n"] == 0  # a warm draft: the host builder
+    drafted["warm"] = 1
+    generate(target, draft, [5, 3, 5], builder, "traversal", temperature=0.0, draft_temperature=1.0,
+             max_new_tokens=6, budget=5, cache=cache, builder_params=params)
+    assert (drafted["n"] > 0) == (builder == "fixed")  # a warm draft: the host builder, but fixed's full tree
 
 
 def test_device_tree_stops_at_eos_and_length_and_names_bad_logits(pair: tuple[object, object]) -> None:

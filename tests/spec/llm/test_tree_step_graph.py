@@ -182,13 +182,15 @@ def test_bad_logits_in_a_fused_tree_step_raise_the_usual_error(pair: tuple[Any, 
 
 
 @pytest.mark.parametrize(("kwargs", "match"), [
-    # top-k trees the device does not draft: a one-hot draft at T = 0, a top-p, a top-k below the width
-    (dict(builder_params={"draw": "topk"}, temperature=0), "the 'chain' builder with no confidence stop"),
+    # top-k and swor trees the device does not draft: a top-p, a top-k below the width, a sampled draft whose
+    # rows need not keep the width (top-k 1); DySpec, DynaTree and WETAP trees from a sampled draft
     (dict(builder_params={"draw": "topk"}, top_p=0.9), "the 'chain' builder with no confidence stop"),
     (dict(builder_params={"draw": "topk", "width": 3}, top_k=2), "the 'chain' builder with no confidence stop"),
-    (dict(builder_params={"draw": "swor"}, temperature=0), "the 'chain' builder with no confidence stop"),
+    (dict(builder_params={"draw": "swor"}, top_k=1), "the 'chain' builder with no confidence stop"),
     (dict(verifier="kseq"), "the 'chain' builder with no confidence stop"),
     (dict(builder="dyspec", builder_params={}), "the 'chain' builder with no confidence stop"),
+    (dict(builder="dynatree", builder_params={}), "or on the chain a fixed, DySpec, DynaTree or WETAP builder"),
+    (dict(builder="wetap", builder_params={}, draft_temperature=0.5, temperature=0), "a greedy draft"),
     (dict(builder="chain", verifier="kseq"), "needs a chain verifier"),
     (dict(cache="dynamic"), "needs cache='static'"),
     (dict(verify_backend="numpy"), "verify_backend 'torch', 'device' or 'auto'"),
