@@ -14,7 +14,7 @@ import pytest
 
 from spec.builders import WetapBuilder
 from spec.builders.base import Growing
-from spec.draft import BeamDraft, DraftModel, HashedDraft, ToyDraft, beam_candidates, draft_rows, select_beam
+from spec.draft import BeamDraft, DraftModel, HashedDraft, ToyDraft, beam_candidates, draft_rows, select_beam, select_top
 from tmc.multidraft import ROOT
 from tmc.toy import Path
 
@@ -49,11 +49,12 @@ def test_select_beam_equals_a_full_sort_with_zeros_and_ties() -> None:
         assert len(pos) >= min(k, positive)  # the k best are always there (ties may add more)
 
 
-class BeamToy:
-    """A toy draft that also selects beams itself (from its own rows), counting both kinds of call."""
+class RankingToy:
+    """A toy draft that also selects beams and ranks rows itself (from its own rows), counting each kind of call:
+    a :class:`BeamDraft` and a :class:`spec.draft.TopDraft` (``tests/spec/test_top.py``)."""
 
     def __init__(self, draft: DraftModel) -> None:
-        self.inner, self.row_calls, self.beam_calls = draft, 0, 0
+        self.inner, self.row_calls, self.beam_calls, self.top_calls = draft, 0, 0, 0
 
     @property
     def vocab(self) -> int:
@@ -67,6 +68,10 @@ class BeamToy:
         self.beam_calls += 1
         return select_beam(draft_rows(self.inner, paths), weights, k)
 
+    def top_candidates(self, paths: Sequence[Path], k: int) -> tuple[np.ndarray, np.ndarray]:
+        self.top_calls += 1
+        return select_top(draft_rows(self.inner, paths), k)
+
 
 def test_wetap_gives_the_same_trees_through_a_beam_draft_and_fetches_no_row() -> None:
     drafts: list[DraftModel] = [ToyDraft(m) for m in models(4, range(4))]
@@ -76,7 +81,7 @@ def test_wetap_gives_the_same_trees_through_a_beam_draft_and_fetches_no_row() ->
             builder = WetapBuilder(**params)  # type: ignore[arg-type]
             for budget in (1, 4, 12):
                 want = builder.build(draft, budget)
-                beam = BeamToy(draft)
+                beam = RankingToy(draft)
                 assert isinstance(beam, BeamDraft)
                 got = builder.build(beam, budget)
                 assert (got.parents, got.tokens, got.draws) == (want.parents, want.tokens, want.draws)

@@ -15,12 +15,12 @@ import pytest
 
 from spec.builders import DynaTreeBuilder
 from spec.builders.base import Growing, top_tokens
-from spec.draft import DraftModel, HashedDraft, ToyDraft, TopDraft, draft_rows, select_top, top_candidates
+from spec.draft import DraftModel, HashedDraft, ToyDraft, TopDraft, select_top, top_candidates
 from tmc.multidraft import ROOT
 from tmc.toy import Path
 
 from tests.spec.conftest import models
-from tests.spec.test_beam import random_rows
+from tests.spec.test_beam import RankingToy, random_rows
 
 
 def by_full_sort(row: np.ndarray, k: int) -> list[int]:
@@ -62,25 +62,6 @@ def test_select_top_refuses_bad_arguments(rows: np.ndarray, k: int, message: str
         select_top(rows, k)
 
 
-class TopToy:
-    """A toy draft that also ranks its rows itself (from its own rows), counting both kinds of call."""
-
-    def __init__(self, draft: DraftModel) -> None:
-        self.inner, self.row_calls, self.top_calls = draft, 0, 0
-
-    @property
-    def vocab(self) -> int:
-        return self.inner.vocab
-
-    def rows(self, paths: Sequence[Path]) -> np.ndarray:
-        self.row_calls += 1
-        return self.inner.rows(paths)
-
-    def top_candidates(self, paths: Sequence[Path], k: int) -> tuple[np.ndarray, np.ndarray]:
-        self.top_calls += 1
-        return select_top(draft_rows(self.inner, paths), k)
-
-
 DYNATREES = [
     DynaTreeBuilder(),
     DynaTreeBuilder(base_depth=2.0, max_depth=4, b_min=1, b_mid=2, b_max=4, tau_high=0.6, tau_low=0.2, prune=0.0),
@@ -97,7 +78,7 @@ def test_dynatree_gives_the_same_trees_through_a_top_draft_and_fetches_no_row() 
             state = builder.initial_state()
             for budget in (1, 3, 8, 20):
                 want = builder.build(draft, budget, state=state)
-                top = TopToy(draft)
+                top = RankingToy(draft)
                 assert isinstance(top, TopDraft)
                 got = builder.build(top, budget, state=state)
                 assert (got.parents, got.tokens, got.draws) == (want.parents, want.tokens, want.draws)

@@ -19,6 +19,7 @@ from transformers.cache_utils import DynamicSlidingWindowLayer  # noqa: E402
 from spec.builders import DynaTreeBuilder, WetapBuilder  # noqa: E402
 from spec.draft import BeamDraft, DraftModel, TopDraft, beam_candidates, draft_rows, select_beam  # noqa: E402
 from spec.draft import select_top, top_candidates  # noqa: E402
+from tests.spec.test_beam import random_rows  # noqa: E402
 from spec.llm.adapter import (  # noqa: E402
     LLMDraft,
     additive_mask,
@@ -531,9 +532,7 @@ def test_select_beam_torch_equals_select_beam_with_ties_and_zeros():
     rng = np.random.default_rng(5)
     for _ in range(200):
         n, vocab = int(rng.integers(1, 6)), int(rng.integers(1, 9))
-        raw = rng.choice([0.0, 1.0, 2.0, 2.0, 3.0], size=(n, vocab))
-        raw[:, 0] += 1.0
-        probs = raw / raw.sum(axis=1, keepdims=True)
+        probs = random_rows(rng, n, vocab)
         weights = rng.choice([0.0, 0.5, 1.0], size=n)
         k = int(rng.integers(1, n * vocab + 2))
         pos, val = select_beam_torch(torch.from_numpy(probs), weights, k)
@@ -571,16 +570,24 @@ class _RowsOnly:
         return self.draft.rows(paths)
 
 
-@pytest.mark.parametrize("sampling", [Sampling(), Sampling(temperature=0.0), Sampling(temperature=0.8, top_k=7)])
-def test_wetap_trees_from_an_llm_draft_equal_the_row_path(sampling):
+def same_trees_as_the_row_path(builder, sampling) -> list[int]:
+    """Trees of ``builder`` from an LLM draft (which answers beams and rankings on its side) equal those from
+    the same draft seen through ``rows`` only, with the same forwards and no row on the host; their sizes."""
     model, ctx = tiny_model(seed=2), context(6, seed=4)
-    builder = WetapBuilder(length=4, w_min=3, w_max=12)
+    sizes = []
     for seed, budget in ((0, 5), (1, 10), (2, 16)):
         drafts = [LLMDraft(model, DynamicCache(), 0, pending=ctx + [seed], sampling=sampling) for _ in range(2)]
-        via_beam = builder.build(drafts[0], budget, seed)
+        direct = builder.build(drafts[0], budget, seed)
         via_rows = builder.build(_RowsOnly(drafts[1]), budget, seed)
-        assert (via_beam.parents, via_beam.tokens) == (via_rows.parents, via_rows.tokens)
+        assert (direct.parents, direct.tokens) == (via_rows.parents, via_rows.tokens)
         assert drafts[0].forwards == drafts[1].forwards and not drafts[0]._rows  # no row reached the host
+        sizes.append(direct.size)
+    return sizes
+
+
+@pytest.mark.parametrize("sampling", [Sampling(), Sampling(temperature=0.0), Sampling(temperature=0.8, top_k=7)])
+def test_wetap_trees_from_an_llm_draft_equal_the_row_path(sampling):
+    same_trees_as_the_row_path(WetapBuilder(length=4, w_min=3, w_max=12), sampling)
 
 
 # --- LLMDraft as a TopDraft (DynaTree's question) ------------------------------------------
@@ -609,9 +616,7 @@ def test_select_top_torch_equals_select_top_with_ties_and_zeros():
     rng = np.random.default_rng(6)
     for _ in range(200):
         n, vocab = int(rng.integers(1, 6)), int(rng.integers(1, 9))
-        raw = rng.choice([0.0, 1.0, 2.0, 2.0, 3.0], size=(n, vocab))
-        raw[:, 0] += 1.0
-        probs = raw / raw.sum(axis=1, keepdims=True)
+        probs = random_rows(rng, n, vocab)
         k = int(rng.integers(1, vocab + 3))
         tokens, values = select_top_torch(torch.from_numpy(probs), k)
         want_tokens, want_values = select_top(probs, k)
@@ -633,18 +638,10 @@ def test_select_top_torch_refuses_bad_arguments(probs, k, message):
 
 @pytest.mark.parametrize("sampling", [Sampling(), Sampling(temperature=0.0), Sampling(temperature=0.3, top_k=7)])
 def test_dynatree_trees_from_an_llm_draft_equal_the_row_path(sampling):
-    model, ctx = tiny_model(seed=2), context(6, seed=4)
     # thresholds low enough for the random model's flat rows to grow trees of several layers and widths
     builder = DynaTreeBuilder(base_depth=3.0, max_depth=5, b_min=1, b_mid=2, b_max=3, tau_high=0.3, tau_low=0.1,
                               rho_stop=1e-6, rho_deep=1e-5, prune=0.0)
-    sizes = []
-    for seed, budget in ((0, 5), (1, 10), (2, 16)):
-        drafts = [LLMDraft(model, DynamicCache(), 0, pending=ctx + [seed], sampling=sampling) for _ in range(2)]
-        via_top = builder.build(drafts[0], budget, seed)
-        via_rows = builder.build(_RowsOnly(drafts[1]), budget, seed)
-        assert (via_top.parents, via_top.tokens) == (via_rows.parents, via_rows.tokens)
-        assert drafts[0].forwards == drafts[1].forwards and not drafts[0]._rows  # no row reached the host
-        sizes.append(via_top.size)
+    sizes = same_trees_as_the_row_path(builder, sampling)
     # full trees (at temperature 0 one-hot rows make a chain of max_depth): the comparison covers every layer
     assert sizes == ([5, 5, 5] if sampling.greedy else [5, 10, 16])
 

@@ -169,13 +169,12 @@ def test_beam_selection_on_cuda_equals_the_numpy_reference() -> None:
 
     from spec.draft import select_beam
     from spec.llm.adapter import select_beam_torch
+    from tests.spec.test_beam import random_rows
 
     rng = np.random.default_rng(9)
     for _ in range(50):
         n, vocab = int(rng.integers(1, 40)), int(rng.integers(1, 300))
-        raw = rng.choice([0.0, 1.0, 2.0, 2.0, 3.0, 7.0], size=(n, vocab))
-        raw[:, 0] += 1.0
-        probs = raw / raw.sum(axis=1, keepdims=True)
+        probs = random_rows(rng, n, vocab)
         weights = rng.choice([0.0, 0.3, 1.0], size=n) * rng.random(n)
         k = int(rng.integers(1, 160))
         pos, val = select_beam_torch(torch.from_numpy(probs).cuda(), weights, k)
@@ -190,13 +189,12 @@ def test_top_ranking_on_cuda_equals_the_numpy_reference() -> None:
 
     from spec.draft import select_top
     from spec.llm.adapter import select_top_torch
+    from tests.spec.test_beam import random_rows
 
     rng = np.random.default_rng(10)
     for _ in range(50):
         n, vocab = int(rng.integers(1, 40)), int(rng.integers(1, 300))
-        raw = rng.choice([0.0, 1.0, 2.0, 2.0, 3.0, 7.0], size=(n, vocab))
-        raw[:, 0] += 1.0
-        probs = raw / raw.sum(axis=1, keepdims=True)
+        probs = random_rows(rng, n, vocab)
         k = int(rng.integers(1, 12))
         tokens, values = select_top_torch(torch.from_numpy(probs).cuda(), k)
         want_tokens, want_values = select_top(probs, k)
