@@ -302,6 +302,18 @@ def test_bad_input(pair: tuple[object, object], kwargs: dict[str, object], messa
         generate(target, draft, **args)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(("builder", "temperature"), list(itertools.product(sorted(BUILDERS), (0.0, 1.0))))
+def test_nan_draft_logits_are_named_for_every_builder(builder: str, temperature: float) -> None:
+    """A draft whose logits hold NaN gives the usual ``ValueError`` on every builder's path: host builders
+    (DySpec's rows, WETAP's beam, DynaTree's per-row ranking on the draft's side), chains and fixed trees
+    drafted on the device, and the chains a greedy draft gives them."""
+    target, draft = _tiny(13, 0, scale=40.0), _tiny(13, 1, layers=1, scale=40.0)
+    with torch.no_grad():
+        draft.lm_head.weight[:, 0] = float("nan")  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="logits contain NaN"):
+        generate(target, draft, [1, 2], builder, "traversal", temperature=temperature, max_new_tokens=4, budget=4)
+
+
 def test_models_on_two_devices_are_refused_before_any_forward(pair: tuple[object, object]) -> None:
     """The device chain and tree paths hand the draft's tensors to the target: one device for both, else a
     ``ValueError`` naming the two (a draft on the meta device stands in for a second device here)."""
