@@ -169,7 +169,6 @@ def parse_method(text: str, budget: int, chain_budget: int) -> Method:
     from spec.llm.generate import VERIFIERS
     from spec.llm.tree_device import DEVICE_TREE_METHODS
     from spec.llm.verify import CHAIN_METHODS
-    from tmc.multidraft import Draw
 
     text = text.strip()
     if text in BASELINES:
@@ -202,10 +201,8 @@ def parse_method(text: str, budget: int, chain_budget: int) -> Method:
     step_graph = "graph" in flags or bool(compile_step)
     fused_needs = (f"method {text!r}: the flag 'graph' (generate's step_graph), 'compiled' (step_graph and "
                    f"compile_step) or 'whole' (compile_step='whole'), one of them, takes the chain builder with a "
-                   f"chain verifier, or the chain or fixed builder "
-                   f"drawing iid (or topk / swor: a fixed tree wider than 1 with dtemp=T, T > 0, since at "
-                   f"temperature 0 the draft's rows are one-hot) with multidraft / traversal, drafting on the "
-                   f"device, without 'host' or 'numpy'")
+                   f"chain verifier, or the chain (no confidence stop) or fixed builder with multidraft / "
+                   f"traversal, drafting on the device, without 'host' or 'numpy'")
     if len({"graph", "compiled", "whole"} & set(flags)) > 1 or (
             step_graph and (builder not in ("chain", "fixed") or on_host or "numpy" in flags)):
         raise ValueError(fused_needs)
@@ -229,12 +226,10 @@ def parse_method(text: str, budget: int, chain_budget: int) -> Method:
         made = make_builder(builder, **dict(params))  # refuse unknown or bad parameters before any model loads
     except ValueError as err:
         raise ValueError(f"method {text!r}: {err}") from None
-    draw = getattr(made, "draw", None)
-    # a ranked / swor tree is fused where the device drafts it (generate._device_shape) at both of the bench's
-    # temperatures: the draft's rows keep width tokens (a draft temperature above 0), or one child per node
-    full_rows = draw in (Draw.TOPK, Draw.SWOR) and (builder == "chain" or getattr(made, "width", 1) == 1
-                                                     or (draft_temperature or 0.0) > 0)
-    fused_tree = verifier in DEVICE_TREE_METHODS and (draw == Draw.IID or full_rows)
+    # a fixed tree or a chain of fixed length is fused at both of the bench's temperatures (generate._device_shape):
+    # drawn iid; or topk / swor from a draft above temperature 0, whose rows keep width tokens (the bench sets no
+    # top-k or top-p); or from a greedy draft, whose rows are one-hot and make the tree a chain
+    fused_tree = verifier in DEVICE_TREE_METHODS and getattr(made, "confidence", None) is None
     if step_graph and not (fused_tree or (builder == "chain" and verifier in CHAIN_METHODS)):
         raise ValueError(fused_needs)
     return Method(text, builder, verifier, n, on_host, params, backend, draft_temperature, step_graph, compile_step)
@@ -339,8 +334,10 @@ def _step_profile(method: Method, target: Any, draft: Any, prompt: list[int], te
     """A ``graph`` row's costs, which its fused steps do not split: :meth:`ChainStepGraph.profile
     <spec.llm.step_graph.ChainStepGraph.profile>` (or :class:`~spec.llm.tree_step_graph.TreeStepGraph`'s) after
     the prompt, on the step graph the row's decodes used."""
-    from spec.builders import ChainBuilder, FixedBuilder, make_builder
-    from spec.llm.generate import COMPILE_BACKEND, _draft_sampling, _new_cache, _prefill, _Shape, cache_capacity
+    from spec.builders import ChainBuilder, make_builder
+    from spec.llm.generate import (
+        COMPILE_BACKEND, _device_shape, _draft_sampling, _new_cache, _prefill, _Shape, cache_capacity,
+    )
     from spec.llm.sampling import Sampling
     from spec.llm.step_graph import FusedStep, shared_chain_step
     from spec.llm.tree_device import DEVICE_TREE_METHODS
@@ -361,12 +358,9 @@ def _step_profile(method: Method, target: Any, draft: Any, prompt: list[int], te
     scope = "whole" if method.compile_step == "whole" else "parts"
     step: FusedStep
     if method.verifier in DEVICE_TREE_METHODS:  # the shape and layout generate gives the tree (its default order)
-        if isinstance(built, ChainBuilder):
-            parents = tuple(range(-1, method.budget - 1))
-        else:
-            assert isinstance(built, FixedBuilder)  # parse_method: chain or fixed, drawing iid, swor or topk
-            parents = built.full_shape(method.budget)
-        kind = Draw(built.draw)
+        got = _device_shape(built, method.verifier, method.budget, d_sampling, vocab)
+        assert got is not None  # parse_method: a chain or fixed tree, which generate drafts on the device
+        parents, kind = got  # a greedy draft's fixed tree is a chain
         shape = _Shape.of(parents, kind, "dfs", vocab, t_cache.device)
         step = shared_tree_step(target, draft, t_cache, d_cache, parents=parents, order=shape.order,
                                 verifier=method.verifier, sampling=sampling, d_sampling=d_sampling, vocab=vocab,

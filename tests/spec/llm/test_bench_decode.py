@@ -48,11 +48,13 @@ def test_parse_method() -> None:
     assert parse_method("chain:multidraft:compiled", 16, 4).compile_step  # a chain is a tree drawn iid
     whole = parse_method("fixed/draw=iid:traversal:whole@7", 16, 4)  # the whole step compiled
     assert (whole.step_graph, whole.compile_step, whole.label) == (True, "whole", "fixed/draw=iid+traversal@7/whole")
-    # ranked / swor trees the device drafts at both temperatures: the draft at its own temperature > 0, or one
-    # child each (fixed draws swor by default)
+    # ranked / swor trees the device drafts at both temperatures: the draft above temperature 0 keeps width tokens
+    # a row, a greedy draft makes the tree a chain (fixed draws swor by default)
     for ranked in ("fixed/draw=topk:traversal:dtemp=1:graph@6", "fixed/draw=topk/width=1:multidraft:graph",
                    "chain/draw=topk:traversal:graph", "fixed:traversal:dtemp=1:compiled",
-                   "fixed/width=1:traversal:graph"):
+                   "fixed/width=1:traversal:graph", "fixed/draw=topk:traversal:graph", "fixed:traversal:graph",
+                   "fixed/draw=topk:traversal:dtemp=0:graph", "fixed/draw=swor:traversal:dtemp=0:graph",
+                   "fixed/draw=topk:multidraft:compiled"):
         assert parse_method(ranked, 16, 4).step_graph, ranked
     device_tree = parse_method("fixed/draw=iid:traversal:device@8", 16, 4)  # the tree walked on the device
     assert (device_tree.backend, device_tree.label) == ("device", "fixed/draw=iid+traversal@8/device")
@@ -72,13 +74,12 @@ def test_parse_method() -> None:
                 "dyspec:traversal:dtemp=", "dyspec:traversal:dtemp=x", "dyspec:traversal:dtemp=-1",
                 "dyspec:traversal:dtemp=nan", "dyspec:traversal:dtemp=inf", "dyspec:traversal:dtemp=1:dtemp=1",
                 "dyspec:traversal:dtemp", "chain/confidence=0:sps", "chain/confidence=1.5:sps@20",
-                "dyspec:traversal:graph", "fixed/draw=topk:traversal:graph", "chain:sps:host:graph",
-                "fixed/draw=topk:traversal:dtemp=0:graph", "fixed/draw=swor:traversal:dtemp=0:graph",
+                "dyspec:traversal:graph", "chain:sps:host:graph", "chain/confidence=0.5:traversal:graph",
                 "chain:sps:numpy:graph", "chain:sps:graph:graph", "chain:sps:graph:compiled",
                 "chain:sps:compiled:whole", "chain:sps:graph:whole", "dyspec:traversal:whole", "chain:sps:host:whole",
-                "dyspec:traversal:compiled", "chain:kseq:compiled", "chain:sps:host:compiled", "fixed:traversal:graph",
+                "dyspec:traversal:compiled", "chain:kseq:compiled", "chain:sps:host:compiled",
                 "fixed/draw=iid:kseq:graph", "fixed/draw=iid:sps:graph", "fixed/draw=iid:traversal:host:graph",
-                "fixed/draw=topk:multidraft:compiled"):
+                "wetap:traversal:graph", "dynatree:multidraft:graph"):
         with pytest.raises(ValueError, match="method"):
             parse_method(bad, 16, 4)
 
@@ -152,13 +153,15 @@ def test_graph_rows_run_beside_device_chain_rows(pair: tuple[object, object]) ->
 @pytest.mark.parametrize(("row", "label", "flag"), [
     ("fixed/draw=iid:traversal", "fixed/draw=iid+traversal@6", "graph"),
     ("fixed/draw=topk:traversal:dtemp=1", "fixed/draw=topk+traversal@6", "graph"),
+    ("fixed:traversal", "fixed+traversal@6", "graph"),  # at T = 0 the greedy draft's chain
     ("fixed/draw=iid:traversal", "fixed/draw=iid+traversal@6", "whole"),
 ])
 def test_fused_tree_rows_run_beside_device_tree_rows(pair: tuple[object, object], row: str, label: str, flag: str,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    """A fused tree row (``:graph``; i.i.d., or ranked from the draft at 1; ``:whole``, the whole step through
-    ``torch.compile``, here with dynamo's ``eager`` backend: real tracing, no code generated) decodes the device
-    tree's tokens; its costs come from ``TreeStepGraph.profile`` on the graph its decodes used."""
+    """A fused tree row (``:graph``; i.i.d., ranked from the draft at 1, or swor, which a greedy draft makes a chain;
+    ``:whole``, the whole step through ``torch.compile``, here with dynamo's ``eager`` backend: real tracing, no
+    code generated) decodes the device tree's tokens; its costs come from ``TreeStepGraph.profile`` on the graph
+    its decodes used."""
     from spec.llm import generate as gen
 
     monkeypatch.setattr(gen, "COMPILE_BACKEND", "eager")
