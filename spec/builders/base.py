@@ -39,8 +39,10 @@ from numpy.typing import ArrayLike, NDArray
 
 from spec.draft import DraftModel, beam_candidates, draft_rows, select_beam, select_top, top_candidates
 from spec.draft import top_tokens as top_tokens  # re-exported: the builders' ranking rule
-from spec.randomness import Sampler, as_sampler
+from spec.randomness import RngSampler, Sampler, as_sampler
 from tmc.multidraft import ROOT, DraftTree, Draw
+from tmc.noise import categorical
+from tmc.ordered_traversal import CANCELLED_MASS
 from tmc.toy import Path
 from tmc.validate import check_int
 
@@ -180,6 +182,44 @@ def without(row: FloatArray, removed: Sequence[int]) -> FloatArray:
     law = row.copy()
     law[list(removed)] = 0.0
     return law
+
+
+def draw_without(sampler: Sampler, row: FloatArray, removed: Sequence[int], cdf: FloatArray) -> tuple[int, float] | None:
+    """One token drawn from ``row`` without the ``removed`` tokens, and the mass of the tokens left (the
+    law's normaliser); ``None`` when no token with ``q > 0`` is left.
+
+    The law is ``without(row, removed)``.  ``cdf`` is ``np.cumsum(row)``, computed once for all of a
+    node's draws.  A sampler other than an :class:`~spec.randomness.RngSampler` is handed the law itself,
+    so exact enumeration sees it.  An ``RngSampler`` draws its one uniform and inverts the law's CDF
+    segment by segment between the removed tokens (``cdf[t]`` minus the mass removed before ``t``): a
+    search in ``cdf`` instead of three ``O(V)`` passes over a copy of the row (copy, sum, cumulative
+    sum).  Its token is ``tmc.noise.categorical(without(row, removed), u)``'s up to the rounding of the
+    two cumulative sums (tested); where rounding leaves the segment search in doubt, that call decides.
+    The mass is ``cdf[-1]`` minus the removed tokens' ``q``, or the sum of the tokens left where that
+    difference falls below 2^-20 of the row (cancellation: :data:`tmc.ordered_traversal.CANCELLED_MASS`).
+    """
+    total = float(cdf[-1])
+    gone = sorted(set(removed))
+    left = total - float(row[gone].sum()) if gone else total
+    if left < CANCELLED_MASS * total:  # little or nothing left: the law itself, summed exactly
+        law = without(row, gone)
+        left = float(law.sum())
+        return None if left <= 0.0 else (sampler.draw(law), left)
+    if type(sampler) is not RngSampler:
+        return sampler.draw(without(row, gone)), left
+    u = float(sampler.rng.random())
+    x = u * left
+    lo, before = 0, 0.0  # the segment [lo, r) between removed tokens, and the mass removed before it
+    for r in (*gone, row.shape[0]):
+        if r > lo and float(cdf[r - 1]) - before > x:
+            t = lo + int(np.searchsorted(cdf[lo:r], x + before, side="right"))
+            if t < r and row[t] > 0.0:
+                return t, left
+            break
+        if r < row.shape[0]:
+            before += float(row[r])
+            lo = r + 1
+    return categorical(without(row, gone), u), left
 
 
 def check_draw(name: str, value: object, allowed: Sequence[Draw]) -> Draw:

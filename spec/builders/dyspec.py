@@ -24,19 +24,24 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from spec.builders.base import Growing, TreeBuilder, check_prob, without
+import numpy as np
+from numpy.typing import NDArray
+
+from spec.builders.base import Growing, TreeBuilder, check_prob, draw_without
 from spec.randomness import Sampler
 from tmc.multidraft import ROOT, Draw
 from tmc.validate import check_int
 
 
 Position = tuple[float, int, int]  # (−value, tie-break counter, node whose next child it is)
+FloatArray = NDArray[np.float64]
 
 
 def _expand(
     grow: Growing,
     position: Position,
     removed: dict[int, list[int]],
+    cdfs: dict[int, FloatArray],
     sampler: Sampler,
     heap: list[Position],
     counter: Iterator[int],
@@ -45,16 +50,20 @@ def _expand(
 
     Pushes the next-sibling position, value ``v · (1 − R[y])``, onto ``heap``
     and returns the new child with its first-child value ``v · R[y]``;
-    ``None`` when no token with ``q > 0`` is left at the position.
+    ``None`` when no token with ``q > 0`` is left at the position.  A node's
+    cumulative row (``cdfs``) is computed at its first draw and serves all of
+    its children (:func:`~spec.builders.base.draw_without`).
     """
     neg_v, _, node = position
-    law = without(grow.row(node), removed.setdefault(node, []))
-    mass = float(law.sum())
-    if mass <= 0.0:
+    row = grow.row(node)
+    if node not in cdfs:
+        cdfs[node] = np.cumsum(row)
+    drawn = draw_without(sampler, row, removed.setdefault(node, []), cdfs[node])
+    if drawn is None:
         return None
-    tok = sampler.draw(law)
+    tok, mass = drawn
     removed[node].append(tok)
-    r_y, v = float(law[tok]) / mass, -neg_v
+    r_y, v = float(row[tok]) / mass, -neg_v
     if v * (1.0 - r_y) > 0.0:
         heapq.heappush(heap, (-v * (1.0 - r_y), next(counter), node))
     return grow.add(node, tok, Draw.SWOR), v * r_y
@@ -89,11 +98,12 @@ class DySpecBuilder(TreeBuilder):
         counter = itertools.count()
         heap: list[Position] = [(-1.0, next(counter), ROOT)]
         removed: dict[int, list[int]] = {}
+        cdfs: dict[int, FloatArray] = {}
         while heap and grow.size < budget:
             position = heapq.heappop(heap)
             if not grow.has_row(position[2]):
                 grow.fetch([position[2]] + [n for _, _, n in heap if not grow.has_row(n)])
-            drawn = _expand(grow, position, removed, sampler, heap, counter)
+            drawn = _expand(grow, position, removed, cdfs, sampler, heap, counter)
             if drawn is None:
                 continue
             child, value = drawn
@@ -127,13 +137,14 @@ class DySpecThresholdBuilder(TreeBuilder):
         counter = itertools.count()
         layer: list[Position] = [(-1.0, next(counter), ROOT)]
         removed: dict[int, list[int]] = {}
+        cdfs: dict[int, FloatArray] = {}
         depth = 0
         while layer and grow.size < budget and (self.max_depth is None or depth < self.max_depth):
             grow.fetch([n for _, _, n in layer])  # one draft call for the layer
             heapq.heapify(layer)
             nxt: list[Position] = []
             while layer and grow.size < budget and -layer[0][0] >= self.threshold:
-                drawn = _expand(grow, heapq.heappop(layer), removed, sampler, layer, counter)
+                drawn = _expand(grow, heapq.heappop(layer), removed, cdfs, sampler, layer, counter)
                 if drawn is not None:
                     child, value = drawn
                     nxt.append((-value, next(counter), child))
