@@ -142,9 +142,7 @@ class Growing:
         got = beam_candidates(self.draft, [self.path(n) for n in nodes], weights, k)  # checks weights and k
         if got is not None:
             return got
-        self.fetch(nodes)
-        rows = np.zeros((0, self.vocab)) if not nodes else np.stack([self._rows[n] for n in nodes])
-        return select_beam(rows, np.asarray(weights, dtype=np.float64), k)
+        return select_beam(self._fetched(nodes), np.asarray(weights, dtype=np.float64), k)
 
     def top(self, nodes: Sequence[int], k: int) -> tuple[IntArray, FloatArray]:
         """:func:`spec.draft.select_top` of the rows of ``nodes``: each node's ``k`` most likely tokens.
@@ -155,9 +153,12 @@ class Growing:
         got = top_candidates(self.draft, [self.path(n) for n in nodes], k)  # checks k
         if got is not None:
             return got
+        return select_top(self._fetched(nodes), k)
+
+    def _fetched(self, nodes: Sequence[int]) -> FloatArray:
+        """The rows of ``nodes`` stacked ``(len(nodes), V)``, fetched first where missing (one draft call)."""
         self.fetch(nodes)
-        rows = np.zeros((0, self.vocab)) if not nodes else np.stack([self._rows[n] for n in nodes])
-        return select_top(rows, k)
+        return np.zeros((0, self.vocab)) if not nodes else np.stack([self._rows[n] for n in nodes])
 
     def set_row(self, node: int, row: FloatArray) -> None:
         """Record a row obtained elsewhere (a builder's scratch tree) for ``node``."""
