@@ -29,7 +29,7 @@ def by_full_sort(row: np.ndarray, k: int) -> list[int]:
     return [t for t in order if row[t] > 0.0][:k]
 
 
-def test_select_top_equals_top_tokens_row_by_row_with_zeros_and_ties() -> None:
+def test_select_top_equals_a_full_sort_of_each_row_with_zeros_and_ties() -> None:
     rng = np.random.default_rng(0)
     for trial in range(400):
         n, vocab = int(rng.integers(1, 6)), int(rng.integers(1, 9))
