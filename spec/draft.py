@@ -237,7 +237,7 @@ def top_candidates(draft: DraftModel, paths: Sequence[Path], k: int) -> tuple[In
                          f"({n}, {k}) arrays, the tokens integers")
     tok = tok.astype(np.int64, copy=False)
     real = tok >= 0
-    if (tok >= vocab).any() or (real[:, 1:] > real[:, :-1]).any():
+    if (tok >= vocab).any() or (tok < -1).any() or (real[:, 1:] > real[:, :-1]).any():
         raise ValueError(f"draft top_candidates returned ids outside [0, {vocab}) or padding (-1) before an id")
     with np.errstate(invalid="ignore"):
         if not (np.where(real, val > 0.0, val == 0.0) & (val < np.inf)).all():
