@@ -347,6 +347,24 @@ def test_fused_tree_steps_replay_one_graph(pairs: tuple[tuple[object, object], t
         assert got.tokens == want, name
 
 
+@pytest.mark.parametrize(("builder", "verifier"), [("fixed", "traversal"), ("dyspec", "multidraft"),
+                                                 ("dynatree", "traversal"), ("wetap", "traversal")])
+def test_fused_greedy_draft_chains_on_cuda(pairs: tuple[tuple[object, object], tuple[object, object]],
+                                           builder: str, verifier: str) -> None:
+    """A greedy draft makes each of these builders grow one chain of a known length (``_greedy_chain``);
+    ``step_graph=True`` drafts, verifies and moves it into place as one replayed graph.  Greedy decoding equals
+    the CPU's with every step after the first replayed; with the draft at 0 and the target at 1 the graphed run
+    gives the eager fused run's tokens and the usual device chain's on every seed."""
+    (t_cpu, _), (t_gpu, d_gpu) = pairs
+    prompt = [2, 7, 1, 8, 2, 8]
+    ref = ar_generate(t_cpu, prompt, temperature=0, max_new_tokens=40).tokens
+    out = generate(t_gpu, d_gpu, prompt, builder, verifier, budget=8, temperature=0, max_new_tokens=40,
+                   step_graph=True)
+    assert out.tokens == ref
+    assert sum(s.graph_s > 0 for s in out.steps) == len(out.steps) - 1
+    _graphed_eager_and_plain_agree(t_gpu, d_gpu, prompt, builder, verifier, budget=8, draft_temperature=0.0)
+
+
 @pytest.mark.parametrize(("verifier", "draw"), [(v, d) for v in ("multidraft", "traversal") for d in ("topk", "swor")])
 def test_fused_ranked_tree_steps_on_cuda(pairs: tuple[tuple[object, object], tuple[object, object]],
                                          verifier: str, draw: str) -> None:
