@@ -283,7 +283,7 @@ def _traversal(plan: TreePlan, tok: Tensor, q: Tensor, p: Tensor, u: Tensor) -> 
         final.index_copy_(0, b.rows, row)
     tests = plan.post
     passes = u.index_select(0, (tests - 1).clamp_min(0)) < value.index_select(0, tests)
-    passes[-1] = True  # the root's test
+    passes[-1:].fill_(True)  # the root's test (not ``passes[-1] = True``: on CUDA that copies a host scalar in)
     at = tests.index_select(0, passes.to(torch.int64).argmax().reshape(1))  # argmax: the first pass
     return at[0], final.index_select(0, at)[0]
 

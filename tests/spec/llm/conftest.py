@@ -54,3 +54,31 @@ def greedy_decode(model: Any, prompt: list[int], n: int) -> list[int]:
         for _ in range(n):
             ids.append(int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
     return ids[len(prompt):]
+
+
+def no_host_scalar_writes() -> Any:
+    """A dispatch mode that raises where a Python scalar is written into a tensor by indexing
+    (``x[i] = 1.0``).  Torch makes that scalar a tensor first, and for a CUDA ``x`` it makes it on the
+    host and copies it in, which a CUDA graph capture refuses.  On the ``meta`` device the same write
+    dispatches a ``scalar_tensor`` that then feeds a ``copy_`` or ``index_put_``: that is what this
+    catches, so a capture's code can be checked on the CPU.  (``fill_(1.0)`` and ``torch.where(c, 1.0,
+    x)`` pass the scalar as an argument of the kernel and are not flagged.)"""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class NoHostScalarWrites(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.scalars: set[int] = set()  # ids of the 0-d tensors made by scalar_tensor, still alive
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            out = func(*args, **(kwargs or {}))
+            if func is torch.ops.aten.scalar_tensor.default:
+                self.scalars.add(id(out))
+                self.__dict__.setdefault("_keep", []).append(out)  # keep it alive: ids stay unique
+            elif func in (torch.ops.aten.copy_.default, torch.ops.aten.index_put_.default) and any(
+                    id(a) in self.scalars for a in args[1:] if isinstance(a, torch.Tensor)):
+                raise AssertionError(f"{func}: a Python scalar written by indexing (a host copy on CUDA)")
+            return out
+
+    return NoHostScalarWrites()

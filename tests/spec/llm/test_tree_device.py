@@ -24,6 +24,7 @@ from tmc.traversal import traversal_tests  # noqa: E402
 from spec.builders import FixedBuilder  # noqa: E402
 from spec.llm.tree_device import DEVICE_TREE_METHODS, TreePlan, tree_head, verify_tree_on_device  # noqa: E402
 from spec.llm.verify import TREE_METHODS, verify_tree  # noqa: E402
+from tests.spec.llm.conftest import no_host_scalar_writes  # noqa: E402
 from tests.spec.llm.test_verify_torch import (  # noqa: E402
     DEVICES,
     NUMPY_TREE,
@@ -156,13 +157,15 @@ def test_one_token_vocabulary_accepts_every_draft():
 @pytest.mark.parametrize(("kind", "method", "trusted"), list(itertools.product(ALL_DRAWS, DEVICE_TREE_METHODS, (False, True))))
 def test_device_walk_reads_nothing_on_the_host(kind, method, trusted):
     """On the ``meta`` device tensors hold no data, so ``.item()``, ``bool()`` or ``.tolist()`` of any of
-    them raises: the whole step, checks included, runs without one.  Teeth: the host walk raises there."""
+    them raises: the whole step, checks included, runs without one, and writes no Python scalar by indexing
+    (a host copy on CUDA, refused in a graph capture).  Teeth: the host walk raises there."""
     meta = "meta"
     plan = TreePlan.of(FixedBuilder(width=2).full_shape(7), kind, meta)
     q = torch.empty(8, 64, dtype=torch.float64, device=meta)
     tok = torch.empty(7, dtype=torch.int64, device=meta)
     u = torch.empty(8, dtype=torch.float64, device=meta)
-    head = tree_head(method, plan, tok, None if kind == Draw.TOPK else q, q, u, trusted=trusted)
+    with no_host_scalar_writes():
+        head = tree_head(method, plan, tok, None if kind == Draw.TOPK else q, q, u, trusted=trusted)
     assert head.device.type == meta and tuple(head.shape) == (3 + plan.depth,)
     with pytest.raises(NotImplementedError):
         verify_tree(method, tok, list(plan.parents), kind, q, q, u)
