@@ -35,7 +35,9 @@ Side by side in one run, on the same prompts, every method decodes exactly
   ``--cache`` says), e.g. ``chain:sps:graph`` or
   ``fixed/draw=topk:traversal:dtemp=1:graph@6``; ``:compiled`` does the same with the step's
   draws and verifier compiled by ``torch.compile`` first (``compile_step``), ``:whole`` with the
-  whole step compiled (``compile_step="whole"``).  Its steps are not split into builder,
+  whole step compiled (``compile_step="whole"``); a row without one of them runs unfused
+  (``step_graph=False``, not ``generate``'s default ``"auto"``), so it and its ``:graph`` twin
+  compare the two.  A fused row's steps are not split into builder,
   verifier and forwards, so its cost columns come from
   :meth:`~spec.llm.step_graph.ChainStepGraph.profile` after the first prompt:
   the step against its forwards alone (``bld+ver %``: the difference, of the

@@ -139,11 +139,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                           "(default): numpy, but torch for a chain drafted on a GPU with sps/asps/block whose "
                           "(budget + 1) x vocabulary rows exceed 2**17 entries (the copy to the host would cost more); "
                           "device: torch, with multidraft/traversal on a tree drafted on the device walked there too")
-    dec.add_argument("--step-graph", action="store_true",
+    dec.add_argument("--step-graph", nargs="?", const="on", choices=["auto", "on", "off"], default="auto",
                      help="run every step after the first as ONE fixed-shape piece of device work, one CUDA graph on "
                           "cuda (generate's step_graph): the chain builder with sps/asps/block, or a fixed / chain "
-                          "tree drawn iid or topk with multidraft/traversal; needs the static cache (--cache static, "
-                          "or auto on cuda). Same tokens; on the CPU it only adds work")
+                          "tree drawn iid, topk or swor with multidraft/traversal; needs the static cache (--cache "
+                          "static, or auto on cuda). Same tokens. auto (default): where both models' caches capture "
+                          "CUDA graphs and the method allows it; on (the flag alone): insist, an error names what is "
+                          "missing; off: never")
     dec.add_argument("--compile-step", nargs="?", const="parts", choices=["parts", "whole"], default=None,
                      help="with --step-graph: the step's draws and verifier through torch.compile (inductor) first "
                           "(parts, the default), or the whole step, both models' forwards included (whole); "
@@ -186,7 +188,8 @@ def _cmd_decode(args: argparse.Namespace) -> int:
         out = generate(target, draft, ids, args.builder, args.verifier, budget=args.budget,
                        builder_params=dict(args.param), cache=args.cache, chain_on_device=not args.host_chain,
                        verify_backend=args.verify_backend, draft_temperature=args.draft_temperature,
-                       step_graph=args.step_graph, compile_step=args.compile_step or False, **settings)
+                       step_graph={"on": True, "off": False}.get(args.step_graph, "auto"),
+                       compile_step=args.compile_step or False, **settings)
         ar = None if args.no_ar else ar_generate(target, ids, cache=args.cache, **settings)
     summary = out.summary()
     report: dict[str, Any] = {"builder": args.builder, "verifier": args.verifier, "budget": args.budget,

@@ -825,6 +825,9 @@ def test_decode_command_runs_fused_steps(saved_pair: SavedPair, capsys: pytest.C
         for run, extra in itertools.product(runs, ([], ["--compile-step"], ["--compile-step", "whole"])):
             assert main([*base, *run, "--cache", "static", "--step-graph", *extra]) == 0, (run, extra)
             assert json.loads(capsys.readouterr().out)["tokens"] == greedy, (run, extra)
+    for choice in ("auto", "off"):  # on the CPU neither fuses; the tokens are the same
+        assert main([*base, *runs[0], "--cache", "static", "--step-graph", choice]) == 0, choice
+        assert json.loads(capsys.readouterr().out)["tokens"] == greedy, choice
     assert main([*base, *runs[0], "--cache", "dynamic", "--step-graph"]) == 2
     assert "step_graph=True needs cache='static'" in capsys.readouterr().err
     assert main([*base, *runs[0], "--cache", "static", "--compile-step"]) == 2

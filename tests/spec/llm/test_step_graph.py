@@ -26,7 +26,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from spec.llm import static_cache  # noqa: E402
-from spec.llm.generate import generate  # noqa: E402
+from spec.llm.generate import generate, resolve_step_graph  # noqa: E402
 from spec.llm.models import tiny_pair  # noqa: E402
 from spec.llm.sampling import Sampling  # noqa: E402
 from spec.llm.static_cache import StaticTreeCache  # noqa: E402
@@ -201,7 +201,8 @@ def test_bad_logits_in_a_fused_step_raise_the_usual_error(pair: tuple[Any, Any],
 
 
 @pytest.mark.parametrize(("kwargs", "match"), [
-    (dict(step_graph=1), "step_graph must be True or False"),
+    (dict(step_graph=1), "step_graph must be True, False or 'auto'"),
+    (dict(step_graph="on"), "step_graph must be True, False or 'auto'"),
     (dict(builder_params={"confidence": 0.5}), "the 'chain' builder with no confidence stop"),
     (dict(builder="fixed"), "the 'chain' builder"),
     (dict(verifier="kseq"), "needs a chain verifier"),  # traversal on a chain is a fused tree step (test_tree_step_graph)
@@ -213,6 +214,7 @@ def test_bad_logits_in_a_fused_step_raise_the_usual_error(pair: tuple[Any, Any],
     (dict(compile_step="all"), "compile_step must be False, True or one of"),
     (dict(compile_step=True, step_graph=False), "compile_step=True compiles the fused step: it needs step_graph=True"),
     (dict(compile_step="whole", step_graph=False), "compile_step='whole' compiles the fused step: it needs"),
+    (dict(compile_step=True, step_graph="auto"), "compile_step=True compiles the fused step: it needs step_graph=True"),
 ])
 def test_step_graph_needs_a_fixed_chain_on_the_static_cache(pair: tuple[Any, Any], kwargs: dict[str, Any],
                                                             match: str) -> None:
@@ -221,6 +223,33 @@ def test_step_graph_needs_a_fixed_chain_on_the_static_cache(pair: tuple[Any, Any
     args.update(kwargs)
     with pytest.raises(ValueError, match=match):
         generate(target, draft, [1, 2], **args)
+
+
+def test_auto_fuses_only_where_both_caches_capture_graphs_and_nothing_refuses() -> None:
+    """``resolve_step_graph``: ``"auto"`` fuses only with graphs and no refusal; ``True`` insists (the refusal is
+    the error); ``False`` never fuses."""
+    assert resolve_step_graph("auto", True, None) is True
+    assert resolve_step_graph("auto", False, None) is False  # the CPU, or graphs=False
+    assert resolve_step_graph("auto", True, "needs cache='static'") is False
+    assert resolve_step_graph(False, True, None) is False
+    assert resolve_step_graph(True, False, None) is True  # eager fused steps (the CPU tests' way)
+    with pytest.raises(ValueError, match="needs cache='static'"):
+        resolve_step_graph(True, True, "needs cache='static'")
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_auto_leaves_cpu_steps_unfused(pair: tuple[Any, Any], temperature: float) -> None:
+    """On the CPU no cache captures graphs, so the default ``step_graph="auto"`` runs the usual steps: no step
+    is fused, the tokens are ``step_graph=False``'s, for a chain and a fixed tree that could run fused."""
+    target, draft = pair
+    for builder, verifier in (("chain", "sps"), ("fixed", "traversal")):
+        kw: dict[str, Any] = dict(budget=4, temperature=temperature, max_new_tokens=12, seed=3, cache="static",
+                                  builder_params={"draw": "iid"})
+        auto = generate(target, draft, [1, 2, 3], builder, verifier, **kw)
+        assert not any(s.graph_s > 0 for s in auto.steps)
+        assert auto.tokens == generate(target, draft, [1, 2, 3], builder, verifier, step_graph=False, **kw).tokens
+        fused = generate(target, draft, [1, 2, 3], builder, verifier, step_graph=True, **kw)
+        assert sum(s.graph_s > 0 for s in fused.steps) == len(fused.steps) - 1 > 0  # the shape could run fused
 
 
 def test_chain_step_graph_refuses_bad_arguments(pair: tuple[Any, Any]) -> None:
