@@ -523,6 +523,7 @@ def run_decode_bench(
                                                         seed, cache)
                 if rounds > 1:
                     row["tokens_per_s_rounds"] = [_row(method, temp, rr)["tokens_per_s"] for rr in per_round]
+                row["tokens"] = [[r["tokens"] for r in rr] for rr in per_round]  # [round][prompt]: read back later
                 if temp == 0 and ref is not None:
                     row["agree_ar"] = sum(r["tokens"] == ref[i] for rr in per_round for i, r in enumerate(rr)) / (
                         rounds * len(prompts))

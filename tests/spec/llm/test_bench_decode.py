@@ -201,9 +201,11 @@ def test_every_method_runs_and_greedy_rows_equal_ar(pair: tuple[object, object])
             assert r["overhead_pct"] == pytest.approx(r["builder_pct"] + r["verify_pct"])
         base = next(b for b in rows if b["temperature"] == r["temperature"] and b["method"] == "ar")
         assert r["speedup_ar"] == pytest.approx(r["tokens_per_s"] / base["tokens_per_s"])
+        assert [len(rr) for rr in r["tokens"]] == [len(prompts)] and all(len(t) == 10 for t in r["tokens"][0])
         if r["temperature"] == 0:
             # float32 on CPU: every lossless method, HF's static and assisted generation included, is greedy decoding
             assert r["agree_ar"] == 1.0, r["method"]
+            assert r["tokens"] == base["tokens"], r["method"]  # the tokens kept are the ones compared
         else:
             assert "agree_ar" not in r
     text = render(report)
