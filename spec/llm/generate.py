@@ -689,16 +689,17 @@ def generate(
     takes the usual path.  The tokens are the same (tested on the CPU, where
     the same work runs eagerly, and on CUDA).  ``"auto"`` (default): fused
     wherever both caches capture CUDA graphs and the builder, verifier and
-    backend allow it, unfused otherwise (:func:`resolve_step_graph`; on the CPU
-    it only adds work, on an H200 it ran 1.31-1.48x faster); ``True`` insists
-    (a ``ValueError`` names what is missing).
+    backend allow it, unfused otherwise (:func:`resolve_step_graph`: on an H200
+    it ran 1.31-1.48x faster; on the CPU, run eagerly, it gained little or
+    lost); ``True`` insists (a ``ValueError`` names what is missing).
     ``compile_step`` (with ``step_graph``): ``True`` (or ``"parts"``) sends
     the step's draws and verifier through ``torch.compile`` (inductor, whole
     graphs) first, so the captured graph launches a few fused kernels for
     them instead of some 150 small ones; ``"whole"`` compiles the whole step,
     both models' forwards included (:mod:`spec.llm.step_graph`), so the
     forwards' inputs, masks and cache moves are fused too.  The first step of
-    each setting pays the compilation.
+    each setting pays the compilation.  Experimental: on an H200 (2026-11-26)
+    ``"whole"``, and ``True`` on a tree, failed their CUDA tests (README).
     """
     t_start = time.perf_counter()
     if not isinstance(chain_on_device, bool):
