@@ -121,10 +121,30 @@ def select_beam(rows: FloatArray, weights: FloatArray, k: int) -> tuple[IntArray
     weights, k = check_beam_args(rows.shape[0], weights, k)
     flat = (weights[:, None] * rows).ravel()
     chosen = flat > 0.0
-    if flat.size > k:  # a value-only partition: the k-th largest value, whatever the tie order
-        chosen &= flat >= np.partition(flat, flat.size - k)[flat.size - k]
+    if flat.size > k:
+        chosen &= flat >= _kth_largest(flat, k)
     pos = np.flatnonzero(chosen).astype(np.int64)
     return pos, flat[pos]
+
+
+def _kth_largest(flat: FloatArray, k: int) -> float:
+    """The ``k``-th largest value of ``flat`` (``k < flat.size``), whatever the tie order.
+
+    A value-only partition finds it, but only among the values at or above a
+    lower bound: split ``flat`` into about ``4k`` blocks and take the ``k``-th
+    largest block maximum.  Those maxima are ``k`` distinct entries of
+    ``flat``, so at least ``k`` entries reach the bound and the ``k``-th largest
+    does too; every entry that ties with or beats it is kept.  For the peaked
+    rows of a draft at ``T = 1`` the pool is then about ``k`` values instead of
+    ``n · V`` (WETAP's beams of 16-128 rows at ``V = 4096``: 1.3-7x faster than
+    partitioning a copy of all of them; ``/tmp/beam_bench.py``, may be gone).
+    """
+    size = flat.size // (4 * k)  # values per block
+    pool = flat
+    if size >= 2:
+        maxima = flat[: flat.size - flat.size % size].reshape(-1, size).max(axis=1)
+        pool = flat[flat >= np.partition(maxima, maxima.size - k)[maxima.size - k]]
+    return float(np.partition(pool, pool.size - k)[pool.size - k])
 
 
 def beam_candidates(

@@ -49,6 +49,28 @@ def test_select_beam_equals_a_full_sort_with_zeros_and_ties() -> None:
         assert len(pos) >= min(k, positive)  # the k best are always there (ties may add more)
 
 
+def test_select_beam_equals_a_full_sort_on_rows_large_enough_to_prefilter() -> None:
+    """Rows of up to 40 x 600 (``select_beam`` then partitions only the values at or above the ``k``-th largest
+    of about ``4k`` block maxima): exact ties and zeros, and peaked rows like a draft's at T = 1, against one
+    sort of every candidate."""
+    rng = np.random.default_rng(1)
+    for trial in range(80):
+        n, vocab = int(rng.integers(1, 41)), int(rng.integers(50, 601))
+        if trial % 2:
+            rows = random_rows(rng, n, vocab)
+        else:
+            logits = rng.standard_normal((n, vocab)) * rng.choice([0.5, 3.0, 8.0])
+            rows = np.exp(logits - logits.max(axis=1, keepdims=True))
+            rows /= rows.sum(axis=1, keepdims=True)
+        weights = rng.choice([0.0, 0.25, 0.5, 1.0], size=n) if trial % 3 == 0 else rng.random(n)
+        k = int(rng.integers(1, min(n * vocab, 300)))
+        pos, val = select_beam(rows, weights, k)
+        f = (weights[:, None] * rows).ravel()
+        kth = np.sort(f)[::-1][k - 1]
+        assert pos.tolist() == np.flatnonzero((f > 0.0) & (f >= kth)).tolist(), trial
+        np.testing.assert_array_equal(val, f[pos])
+
+
 class RankingToy:
     """A toy draft that also selects beams and ranks rows itself (from its own rows), counting each kind of call:
     a :class:`BeamDraft` and a :class:`spec.draft.TopDraft` (``tests/spec/test_top.py``)."""
