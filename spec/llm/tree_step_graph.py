@@ -319,7 +319,7 @@ class TreeStepGraph(FusedStep):
         if self._t_near is not None and self._t_window is not None:  # the context seen from pos - size + 1 on
             near = self._sees(self._t_cols, t_len, self._t_near, pos - self._t_window + 1)
         return self._feed(self.t_cache, self._verify, ids, pos, t_len + self._t_slots,
-                             self._sees(self._t_cols, t_len, self._t_mask), near)
+                          self._sees(self._t_cols, t_len, self._t_mask), near)
 
     def _layer_logits(self, d: int, tokens: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
         """The draft's logits for fed layer ``d`` (depth ``d + 1``), its nodes at their slots from ``start``."""
@@ -329,7 +329,7 @@ class TreeStepGraph(FusedStep):
         if self._d_window is not None:  # the context seen from pos - size + 1 on
             near = self._sees(self._d_cols, start, self._d_near[d], (start + d - self._d_window + 1).reshape(1))
         return self._fit(self._feed(self.d_cache, self._layer_bufs[d], self._draft_ids(tokens), pos,
-                                       start + self._fed_slots[d], allowed, near))
+                                    start + self._fed_slots[d], allowed, near))
 
     def _keep(self, path: torch.Tensor, t_len: torch.Tensor, start: torch.Tensor) -> None:
         """Move the accepted nodes' keys and values to the slots after each cache's context (module doc)."""

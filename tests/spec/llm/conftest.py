@@ -69,13 +69,14 @@ def no_host_scalar_writes() -> Any:
     class NoHostScalarWrites(TorchDispatchMode):
         def __init__(self) -> None:
             super().__init__()
-            self.scalars: set[int] = set()  # ids of the 0-d tensors made by scalar_tensor, still alive
+            self.scalars: set[int] = set()  # ids of the 0-d tensors made by scalar_tensor
+            self.kept: list[Any] = []  # those tensors, kept alive so that their ids stay unique
 
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             out = func(*args, **(kwargs or {}))
             if func is torch.ops.aten.scalar_tensor.default:
                 self.scalars.add(id(out))
-                self.__dict__.setdefault("_keep", []).append(out)  # keep it alive: ids stay unique
+                self.kept.append(out)
             elif func in (torch.ops.aten.copy_.default, torch.ops.aten.index_put_.default) and any(
                     id(a) in self.scalars for a in args[1:] if isinstance(a, torch.Tensor)):
                 raise AssertionError(f"{func}: a Python scalar written by indexing (a host copy on CUDA)")
