@@ -834,6 +834,9 @@ def test_decode_command_runs_fused_steps(saved_pair: SavedPair, capsys: pytest.C
     assert "it needs step_graph=True" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # argparse: not a scope
         main([*base, *runs[0], "--cache", "static", "--step-graph", "--compile-step", "all"])
+    with pytest.raises(SystemExit):  # argparse: not one of auto, on, off
+        main([*base, *runs[0], "--cache", "static", "--step-graph", "yes"])
+    assert "invalid choice: 'yes'" in capsys.readouterr().err
 
 
 #: (builder, verifier, params, draft temperature) under the plain target law at T = 1: a cooler draft, a warmer
