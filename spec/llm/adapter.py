@@ -90,7 +90,9 @@ from spec.llm.sampling import Sampling, categorical_draw, logits_fault, ranked_t
 from spec.llm.static_cache import StaticTreeCache, cache_keyword
 from spec.llm.static_cache import model_device as _device
 from spec.llm.static_cache import model_dtype as _dtype
-from spec.llm.windows import AttentionWindow, attention_window, windowed
+from spec.llm.windows import (
+    AttentionWindow, attention_chunks, attention_window, chunked, exact_tree_nodes, query_scale_floor, windowed,
+)
 from spec.tree import attention_mask, check_order, position_ids
 from tmc.multidraft import ROOT, DraftTree, Path
 from tmc.validate import check_int
@@ -105,13 +107,17 @@ __all__ = [
     "LLMDraft",
     "AttentionWindow",
     "additive_mask",
+    "attention_chunks",
     "attention_window",
     "cache_length",
     "check_attention",
     "check_span",
+    "chunked",
+    "exact_tree_nodes",
     "forward_masked",
     "forward_unchecked",
     "full_attention_span",
+    "query_scale_floor",
     "select_beam_torch",
     "select_cache",
     "select_top_torch",
@@ -164,8 +170,13 @@ def check_attention(model: Any, name: str) -> None:
 _ATTENTION_LAYERS = ("full_attention", "sliding_attention", "chunked_attention")
 
 
-def _span_limits(config: Any) -> list[tuple[int, str]]:
-    """The position limits (with their reasons) up to which the tree pass reproduces the model's own decoding."""
+def _span_limits(config: Any, *, chunks_applied: bool = False, steps_capped: bool = False) -> list[tuple[int, str]]:
+    """The position limits (with their reasons) up to which the tree pass reproduces the model's own decoding.
+
+    ``chunks_applied``: the forwards cut their masks to the model's attention chunks (:func:`attention_chunks`),
+    so chunks limit nothing; ``steps_capped``: the decode loop caps each step's tree at :func:`exact_tree_nodes`,
+    so the query temperature tuning limits nothing.
+    """
     kinds = set(getattr(config, "layer_types", None) or [])
     other = sorted(kinds - set(_ATTENTION_LAYERS))
     if other:
@@ -173,47 +184,50 @@ def _span_limits(config: Any) -> list[tuple[int, str]]:
                          f"({', '.join(_ATTENTION_LAYERS)})")
     limits: list[tuple[int, str]] = []
     chunk = getattr(config, "attention_chunk_size", None)
-    if chunk and (not kinds or "chunked_attention" in kinds):
+    if chunk and (not kinds or "chunked_attention" in kinds) and not chunks_applied:
         limits.append((int(chunk), f"it attends within attention chunks of {int(chunk)} positions, which the tree "
-                                   "mask does not apply"))
+                                   "mask does not apply to this model's code"))
     # GPT-Neo's local layers close keys by cache slot (a buffer of window_size bands), not by position, and a
     # tree node's slot lies past its position: the two agree only while every slot is below window_size
     window = getattr(config, "window_size", None)
     if window and "local" in (getattr(config, "attention_layers", None) or []):
         limits.append((int(window), f"its local attention layers window by cache slot (window_size = {int(window)}), "
                                     "which a tree's cache slots overrun"))
-    # Llama 4's layers without rotary embeddings scale their queries by a step function of the cache length
-    # (``floor((length + 1) / floor_scale)``), not of the position ids: a tree node's cache slot lies past its
-    # position, so the two give the same scale only while every slot is below ``floor_scale - 1``
-    floor = getattr(config, "floor_scale", None)
-    if getattr(config, "attn_temperature_tuning", False) and floor and not all(
-            getattr(config, "no_rope_layers", None) or [False]):
-        limits.append((int(floor) - 1, f"its layers without rotary embeddings scale queries by the cache length in "
-                                       f"steps of floor_scale = {int(floor)}, which a tree's cache slots overrun"))
+    floor = query_scale_floor(config)
+    if floor is not None and not steps_capped:
+        limits.append((floor - 1, f"its layers without rotary embeddings scale queries by the cache length in "
+                                  f"steps of floor_scale = {floor}, which a tree's cache slots overrun"))
     return limits
 
 
 def full_attention_span(config: Any) -> int | None:
     """How many positions (prompt, new tokens and a step's tree) the tree pass reproduces a model with this
-    config over: ``None`` for no limit.  Sliding windows are applied (:func:`attention_window`), so they do
-    not limit it; attention chunks (Llama 4) do, and so does Llama 4's query temperature tuning
-    (``attn_temperature_tuning``: from ``floor_scale - 1`` positions on).  ``ValueError`` for layer kinds
-    that are not attention (``layer_types`` naming linear attention, state-space layers and the like).
+    config over, from the config alone: ``None`` for no limit.  Sliding windows are applied
+    (:func:`attention_window`), so they do not limit it; attention chunks (Llama 4) and Llama 4's query
+    temperature tuning (``attn_temperature_tuning``: from ``floor_scale - 1`` positions on) do here, while
+    :func:`check_span`, which sees the model and the cache, lifts them where they are taken care of.
+    ``ValueError`` for layer kinds that are not attention (``layer_types`` naming linear attention,
+    state-space layers and the like).
     """
     limits = _span_limits(config)
     return min(limits)[0] if limits else None
 
 
-def check_span(model: Any, name: str, positions: int) -> None:
+def check_span(model: Any, name: str, positions: int, *, steps_capped: bool = False) -> None:
     """``ValueError`` unless the tree pass gives ``model`` the attention of its own decoding over its first
-    ``positions`` positions (:func:`full_attention_span`).
+    ``positions`` positions.
 
-    Beyond that span a model's tree rows would differ from its own decoding and the output law would not
-    be the target's (a tiny Llama 4 with chunks of 6: node logits off by 0.16 past the chunk).  Within it
-    the two agree, so a decode that stays inside it is allowed.
+    The limits of :func:`full_attention_span`, less those the decode takes care of: attention chunks where the
+    forwards apply them (:func:`attention_chunks`: Llama 4's code), and the query temperature tuning when
+    ``steps_capped`` (the decode loop caps each step's tree at :func:`exact_tree_nodes`, as
+    :func:`spec.llm.generate.generate` does).  Beyond a remaining limit a model's tree
+    rows would differ from its own decoding and the output law would not be the target's (a tiny Llama 4 with
+    chunks of 6 and the chunks not applied: node logits off by 0.16 past the chunk).  Within it the two agree,
+    so a decode that stays inside it is allowed.
     """
     cfg = getattr(model, "config", None)
-    limits = [] if cfg is None else _span_limits(cfg)
+    limits = [] if cfg is None else _span_limits(cfg, chunks_applied=attention_chunks(model) is not None,
+                                                 steps_capped=steps_capped)
     span, why = min(limits) if limits else (None, "")
     if span is not None and positions > span:
         raise ValueError(
@@ -461,11 +475,13 @@ def forward_unchecked(
     static = cache if isinstance(cache, StaticTreeCache) else None
     if static is not None and static.model is not model:
         raise ValueError("this StaticTreeCache belongs to another model")
-    # a static cache read its window once, for the layout of its mask buffers
+    # a static cache read its window once, for the layout of its mask buffers (it holds no chunked layers)
     window = attention_window(model) if static is None else static.window
     near = None if window is None else windowed(np.asarray(allowed, dtype=bool), positions, window.size)
     if static is not None:
         return static.forward(tokens, positions, allowed, near)
+    chunk = attention_chunks(model)
+    same_chunk = None if chunk is None else chunked(np.asarray(allowed, dtype=bool), positions, chunk)
     device, dtype = (_device(model), _dtype(model)) if where is None else where
     if isinstance(tokens, torch.Tensor):
         ids = tokens.reshape(1, n)
@@ -478,6 +494,9 @@ def forward_unchecked(
         near_mask = additive_mask(near, dtype, device)
         # each layer takes the entry of its kind (the model's own masks are passed the same way)
         mask = {"full_attention": full, "sliding_attention": near_mask} if window.by_kind else near_mask
+    if same_chunk is not None:  # a model with chunks takes its masks by layer kind (attention_chunks)
+        mask = {**(mask if isinstance(mask, dict) else {"full_attention": full}),
+                "chunked_attention": additive_mask(same_chunk, dtype, device)}
     # the decode loop runs under no_grad already: no context to enter per forward
     with torch.no_grad() if torch.is_grad_enabled() else contextlib.nullcontext():
         out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,

@@ -53,7 +53,8 @@ from spec.builders import (
     make_builder,
 )
 from spec.llm.adapter import (
-    LLMDraft, check_attention, check_span, forward_masked, forward_unchecked, select_cache, sync, tree_logits, trim_cache,
+    LLMDraft, check_attention, check_span, exact_tree_nodes, forward_masked, forward_unchecked, query_scale_floor,
+    select_cache, sync, tree_logits, trim_cache,
 )
 from spec.llm.host_verify import verify_chain_numpy, verify_tree_numpy
 from spec.llm.sampling import Sampling, logits_fault
@@ -629,9 +630,14 @@ def generate(
     The draft may have fewer or more token ids than the target (one tokenizer, padded embeddings):
     it drafts on the target's ids (:class:`~spec.llm.adapter.LLMDraft`'s ``vocab``), losslessly.
     A model with a sliding window is decoded with its window applied to the tree mask, on either cache
-    (:func:`~spec.llm.windows.attention_window`).  A target whose
-    attention does not take the tree mask, or whose attention chunk is shorter than prompt +
-    ``max_new_tokens`` + ``budget``, is refused (:func:`~spec.llm.adapter.check_attention`,
+    (:func:`~spec.llm.windows.attention_window`); Llama 4 with its attention chunks applied too, on the
+    dynamic cache (:func:`~spec.llm.windows.attention_chunks`), where each step's tree is also capped at
+    the nodes whose query temperature tuning equals their own decoding's
+    (:func:`~spec.llm.windows.exact_tree_nodes`: only the steps that start fewer than ``budget``
+    positions before a multiple of ``floor_scale`` are cut short; a chain is never cut).  A target whose
+    attention does not take the tree mask, or which would leave its own decoding within prompt +
+    ``max_new_tokens`` + ``budget`` positions (chunks the mask cannot apply, GPT-Neo's local
+    layers), is refused (:func:`~spec.llm.adapter.check_attention`,
     :func:`~spec.llm.adapter.check_span`).
     ``draft_temperature``: the temperature of the draft's rows (``None``,
     the default: ``temperature``, the draft processed exactly as the
@@ -731,8 +737,11 @@ def generate(
     max_new_tokens = check_int("max_new_tokens", max_new_tokens, minimum=0)
     seed = check_int("seed", seed, minimum=0)
     stops = stop_ids(eos_token_id, vocab)
-    # a draft with chunks is still lossless (its rows are the law its tokens were drawn from); the target is not
-    check_span(target, "target", len(prompt) + max_new_tokens + budget)
+    # a draft with chunks is still lossless (its rows are the law its tokens were drawn from); the target is not.
+    # A target whose query temperature tuning reads the cache length gets each step's tree capped
+    # (exact_tree_nodes; the static cache refuses such a model)
+    floor = query_scale_floor(getattr(target, "config", None))
+    check_span(target, "target", len(prompt) + max_new_tokens + budget, steps_capped=True)
     sampling = Sampling(temperature, top_k, top_p)
     d_sampling = sampling if draft_temperature is None else _draft_sampling(draft_temperature, top_k, top_p)
     fixed_shape = _device_shape(b, verifier, budget, d_sampling, min(vocab, d_vocab)) if chain_on_device else None
@@ -765,8 +774,11 @@ def generate(
     shape = None if fixed_shape is None else _Shape.of(*fixed_shape, order, vocab, device, walk)
     fused: ChainStepGraph | TreeStepGraph | None = None
     d_state: tuple[int, tuple[int, ...]] | None = None  # (past, pending) of the draft while steps run fused
+    chain_shape = shape is not None and shape.parents == tuple(range(-1, len(shape.parents) - 1))
     while len(out) < max_new_tokens:
         t0 = time.perf_counter()
+        # the nodes a tree may have this step (a chain builder's chains are exact at any length)
+        cap = budget if floor is None or type(b) is ChainBuilder else min(budget, exact_tree_nodes(floor, t_past))
         if fuse and (d_state is not None or 1 <= len(d_step.pending) <= 2):
             if d_state is None:  # the draft's state passes from its LLMDraft to the fused steps
                 d_state = (d_step.past_len, d_step.pending)
@@ -806,12 +818,13 @@ def generate(
             res, size, (t1, t2) = _chain_step(d_step, target, t_cache, t_past, root, budget, b.draw == Draw.IID,
                                               verifier, sampling, rng, backend, where, b.confidence)
             keep: Sequence[int] | NDArray[np.int64] = range(t_past + 1 + res.n_accepted)  # fed in order: a trim
-        elif shape is not None and (got := _tree_step(d_step, target, t_cache, t_past, root, shape, verifier,
-                                                       sampling, rng, backend, where)) is not None:
+        elif shape is not None and (cap == budget or chain_shape) and (
+                got := _tree_step(d_step, target, t_cache, t_past, root, shape, verifier, sampling, rng, backend,
+                                  where)) is not None:
             res, keep, (t1, t2) = got
             size = len(shape.parents)
-        else:  # the host builder (also for a device-drafted tree that came out short)
-            tree = b.build(d_step, budget, sampler, state)
+        else:  # the host builder (also for a device-drafted tree that came out short, or one cut to `cap`)
+            tree = b.build(d_step, cap, sampler, state)
             t1 = time.perf_counter()
             ordr = _order(tree, order)
             logits = tree_logits(target, t_cache, tree, t_past, root_token=root, order=ordr, where=where)

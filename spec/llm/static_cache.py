@@ -61,7 +61,7 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 
-from spec.llm.windows import attention_window
+from spec.llm.windows import attention_window, query_scale_floor
 from tmc.validate import check_int
 
 __all__ = ["StaticTreeCache", "cache_keyword", "holds_layers", "shared_static_cache"]
@@ -110,6 +110,10 @@ def _geometry(model: Any) -> tuple[int, int, int]:
     if not kinds <= {"full_attention", "sliding_attention"}:
         raise ValueError(f"StaticTreeCache holds full-attention and sliding-window layers only; this model has "
                          f"{sorted(kinds)} (cache='dynamic')")
+    if query_scale_floor(cfg) is not None:
+        raise ValueError("this model scales its queries by the cache length (attn_temperature_tuning), which "
+                         "StaticTreeCache gives as a host integer that a captured CUDA graph would freeze "
+                         "(cache='dynamic')")
     heads = int(cfg.num_attention_heads)
     if getattr(cfg, "new_decoder_architecture", False):  # Falcon's new layout caches keys for every query head
         kv_heads = heads
@@ -122,7 +126,8 @@ def _geometry(model: Any) -> tuple[int, int, int]:
 
 
 def holds_layers(model: Any) -> bool:
-    """Whether a :class:`StaticTreeCache` can hold ``model``'s layers (full or sliding-window attention only)."""
+    """Whether a :class:`StaticTreeCache` can hold ``model``'s layers (full or sliding-window attention only, and
+    no query scaled by the cache length: Llama 4's temperature tuning)."""
     try:
         _geometry(model)
     except ValueError:

@@ -1,5 +1,6 @@
-"""Sliding-window targets: the tree mask applies the window the model's own decoding applies.  Attention
-chunks and Llama 4's temperature tuning: the spans a decode must stay within, and why.
+"""Sliding-window targets: the tree mask applies the window the model's own decoding applies.  Llama 4:
+its attention chunks applied the same way, each step's tree capped where its query temperature tuning
+would leave its own decoding, and the spans a decode must still stay within elsewhere, and why.
 
 References as elsewhere: plain decoding (a full-sequence forward through the model's own masks, no
 cache) for greedy tokens and per-node logits, exact enumeration for the law of the first two tokens.
@@ -23,9 +24,13 @@ transformers = pytest.importorskip("transformers")
 import spec.llm.adapter as adapter  # noqa: E402
 from spec.llm.adapter import (  # noqa: E402
     AttentionWindow,
+    attention_chunks,
     attention_window,
     check_span,
+    chunked,
+    exact_tree_nodes,
     full_attention_span,
+    query_scale_floor,
     tree_logits,
     windowed,
 )
@@ -227,9 +232,9 @@ def test_spans_past_their_limit_and_other_layer_kinds_are_refused() -> None:
         check_span(tuned, "target", 8)
 
 
-def tiny_llama4(seed: int, chunk: int, floor: int, scale: float = 10.0, vocab: int = 13) -> Any:
+def tiny_llama4(seed: int, chunk: int | None, floor: int, scale: float = 10.0, vocab: int = 13) -> Any:
     """A four-layer random Llama 4 text model: three chunked layers with rotary embeddings, one full layer
-    without (where the temperature tuning acts)."""
+    without (where the temperature tuning acts); ``chunk=None``: four full layers."""
     torch.manual_seed(seed)
     config = transformers.Llama4TextConfig(
         vocab_size=vocab, num_hidden_layers=4, intermediate_size_mlp=64, head_dim=8, num_local_experts=2,
@@ -255,25 +260,136 @@ def node_logit_error(model: Any, ctx: list[int], tree: DraftTree, kind: str = "d
     return float((tree_logits(model, cache, tree, len(ctx), order=dfs_order(tree)) - want).abs().max())
 
 
-def test_llama4_decodes_greedily_within_its_span_and_why_it_is_limited(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Within its chunks and below ``floor_scale``, a Llama 4 target decodes greedily through the tree pass.
-    Past either limit (chunks of 6; floor_scale 3) a tree's node logits leave full forwards', which is why
-    :func:`check_span` refuses such decodes; a chain (cache slot = position) is exact below the chunk."""
-    target, draft = tiny_llama4(0, 256, 8192), tiny_llama4(1, 256, 8192)
-    prompt, n = [3, 1, 4, 1, 5], 24
+def test_llama4_decodes_greedily_far_past_its_chunks_and_floor_scale(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chunks of 4 and ``floor_scale`` 8, 38 positions decoded (8 prompt, 30 new): every builder family gives
+    plain greedy decoding on the dynamic cache, its chunks applied by the tree mask and each step's tree capped at
+    :func:`exact_tree_nodes`.  Some steps are cut short (a fixed tree of 4 has fewer nodes there).  With the
+    chunks switched off every one of them leaves greedy decoding (these seeds were chosen so that the chunks
+    change the greedy tokens: 30 of 30 differ from the same weights' with chunks of 256)."""
+    target, draft = tiny_llama4(3, 4, 8), tiny_llama4(4, 4, 8)
+    assert attention_chunks(target) == 4 and query_scale_floor(target.config) == 8
+    prompt, n = [3, 1, 4, 1, 5, 9, 2, 6], 30
     ref = greedy_decode(target, prompt, n)
-    for builder, verifier in CASES:
-        assert generate(target, draft, prompt, builder, verifier, temperature=0, max_new_tokens=n, budget=6,
-                        draft_temperature=1.0).tokens == ref, (builder, verifier)
-    with pytest.raises(ValueError, match="attention chunks of 6 positions"):
-        generate(tiny_llama4(0, 6, 8192), draft, prompt, "chain", "sps", max_new_tokens=n)
-    ctx = [int(t) for t in np.random.default_rng(0).integers(0, 13, size=9)]
-    chain = DraftTree.build(list(range(-1, 5)), [7, 3, 7, 11, 2, 9], "topk", {}, 13)
+    cases = [("dyspec", "traversal", {}), ("chain", "sps", {}), ("fixed", "multidraft", {}),
+             ("fixed", "traversal", {"draw": "iid", "width": 2}), ("dynatree", "traversal", {}),
+             ("wetap", "ordered_traversal", {"w_min": 2, "w_max": 4, "length": 4})]
+
+    def run(builder: str, verifier: str, params: dict[str, Any]) -> Any:
+        return generate(target, draft, prompt, builder, verifier, temperature=0, max_new_tokens=n, budget=4,
+                        draft_temperature=1.0, builder_params=params, cache="dynamic")
+
+    for builder, verifier, params in cases:
+        out = run(builder, verifier, params)
+        assert out.tokens == ref, (builder, verifier)
+        if builder == "fixed" and params:  # the full shape has 4 nodes; a capped step has fewer
+            assert min(s.tree_size for s in out.steps) < 4 <= max(s.tree_size for s in out.steps)
+    monkeypatch.setattr(adapter, "chunked", lambda *a: None)
+    for builder, verifier, params in cases:
+        assert run(builder, verifier, params).tokens != ref, (builder, verifier)
+
+
+def test_the_static_cache_refuses_llama4(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The static cache gives a model its length as a host integer, which a captured CUDA graph would freeze, so
+    it refuses a model whose queries are scaled by that length, chunked or not, and ``cache="auto"`` picks the
+    dynamic cache for it on CUDA; there a Llama 4 without chunks decodes greedily past ``floor_scale``."""
+    import spec.llm.generate as gen
+
+    tuned = tiny_llama4(0, None, 8)
+    assert attention_chunks(tuned) is None and "chunked_attention" not in tuned.config.layer_types
+    prompt = [3, 1, 4, 1, 5]
+    for model in (tuned, tiny_llama4(0, 4, 8)):
+        assert not holds_layers(model)
+        with pytest.raises(ValueError, match=r"scales its queries by the cache length.*cache='dynamic'"
+                           if model is tuned else "full-attention and sliding-window layers only"):
+            StaticTreeCache(model, 64)
+        with pytest.raises(ValueError, match="cache='dynamic'"):
+            generate(model, model, prompt, "chain", "sps", max_new_tokens=4, cache="static")
+    monkeypatch.setattr(gen, "model_device", lambda model: torch.device("cuda"))
+    assert resolve_cache(tuned, "auto", tuned) == "dynamic"
+    monkeypatch.undo()
+    assert generate(tuned, tuned, prompt, "dyspec", "traversal", temperature=0, max_new_tokens=20, budget=4,
+                    draft_temperature=1.0).tokens == greedy_decode(tuned, prompt, 20)
+
+
+def _rooted_logit_error(model: Any, ctx: list[int], tree: DraftTree) -> float:
+    """:func:`node_logit_error` as the decode loop runs the tree: ``ctx`` but its last token cached, that token
+    fed first as the root (dynamic cache)."""
+    with torch.no_grad():
+        cache = transformers.DynamicCache()
+        _prefill(model, cache, ctx[:-1])
+        got = tree_logits(model, cache, tree, len(ctx) - 1, root_token=ctx[-1], order=dfs_order(tree))[1:]
+        want = torch.stack([model(input_ids=torch.tensor([ctx + list(tree.path(i))])).logits[0, -1]
+                            for i in range(tree.size)])
+    return float((got - want).abs().max())
+
+
+def test_llama4_tree_logits_past_chunks_and_the_exact_tree_cap() -> None:
+    """Node logits equal full forwards past a chunk of 6 for a branching tree (off by more than 0.01 with the
+    chunks switched off).  With ``floor_scale`` 5, after every context length from 4 to 14: random branching trees
+    of :func:`exact_tree_nodes` nodes are exact (``atol`` 1e-6), and one node more puts some tree off (the gap
+    is 1e-5 to 4e-5 in float32 on this model, rounding about 1e-7)."""
+    rng = np.random.default_rng(0)
+    ctx = [int(t) for t in rng.integers(0, 13, size=9)]
     bushy = random_tree(12, 2, vocab=13)
-    assert node_logit_error(tiny_llama4(0, 256, 8192, 1.0), ctx, bushy) < 1e-5
-    assert node_logit_error(tiny_llama4(0, 6, 8192, 1.0), ctx, chain) > 1e-2  # past the chunk
-    tuned = tiny_llama4(0, 256, 3, 1.0)
-    assert node_logit_error(tuned, ctx, chain) < 1e-5 < node_logit_error(tuned, ctx, bushy)
+    chunked_model = tiny_llama4(0, 6, 8192, 1.0)
+    assert node_logit_error(chunked_model, ctx, bushy) < 1e-5
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(adapter, "chunked", lambda *a: None)
+        assert node_logit_error(chunked_model, ctx, bushy) > 1e-2
+    tuned, floor = tiny_llama4(0, 256, 5, 1.0), 5
+    for length in range(5, 16):
+        ctx = [int(t) for t in rng.integers(0, 13, size=length)]
+        room = exact_tree_nodes(floor, length - 1)
+        assert max(_rooted_logit_error(tuned, ctx, random_tree(room, seed, vocab=13)) for seed in range(3)) < 1e-6
+        assert max(_rooted_logit_error(tuned, ctx, random_tree(room + 1, seed, vocab=13)) for seed in range(3)) > 1e-6
+
+
+def test_exact_tree_nodes_is_the_longest_run_of_slots_in_one_floor_step() -> None:
+    """Brute force: the most slots ``past + 1 .. past + N`` whose ``(s + 1) // floor`` all equal slot
+    ``past + 1``'s (then every node's position, between ``past + 1`` and its slot, shares it too)."""
+    for floor in range(1, 9):
+        for past in range(0, 40):
+            step = (past + 2) // floor
+            n = 0
+            while (past + n + 2) // floor == step:
+                n += 1
+            assert exact_tree_nodes(floor, past) == n >= 1, (floor, past)
+
+
+def test_chunked_cuts_the_mask_to_each_querys_chunk() -> None:
+    """Against the rule written out (key and query in one chunk, read from positions; cached slot = position),
+    on random masks; ``None`` where nothing would change."""
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        have, n, size = int(rng.integers(0, 12)), int(rng.integers(1, 6)), int(rng.integers(1, 7))
+        positions = np.sort(rng.integers(have, have + n, size=n))
+        keys = np.concatenate([np.arange(have), positions])
+        allowed = rng.random((n, have + n)) < 0.7
+        allowed &= keys[None, :] <= positions[:, None]  # causal: nothing past the query
+        want = allowed & (keys[None, :] // size == positions[:, None] // size)
+        got = chunked(allowed, positions, size)
+        if (want == allowed).all():
+            assert got is None
+        else:
+            assert got is not None and (got == want).all()
+    assert chunked(np.ones((0, 3), dtype=bool), [], 4) is None
+
+
+def test_attention_chunks_reads_the_config_as_the_model_code_does() -> None:
+    """Llama 4's code takes its masks by layer kind and builds chunked ones: its chunk size comes back.  A Llama 4
+    with no chunked layer, and a Llama (whose code builds no chunked mask) with chunks in its config, get
+    ``None`` (and :func:`check_span` then limits the Llama to one chunk)."""
+    assert attention_chunks(tiny_llama4(0, 6, 8192)) == 6
+    assert attention_chunks(tiny_llama4(0, None, 8192)) is None
+    llama = transformers.LlamaForCausalLM(transformers.LlamaConfig(vocab_size=13, num_hidden_layers=1, **_BASE))
+    llama.config.attention_chunk_size, llama.config.layer_types = 6, ["chunked_attention"]
+    assert attention_chunks(llama) is None
+    with pytest.raises(ValueError, match="attention chunks of 6 positions"):
+        check_span(llama, "target", 7)
+    check_span(tiny_llama4(0, 6, 8192), "target", 8191)  # chunks applied; within floor_scale - 1
+    with pytest.raises(ValueError, match="floor_scale = 8192"):
+        check_span(tiny_llama4(0, 6, 8192), "target", 8192)
+    check_span(tiny_llama4(0, 6, 8192), "target", 10_000_000, steps_capped=True)
 
 
 def test_auto_cache_is_static_for_a_windowed_pair_on_cuda_and_dynamic_for_other_layer_kinds(
