@@ -474,6 +474,41 @@ def test_the_windowed_law_check_rejects_a_decode_without_the_window(monkeypatch:
     assert not chi_square_check(counts, exact_two_token_law(target, prompt=prompt), LAW_ALPHA).passed
 
 
+#: Llama 4 with chunks of 2 and ``floor_scale`` 3 on a 4-token prompt: both generated tokens lie past a chunk
+#: boundary, and every step's tree is capped (budget 3).  The chunks move the first two tokens' law by a total
+#: variation of 0.50 (measured while writing the test, asserted below).
+LLAMA4_LAW = dict(chunk=2, floor=3, prompt=[1, 3, 2, 0])
+LLAMA4_CASES = [("dyspec", "traversal"), ("fixed", "multidraft")]
+LLAMA4_ALPHA = bonferroni(1e-3, len(LLAMA4_CASES))
+
+
+def llama4_law_pair(chunk: int = 2) -> tuple[Any, Any]:
+    return (tiny_llama4(0, chunk, LLAMA4_LAW["floor"], 8.0, vocab=LAW_VOCAB),
+            tiny_llama4(10, chunk, LLAMA4_LAW["floor"], 8.0, vocab=LAW_VOCAB))
+
+
+@pytest.mark.parametrize(("builder", "verifier"), LLAMA4_CASES)
+def test_first_two_tokens_follow_a_chunked_llama4_law(builder: str, verifier: str) -> None:
+    """Chi-square of the first two tokens at T = 1 against the chunked, temperature-tuned Llama 4's exact law.
+    False-fail rate 1e-3 over the two cases; detects a total variation of about 0.16 (as above), less than the
+    chunks' own effect on this law, so a decode without them would be caught (next test)."""
+    target, draft = llama4_law_pair()
+    prompt = LLAMA4_LAW["prompt"]
+    law = exact_two_token_law(target, prompt=prompt)
+    wide = exact_two_token_law(llama4_law_pair(256)[0], prompt=prompt)
+    assert 0.5 * float(np.abs(law - wide).sum()) > detectable_tv(16, SAMPLES, LLAMA4_ALPHA)
+    result = chi_square_check(counts_of(target, draft, prompt, builder, verifier), law, LLAMA4_ALPHA)
+    assert result.passed, result
+
+
+def test_the_llama4_law_check_rejects_a_decode_without_the_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    target, draft = llama4_law_pair()
+    prompt = LLAMA4_LAW["prompt"]
+    monkeypatch.setattr(adapter, "chunked", lambda *a: None)
+    counts = counts_of(target, draft, prompt, "dyspec", "traversal")
+    assert not chi_square_check(counts, exact_two_token_law(target, prompt=prompt), LLAMA4_ALPHA).passed
+
+
 # ---------------------------------------------------------------- models the tree pass cannot reproduce
 
 def test_gpt_neo_is_decoded_within_its_local_window_and_why_it_is_limited() -> None:
