@@ -140,16 +140,25 @@ def _alibi(config: Any) -> bool:
     return bool(attn.get("alibi", False) if isinstance(attn, dict) else getattr(attn, "alibi", False))
 
 
-def check_attention(model: Any, name: str) -> None:
+def _slot_alibi(config: Any) -> bool:
+    """Whether a model's ALiBi biases follow its keys' cache slots (MPT): right for a chain, whose slots are its
+    positions, wrong for a branching tree, whose siblings share a position but not a slot."""
+    return getattr(config, "model_type", None) == "mpt" and _alibi(config)
+
+
+def check_attention(model: Any, name: str, *, trees: bool = True) -> None:
     """``ValueError`` unless ``model`` attends with an implementation that takes the tree's 4D mask.
 
     Tree forwards pass an additive ``(1, 1, n, past + n)`` mask; ``sdpa`` and ``eager`` apply it as
     given.  Flash-attention kernels take no arbitrary mask, and with ``flex_attention`` tree forwards
     failed here (transformers 5.24, torch 2.13 CPU: NaN logits, an index error in the compiled kernel,
     a crash of the process), so every other implementation is refused before any forward.  A model
-    whose config names no implementation (a stand-in) passes.  Models with ALiBi biases (BLOOM, Falcon
-    with ``alibi``, MPT) are refused too: measured on tiny random ones, BLOOM and Falcon failed on the 4D
-    mask and MPT's node logits for a branching tree were off by 0.04 (a chain's matched).
+    whose config names no implementation (a stand-in) passes.  Models with ALiBi biases: BLOOM and
+    Falcon with ``alibi`` failed on the 4D mask (tiny random ones) and are refused.  MPT adds its biases
+    by cache slot: a chain's node logits match its own decoding, a branching tree's were off by 0.04.  So
+    MPT is refused only where ``trees`` (its rows must be its own decoding's on branching trees: a target
+    whose builder may branch); ``trees=False`` is for a target fed chains only, or for a draft, whose rows
+    need only be the law its tokens were drawn from.
     """
     config = getattr(model, "config", None)
     impl = getattr(config, "_attn_implementation", None)
@@ -158,11 +167,18 @@ def check_attention(model: Any, name: str) -> None:
             f"{name} attends with attn_implementation={impl!r}, which does not take the tree's 4D attention mask; "
             f"load it with attn_implementation='sdpa' (or 'eager'), or call {name}.set_attn_implementation('sdpa')"
         )
-    if config is not None and _alibi(config):
+    if config is None or not _alibi(config):
+        return
+    if not _slot_alibi(config):
         raise ValueError(
             f"{name} adds ALiBi position biases, which the tree pass cannot give it: BLOOM and Falcon build them from "
-            f"a 2D padding mask and take no 4D tree mask, MPT computes them from cache slots, which a tree's nodes "
-            f"overrun (its node logits then differ from its own decoding); use a model with rotary or learned positions"
+            f"a 2D padding mask and take no 4D tree mask; use a model with rotary or learned positions"
+        )
+    if trees:
+        raise ValueError(
+            f"{name} adds ALiBi position biases by cache slot (MPT), which a branching tree's nodes overrun (its node "
+            f"logits then differ from its own decoding): decode it with builder='chain' (a chain's slots are its "
+            f"positions), or use a model with rotary or learned positions"
         )
 
 

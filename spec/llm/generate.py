@@ -719,14 +719,14 @@ def generate(
     scope = "whole" if compile_step == "whole" else "parts"
     vocab = _vocab(target, "target")
     d_vocab = _vocab(draft, "draft")  # a draft of another size works on the target's ids (LLMDraft's vocab)
-    check_attention(target, "target")
-    check_attention(draft, "draft")
     device = model_device(target)
     if device != model_device(draft):  # the device paths pass tensors from one model to the other
         raise ValueError(f"target and draft must be on one device, got {device} and "
                          f"{model_device(draft)}: move both there (model.to(device))")
     prompt = _prompt(input_ids, vocab)
     b = make_builder(builder, **(builder_params or {}))
+    check_attention(target, "target", trees=type(b) is not ChainBuilder)  # a chain builder's trees are chains
+    check_attention(draft, "draft", trees=False)  # its rows need only be the law its tokens were drawn from
     if verifier not in VERIFIERS:
         raise ValueError(f"unknown verifier {verifier!r}; choose one of {', '.join(VERIFIERS)}")
     if order not in ORDERS:
@@ -886,8 +886,8 @@ def ar_generate(
     rng = np.random.default_rng(check_int("seed", seed, minimum=0))
     max_new_tokens = check_int("max_new_tokens", max_new_tokens, minimum=0)
     cache = resolve_cache(target, cache)
-    if cache == "static":  # its forwards pass a 4D mask; the dynamic loop uses the model's own
-        check_attention(target, "target")
+    if cache == "static":  # its forwards pass a 4D mask (a token a step: a chain); the dynamic loop, the model's own
+        check_attention(target, "target", trees=False)
     device = model_device(target)
     kv = _new_cache(target, cache, "target", cache_capacity(len(prompt), max_new_tokens), graphs)
     dynamic = isinstance(kv, DynamicCache)
