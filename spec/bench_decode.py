@@ -322,13 +322,15 @@ def _run_one(method: Method, target: Any, draft: Any, prompt: list[int], tempera
 
 
 def _ops_per_step(method: Method, target: Any, draft: Any, prompt: list[int], temperature: float, new_tokens: int,
-                  seed: int, cache: str) -> float:
-    """Torch operations dispatched outside the models' forwards per step, over one untimed decode."""
+                  seed: int, cache: str) -> tuple[float, float]:
+    """Torch operations dispatched outside the models' forwards per step, over one untimed decode: all of them,
+    and those that are not views (each a kernel on a GPU)."""
     from spec.llm.opcount import count_ops
 
     run, count = count_ops(lambda: _run_one(method, target, draft, prompt, temperature, new_tokens, seed, cache),
                            (target, draft))
-    return count.per(max(1, run["steps"]))
+    steps = max(1, run["steps"])
+    return count.per(steps), count.per(steps, kernels=True)
 
 
 def _step_profile(method: Method, target: Any, draft: Any, prompt: list[int], temperature: float,
@@ -471,7 +473,8 @@ def run_decode_bench(
     (not the HF baselines, whose compiled forwards a dispatch mode would
     disturb) decodes the first prompt once more, untimed, under
     :func:`spec.llm.opcount.count_ops`; the row gets ``ops_per_step``, the
-    torch operations dispatched outside the two models' forwards per step.
+    torch operations dispatched outside the two models' forwards per step, and
+    ``kernels_per_step``, those of them that are not views (each a kernel on a GPU).
     """
     import torch
     import transformers
@@ -519,8 +522,8 @@ def run_decode_bench(
                                builder_pct=None, verify_pct=None,
                                draft_pct=100.0 * (prof["forwards_ms"] - prof["target_ms"]) / prof["target_ms"])
                 if count_ops and method.ours:
-                    row["ops_per_step"] = _ops_per_step(method, target, draft, list(prompts[0]), temp, new_tokens,
-                                                        seed, cache)
+                    row["ops_per_step"], row["kernels_per_step"] = _ops_per_step(
+                        method, target, draft, list(prompts[0]), temp, new_tokens, seed, cache)
                 if rounds > 1:
                     row["tokens_per_s_rounds"] = [_row(method, temp, rr)["tokens_per_s"] for rr in per_round]
                 row["tokens"] = [[r["tokens"] for r in rr] for rr in per_round]  # [round][prompt]: read back later
@@ -578,11 +581,12 @@ def render(report: dict[str, Any]) -> str:
                           _fmt(r["speedup_assisted"], ".2f"), *spread, _fmt(r.get("overhead_pct"), ".1f"),
                           _fmt(r.get("builder_pct"), ".1f"), _fmt(r.get("verify_pct"), ".1f"),
                           _fmt(r.get("draft_pct"), ".1f"), _fmt(r.get("agree_ar"), ".2f") if temp == 0 else "-",
-                          *([_fmt(r.get("ops_per_step"), ".0f")] if ops else [])])
+                          *([_fmt(r.get("ops_per_step"), ".0f"), _fmt(r.get("kernels_per_step"), ".0f")]
+                            if ops else [])])
         ranges = ["×ar per round", "×assisted per round"] if rounds > 1 else []
         out.append(format_table(
             ["method", "tok/step", "tok/s", "×ar", "×ar-static", "×assisted", *ranges, "bld+ver %", "builder %",
-             "verifier %", "draft fwd %", "=ar", *(["ops/step"] if ops else [])], table,
+             "verifier %", "draft fwd %", "=ar", *(["ops/step", "kernels/step"] if ops else [])], table,
             title=f"T = {temp:g}: {report['prompts']} prompts × {report['new_tokens']} new tokens"
                   f"{f', {rounds} rounds' if rounds > 1 else ''}, methods {report.get('order', 'sequential')}, {env['device']}, "
                   f"{env['dtype']}, our cache {env.get('cache', 'dynamic')}, torch {env['torch']} ({env['threads']} CPU threads"

@@ -17,7 +17,8 @@ no GPU and no timer.
 every aten operation, split into those dispatched inside a forward of one of
 the given models (their ``forward`` hooks bracket it) and all others.  View
 operations (``select``, ``slice``, ``view``…) are counted too: they launch
-nothing but cost a dispatch.  A CUDA graph replay dispatches no aten operation,
+nothing but cost a dispatch; :attr:`OpCount.kernels` leaves them out, which is
+what a captured CUDA graph holds (one node per kernel).  A CUDA graph replay dispatches no aten operation,
 so on CUDA the replayed forwards count nothing, inside or out.
 """
 
@@ -43,12 +44,23 @@ class OpCount:
     outside: int = 0  # outside every forward of the given models
     inside: int = 0  # inside one
     by_name: Counter[str] = field(default_factory=Counter)  # the outside ones, by aten name
+    views: int = 0  # the outside ones that only make a view (is_view, or _unsafe_view): they launch no kernel
 
-    def per(self, steps: int) -> float:
-        """``outside`` per step (``steps`` ≥ 1)."""
+    @property
+    def kernels(self) -> int:
+        """The outside operations that are not views: on a GPU each launches a kernel (one node of a CUDA graph)."""
+        return self.outside - self.views
+
+    def per(self, steps: int, kernels: bool = False) -> float:
+        """``outside`` (or :attr:`kernels`) per step (``steps`` ≥ 1)."""
         if steps < 1:
             raise ValueError(f"steps must be >= 1, got {steps}")
-        return self.outside / steps
+        return (self.kernels if kernels else self.outside) / steps
+
+
+def _is_view(func: Any) -> bool:
+    """Whether an aten overload only makes a view of its input (its schema aliases the output to it)."""
+    return bool(getattr(func, "is_view", False)) or func is torch.ops.aten._unsafe_view.default
 
 
 class _Counting(TorchDispatchMode):
@@ -61,6 +73,7 @@ class _Counting(TorchDispatchMode):
             self.count.inside += 1
         else:
             self.count.outside += 1
+            self.count.views += _is_view(func)
             self.count.by_name[str(func)] += 1
         return func(*args, **(kwargs or {}))
 

@@ -50,6 +50,25 @@ def test_operations_inside_a_forward_are_counted_apart() -> None:
     _, none = count_ops(work)
     assert (none.outside, none.inside) == (4, 0)
     assert count.per(2) == 1.0
+    assert count.views == 0 and count.kernels == 2 and count.per(2, kernels=True) == 1.0
+
+
+def test_views_are_counted_apart_from_kernels() -> None:
+    """Operations that only make a view (``is_view``, and ``_unsafe_view``) launch nothing: ``kernels`` leaves
+    them out, ``outside`` keeps them."""
+    x = torch.arange(12.0).reshape(3, 4)
+
+    def work() -> torch.Tensor:
+        a = x[1:]  # slice: a view
+        b = a.t().unsqueeze(0)  # transpose and unsqueeze: views
+        c = torch.ops.aten._unsafe_view(b.contiguous(), (8,))  # a copy (clone: a kernel), then a view
+        return (c * 2).sum()  # two kernels
+
+    _, count = count_ops(work)
+    names = count.by_name
+    views = sum(n for name, n in names.items()
+                if name.split(".")[1] in ("slice", "t", "transpose", "unsqueeze", "_unsafe_view"))
+    assert count.views == views >= 4 and count.kernels == count.outside - views >= 3, names
 
 
 def test_hooks_are_removed_even_when_the_callable_raises() -> None:
@@ -119,6 +138,8 @@ def test_generate_and_the_bench_report_operations_per_step() -> None:
     rows = {r["method"]: r for r in report["rows"]}
     assert "ops_per_step" not in rows["ar"]  # HF baselines are not counted
     assert rows["ar-loop"]["ops_per_step"] > 0 and rows["chain+sps@3"]["ops_per_step"] > 0
-    assert "ops/step" in render(report)
+    for name in ("ar-loop", "chain+sps@3"):  # some of them are views
+        assert 0 < rows[name]["kernels_per_step"] < rows[name]["ops_per_step"]
+    assert "ops/step" in render(report) and "kernels/step" in render(report)
     plain = run_decode_bench(target, draft, [[1, 2, 3, 4]], methods[:1], (1.0,), new_tokens=2, warmup=False)
     assert "ops/step" not in render(plain)
