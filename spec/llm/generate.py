@@ -701,7 +701,7 @@ def generate(
     ``compile_step`` (with ``step_graph``): ``True`` (or ``"parts"``) sends
     the step's draws and verifier through ``torch.compile`` (inductor, whole
     graphs) first, so the captured graph launches a few fused kernels for
-    them instead of some 150 small ones; ``"whole"`` compiles the whole step,
+    them instead of some 80-130 small ones; ``"whole"`` compiles the whole step,
     both models' forwards included (:mod:`spec.llm.step_graph`), so the
     forwards' inputs, masks and cache moves are fused too.  The first step of
     each setting pays the compilation.  Experimental: on an H200 (2026-11-26)

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Sampling", "categorical_draw", "check_sampling", "logits_fault", "process_logits", "ranked_tokens",
-           "swor_draws"]
+__all__ = ["Sampling", "categorical_draw", "check_sampling", "logits_fault", "nonfinite", "process_logits",
+           "ranked_tokens", "swor_draws"]
 
 
 def check_sampling(
@@ -100,14 +100,24 @@ def _one_hot(logits: torch.Tensor, top: torch.Tensor) -> torch.Tensor:
     return torch.zeros(logits.shape, dtype=torch.float64, device=logits.device).scatter_(-1, top, 1.0)
 
 
-def logits_fault(x: torch.Tensor) -> torch.Tensor:
-    """A 0-d bool tensor on ``x``'s device, True when :func:`process_logits` would refuse ``x``.
+def logits_fault(*xs: torch.Tensor) -> torch.Tensor:
+    """A 0-d bool tensor on the device of ``xs``, True when :func:`process_logits` would refuse one of them.
 
     No host sync: a caller that keeps rows on the device (a chain drafted
     there) collects the flags and checks them once, then names the fault
-    with :func:`process_logits` on the same logits.
+    with :func:`process_logits` on the same logits.  A row's maximum is NaN,
+    ``+inf`` or ``-inf`` exactly when the row holds a NaN, a ``+inf`` or no
+    finite logit; several tensors' row maxima are joined and tested at once
+    (:func:`nonfinite`: a fused step's kernels are what it costs on a GPU).
     """
-    return ~torch.isfinite(x.amax(dim=-1)).all()
+    maxima = [x.amax(dim=-1).reshape(-1) for x in xs]
+    return nonfinite(maxima[0] if len(maxima) == 1 else torch.cat(maxima))
+
+
+def nonfinite(m: torch.Tensor) -> torch.Tensor:
+    """0-d bool: some entry of ``m`` is NaN or infinite.  ``m - m`` is 0 for a finite entry and NaN for the others
+    (``inf - inf``), and NaN differs from 0: three kernels, where ``~isfinite(m).all()`` dispatches six."""
+    return (m - m).ne(0).any()
 
 
 def categorical_draw(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -226,4 +236,4 @@ class Sampling:
         if self.temperature != 0:
             return self.probs_unchecked(logits), None
         top_value, top = logits.max(dim=-1, keepdim=True)
-        return _one_hot(logits, top), ~torch.isfinite(top_value).all()
+        return _one_hot(logits, top), nonfinite(top_value)

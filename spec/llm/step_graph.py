@@ -37,10 +37,11 @@ row's keys and values before anything can attend to them).
 works out the next step's lengths and pending tokens itself.
 
 **Fewer kernels** (``compile_backend``, :func:`~spec.llm.generate.generate`'s
-``compile_step``).  Captured as it is, the step holds some 150-180 small
+``compile_step``).  Captured as it is, the step holds some 95-160 small
 kernels besides the forwards' (draws, rows, masks, the verifier's head:
-counted on the CPU with :func:`spec.llm.opcount.count_ops`); a GPU runs each
-for a few microseconds even inside a graph.  With a backend named, each
+counted on the CPU with :func:`spec.llm.opcount.count_ops`, non-view
+operations, ``k = 4``, ``V = 4096``; the draws and an SpS head are 79 of
+them); a GPU runs each for a few microseconds even inside a graph.  With a backend named, each
 draw and the verifier's head go through ``torch.compile`` as whole graphs
 of fixed shapes first (``fullgraph``: a host read is an error, not a
 silent split), so the capture records inductor's fused kernels instead
@@ -72,10 +73,10 @@ from numpy.typing import NDArray
 from spec.llm.adapter import fit_vocabulary, sync
 from spec.llm.sampling import Sampling, categorical_draw, logits_fault
 from spec.llm.static_cache import StaticTreeCache, _round_capacity, _Size
-from spec.llm.verify import CHAIN_METHODS, _chain_head, noise_size
+from spec.llm.verify import _CHAIN_STEPS, CHAIN_METHODS, _prepare_chain, noise_size
 from tmc.validate import check_int
 
-__all__ = ["COMPILE_SCOPES", "ChainStepGraph", "ChainStepResult", "FusedStep", "shared_chain_step"]
+__all__ = ["COMPILE_SCOPES", "ChainStepGraph", "ChainStepResult", "FusedStep", "clamp_ids", "shared_chain_step"]
 
 _INTS = 6  # t_len, d_len, root, pending[0], pending[1], two pending tokens (0/1)
 
@@ -125,17 +126,26 @@ def _draw_row(logits: torch.Tensor, u: torch.Tensor, *, sampling: Sampling, iid:
     (:meth:`spec.llm.adapter.LLMDraft.draft_tree`'s rule)."""
     row = sampling.probs_unchecked(logits)
     tok = categorical_draw(row, u) if iid else row.argmax(dim=-1)
-    return row, tok.clamp(0, top)
+    return row, clamp_ids(tok, top, row.shape[-1])
+
+
+def clamp_ids(tok: torch.Tensor, top: int, width: int) -> torch.Tensor:
+    """``tok`` clamped to ``[0, top]``, or ``tok`` itself when ``top`` is the last of ``width`` ids: a draw
+    (:func:`~spec.llm.sampling.categorical_draw`'s ``minimum(i, last)``, an argmax, a ranked index) is an
+    index into a row of ``width``, in range whatever the row holds (NaN included), so the clamp would be a
+    kernel that changes nothing."""
+    return tok if top >= width - 1 else tok.clamp(0, top)
 
 
 def _verify_head(t_logits: torch.Tensor, x: torch.Tensor, q: torch.Tensor | None, u: torch.Tensor,
                  draft_raw: torch.Tensor, *, sampling: Sampling, verifier: str) -> torch.Tensor:
     """The step's output row: the fault flag of the draft's and the target's logits, the verifier's accepted
-    count and emitted token (:func:`spec.llm.verify._chain_head`, trusted), then the drafts ``x``."""
+    count and emitted token (its step of :mod:`spec.llm.verify` on the trusted inputs, as
+    :func:`spec.llm.verify._chain_head` runs it, less the always-clear flag), then the drafts ``x``."""
     p, t_fault = sampling.probs_with_fault(t_logits)
-    fault = logits_fault(draft_raw) | (logits_fault(t_logits) if t_fault is None else t_fault)
-    _, head = _chain_head(verifier, x, q, p, u, trusted=True)  # (bad = 0, n, y)
-    return torch.cat([fault.to(torch.int64).reshape(1), head[1:], x])
+    fault = logits_fault(draft_raw, t_logits) if t_fault is None else logits_fault(draft_raw) | t_fault
+    n, y = _CHAIN_STEPS[verifier](_prepare_chain(verifier, x, q, p, u, trusted=True))  # trusted: no flag to read
+    return torch.cat([fault.to(torch.int64).reshape(1), n.reshape(1), y.reshape(1), x])
 
 
 class FusedStep:

@@ -78,7 +78,7 @@ from numpy.typing import NDArray
 from spec.llm.adapter import _tree_layout
 from spec.llm.sampling import Sampling, categorical_draw, logits_fault, ranked_tokens, swor_draws
 from spec.llm.static_cache import StaticTreeCache, _Size
-from spec.llm.step_graph import ChainStepResult, FusedStep
+from spec.llm.step_graph import ChainStepResult, FusedStep, clamp_ids
 from spec.llm.tree_device import DEVICE_TREE_METHODS, TreePlan, tree_head
 from tmc.multidraft import ROOT, Draw
 from tmc.validate import check_int
@@ -306,7 +306,7 @@ class TreeStepGraph(FusedStep):
         t_logits = self._target_logits(t_ids, t_len)
         p, t_fault = self.sampling.probs_with_fault(t_logits.index_select(0, self._t_rows))
         q = torch.zeros_like(p).index_copy(0, self._q_rows, torch.cat(rows)) if sampled else None  # ranked: no rows
-        fault = logits_fault(torch.cat(raw)) | (logits_fault(t_logits) if t_fault is None else t_fault)
+        fault = logits_fault(*raw, t_logits) if t_fault is None else logits_fault(*raw) | t_fault
         flag = fault.to(torch.int64) + (SHORT * torch.stack(short).any().to(torch.int64) if short else 0)
         head = self._head(x, q, p, u_verify)  # (bad = 0, n, y, path)
         self._keep(head[3:], t_len, start)
@@ -413,7 +413,7 @@ def _draw_layer(logits: torch.Tensor, parent_rows: torch.Tensor, u: torch.Tensor
     ``[0, top]`` (:meth:`spec.llm.adapter.LLMDraft.draft_tree`'s rule)."""
     rows = sampling.probs_unchecked(logits)
     tok = categorical_draw(rows.index_select(0, parent_rows), u)
-    return rows, tok.clamp(0, top)
+    return rows, clamp_ids(tok, top, rows.shape[-1])
 
 
 def _swor_layer(logits: torch.Tensor, ranks: Sequence[tuple[torch.Tensor, torch.Tensor]], u: torch.Tensor, *,
@@ -423,7 +423,7 @@ def _swor_layer(logits: torch.Tensor, ranks: Sequence[tuple[torch.Tensor, torch.
     ``ranks``, the layer's per-rank parent rows and places), clamped to ``[0, top]``, and its short flag."""
     rows = sampling.probs_unchecked(logits)
     tok, short = swor_draws(rows, ranks, u)
-    return rows, tok.clamp(0, top), short
+    return rows, clamp_ids(tok, top, rows.shape[-1]), short
 
 
 def _rank_layer(logits: torch.Tensor, parents: torch.Tensor, picks: torch.Tensor, k: int, always_short: bool, *,
@@ -442,7 +442,7 @@ def _rank_layer(logits: torch.Tensor, parents: torch.Tensor, picks: torch.Tensor
         short = (values.reshape(-1).index_select(0, picks) <= 0.0).any()
     if always_short:
         short = torch.ones((), dtype=torch.bool, device=rows.device)
-    return tok.clamp(0, top), short
+    return clamp_ids(tok, top, rows.shape[-1]), short
 
 
 def shared_tree_step(target: Any, draft: Any, t_cache: StaticTreeCache, d_cache: StaticTreeCache, *,

@@ -459,16 +459,20 @@ def _scaled_excess(log_w: Tensor, p: Tensor, q: Tensor) -> Tensor:
 
 
 def _sps_step(c: _Chain) -> tuple[Tensor, Tensor]:
-    """SpS (:func:`tmc.chain.sps_sample_from_uniforms`): ``(k, b)`` as 0-d device tensors."""
-    n, dev = c.n, c.p.device
+    """SpS (:func:`tmc.chain.sps_sample_from_uniforms`): ``(k, b)`` as 0-d device tensors.
+
+    ``k``, the drafts accepted before the first rejection, is the sum of the running product of the
+    acceptances; the rejected draft's row is read at ``min(k, n - 1)`` (no padded copy of ``q``), and
+    when every draft was accepted (``k == n``) that row's residual is computed but not used."""
+    n = c.n
+    if n == 0:  # no draft: the token comes from the root's row
+        return torch.zeros((), dtype=torch.int64, device=c.p.device), _categorical(c.p[0], c.u[0])
     accept = c.u[:n] < _drafted(c.p, c.tok) / _drafted(c.q, c.tok)
-    positions = torch.arange(n + 1, device=dev)
-    k = torch.where(torch.cat([~accept, torch.ones(1, dtype=torch.bool, device=dev)]), positions, n + 1).min()
+    k = accept.to(torch.int64).cumprod(0).sum()
     pick = k.reshape(1)
-    q_pad = torch.cat([c.q, torch.zeros_like(c.p[:1])])
-    tok_pad = torch.cat([c.tok, torch.zeros(1, dtype=torch.int64, device=dev)])
+    rejected = pick.clamp_max(n - 1)
     p_k = c.p.index_select(0, pick)
-    corrected = _residual_rows(p_k, q_pad.index_select(0, pick), tok_pad.index_select(0, pick))
+    corrected = _residual_rows(p_k, c.q.index_select(0, rejected), c.tok.index_select(0, rejected))
     final = torch.where(k == n, p_k, corrected)[0]
     return k, _categorical(final, c.u[n])
 

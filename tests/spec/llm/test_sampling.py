@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -131,6 +132,29 @@ def test_probs_with_fault_flags_what_logits_fault_flags(bad, temperature):
             continue
         assert torch.equal(p, cfg.probs_unchecked(x)) and torch.equal(p, cfg.probs(x))
         assert fault is None if temperature else not bool(fault)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_logits_fault_of_several_tensors_flags_any_of_them(dtype):
+    """One flag for several logits tensors (a fused step's draft rows and target rows): raised by a NaN, a
+    ``+inf`` or an all ``-inf`` row in any of them, not by ``-inf`` entries or the largest finite logits (whose
+    differences must not overflow into a false flag); the same as the flags of each, or-ed."""
+    from spec.llm.sampling import logits_fault, nonfinite
+
+    big = torch.finfo(dtype).max
+    base = [torch.randn(3, 7, generator=torch.Generator().manual_seed(s)).to(dtype) for s in range(3)]
+    base[0][1, 2] = -math.inf
+    base[1][0] = big
+    base[2][2, 0] = -big
+    assert not bool(logits_fault(*base)) and not bool(nonfinite(torch.tensor([big, -big], dtype=dtype)))
+    for which, (row, col), value in itertools.product(range(3), [(0, 0), (2, 6)], [math.nan, math.inf, "row"]):
+        xs = [x.clone() for x in base]
+        if value == "row":
+            xs[which][row] = -math.inf
+        else:
+            xs[which][row, col] = value
+        assert bool(logits_fault(*xs)), (which, row, col, value)
+        assert [bool(logits_fault(x)) for x in xs] == [i == which for i in range(3)]
 
 
 def test_process_logits_works_on_batched_shapes_and_low_precision_inputs():
