@@ -633,7 +633,7 @@ def generate(
     (:func:`~spec.llm.windows.attention_window`); Llama 4 with its attention chunks applied too, on the
     dynamic cache (:func:`~spec.llm.windows.attention_chunks`), where each step's tree is also capped at
     the nodes whose query temperature tuning equals their own decoding's
-    (:func:`~spec.llm.windows.exact_tree_nodes`: only the steps that start fewer than ``budget``
+    (:func:`~spec.llm.windows.exact_tree_nodes`: only the steps that start within about ``budget``
     positions before a multiple of ``floor_scale`` are cut short; a chain is never cut).  A target whose
     attention does not take the tree mask, or which would leave its own decoding within prompt +
     ``max_new_tokens`` + ``budget`` positions (chunks the mask cannot apply, GPT-Neo's local

@@ -46,12 +46,19 @@ class AttentionWindow(NamedTuple):
 
 
 @functools.cache
-def _mask_style(modules: tuple[str, ...]) -> str:
-    """``"by_kind"``, ``"all"`` or ``"none"``: how the code of ``modules`` applies a config's sliding window."""
+def _source(modules: tuple[str, ...]) -> str:
+    """The code of ``modules``, joined (read once per module set)."""
     source = ""
     for name in modules:
         with contextlib.suppress(TypeError, OSError):  # a module without source (built in, frozen): no evidence
             source += inspect.getsource(sys.modules[name])
+    return source
+
+
+@functools.cache
+def _mask_style(modules: tuple[str, ...]) -> str:
+    """``"by_kind"``, ``"all"`` or ``"none"``: how the code of ``modules`` applies a config's sliding window."""
+    source = _source(modules)
     if _MASK_BY_KIND.search(source):
         return "by_kind"
     return "all" if "create_sliding_window_causal_mask" in source else "none"
@@ -61,16 +68,6 @@ def _modules(model: Any) -> tuple[str, ...]:
     """The modules of ``model``'s class and of its ``base_model``'s (where transformers builds the masks)."""
     base = getattr(model, "base_model", model)
     return tuple(dict.fromkeys((type(model).__module__, type(base).__module__)))
-
-
-@functools.cache
-def _builds_chunked_masks(modules: tuple[str, ...]) -> bool:
-    """Whether the code of ``modules`` builds chunked causal masks (``create_chunked_causal_mask``: Llama 4)."""
-    source = ""
-    for name in modules:
-        with contextlib.suppress(TypeError, OSError):
-            source += inspect.getsource(sys.modules[name])
-    return "create_chunked_causal_mask" in source
 
 
 def attention_window(model: Any) -> AttentionWindow | None:
@@ -131,6 +128,12 @@ def attention_chunks(model: Any) -> int | None:
         return None
     modules = _modules(model)
     return int(size) if _mask_style(modules) == "by_kind" and _builds_chunked_masks(modules) else None
+
+
+@functools.cache
+def _builds_chunked_masks(modules: tuple[str, ...]) -> bool:
+    """Whether the code of ``modules`` builds chunked causal masks (``create_chunked_causal_mask``: Llama 4)."""
+    return "create_chunked_causal_mask" in _source(modules)
 
 
 def chunked(allowed: BoolArray, positions: Sequence[int] | NDArray[np.int64], size: int) -> BoolArray | None:
