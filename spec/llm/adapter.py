@@ -20,7 +20,12 @@ One verification forward pass feeds the whole flattened token tree
   is then passed as the dict ``{"full_attention": ..., "sliding_attention": ...}``
   those models read).  The dynamic cache keeps every position (its layers are
   plain ``DynamicLayer``), and so does the static cache, so nothing the window
-  may need again is dropped; :func:`forward_unchecked` cuts the mask for both.
+  may need again is dropped; :func:`forward_unchecked` cuts the mask for both;
+* for Llama 4, its attention chunks the same way on the dynamic cache
+  (:func:`~spec.llm.windows.attention_chunks`: its ``chunked_attention`` layers get
+  the mask cut to each node's chunk), while the decode loop caps each step's tree
+  where its query temperature tuning reads the cache slot
+  (:func:`~spec.llm.windows.exact_tree_nodes`).
 
 Each node then sees exactly what plain decoding of its path sees, so its
 logits equal that decoding's (tests: ``atol = 1e-5``, float32).
