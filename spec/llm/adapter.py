@@ -498,11 +498,12 @@ def forward_unchecked(
         raise ValueError("this StaticTreeCache belongs to another model")
     # a static cache read its window once, for the layout of its mask buffers (it holds no chunked layers)
     window = attention_window(model) if static is None else static.window
-    near = None if window is None else windowed(np.asarray(allowed, dtype=bool), positions, window.size)
+    mask_b = np.asarray(allowed, dtype=bool)
+    near = None if window is None else windowed(mask_b, positions, window.size)
     if static is not None:
         return static.forward(tokens, positions, allowed, near)
     chunk = attention_chunks(model)
-    same_chunk = None if chunk is None else chunked(np.asarray(allowed, dtype=bool), positions, chunk)
+    same_chunk = None if chunk is None else chunked(mask_b, positions, chunk)
     device, dtype = (_device(model), _dtype(model)) if where is None else where
     if isinstance(tokens, torch.Tensor):
         ids = tokens.reshape(1, n)

@@ -774,7 +774,7 @@ def generate(
     shape = None if fixed_shape is None else _Shape.of(*fixed_shape, order, vocab, device, walk)
     fused: ChainStepGraph | TreeStepGraph | None = None
     d_state: tuple[int, tuple[int, ...]] | None = None  # (past, pending) of the draft while steps run fused
-    chain_shape = shape is not None and shape.parents == tuple(range(-1, len(shape.parents) - 1))
+    chain_shape = shape is not None and _is_chain(shape.skeleton)
     while len(out) < max_new_tokens:
         t0 = time.perf_counter()
         # the nodes a tree may have this step (a chain builder's chains are exact at any length)

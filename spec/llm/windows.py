@@ -93,6 +93,12 @@ def attention_window(model: Any) -> AttentionWindow | None:
     return AttentionWindow(int(size), False) if style == "all" else None
 
 
+def _key_positions(allowed: BoolArray, pos: NDArray[np.int64]) -> NDArray[np.int64]:
+    """The position of every key of a forward's mask ``allowed`` (``(n, have + n)``): cached slot ``j`` read as
+    position ``j``, then the new tokens' ``pos``."""
+    return np.concatenate([np.arange(allowed.shape[1] - len(pos), dtype=np.int64), pos])
+
+
 def windowed(allowed: BoolArray, positions: Sequence[int] | NDArray[np.int64], size: int) -> BoolArray | None:
     """``allowed`` (``(n, have + n)``: a forward's mask over ``have`` cached positions and ``n`` new tokens at
     ``positions``) with a sliding window of ``size`` applied, or ``None`` when it already lies within it.
@@ -105,8 +111,7 @@ def windowed(allowed: BoolArray, positions: Sequence[int] | NDArray[np.int64], s
     pos = np.asarray(positions, dtype=np.int64)
     if len(pos) == 0 or int(pos.max()) < size:  # no position lies ``size`` back from any query yet
         return None
-    keys = np.concatenate([np.arange(allowed.shape[1] - len(pos), dtype=np.int64), pos])
-    near = keys[None, :] > pos[:, None] - size
+    near = _key_positions(allowed, pos)[None, :] > pos[:, None] - size
     return None if near[allowed].all() else allowed & near
 
 
@@ -147,11 +152,10 @@ def chunked(allowed: BoolArray, positions: Sequence[int] | NDArray[np.int64], si
     pos = np.asarray(positions, dtype=np.int64)
     if len(pos) == 0:
         return None
-    keys = np.concatenate([np.arange(allowed.shape[1] - len(pos), dtype=np.int64), pos])
     lo = pos // size * size  # the first position of each query's chunk
     if int(lo.max()) == 0:  # every query in the first chunk: nothing before it to cut
         return None
-    same = keys[None, :] >= lo[:, None]  # a key past the query is not allowed anyway (causal)
+    same = _key_positions(allowed, pos)[None, :] >= lo[:, None]  # a key past the query is not allowed anyway
     return None if same[allowed].all() else allowed & same
 
 

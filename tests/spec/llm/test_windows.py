@@ -248,17 +248,21 @@ def tiny_llama4(seed: int, chunk: int | None, floor: int, scale: float = 10.0, v
     return model
 
 
-def node_logit_error(model: Any, ctx: list[int], tree: DraftTree, kind: str = "dynamic") -> float:
+def node_logit_error(model: Any, ctx: list[int], tree: DraftTree, kind: str = "dynamic", *,
+                     root: bool = False) -> float:
     """Largest gap between a tree forward's node logits and full forwards of context + each path, on a cache of
-    ``kind`` (one of :data:`CACHES`)."""
+    ``kind`` (one of :data:`CACHES`).  ``root``: as the decode loop runs the tree, ``ctx`` but its last token
+    cached and that token fed first, as the root (else all of ``ctx`` cached)."""
     with torch.no_grad():
         # the decode loop's prefill: the model's own forward, or the static cache's own (windowed) one
         padded = kind == "static-padded"
         cache = transformers.DynamicCache() if kind == "dynamic" else StaticTreeCache(model, 64, pad=padded)
-        _prefill(model, cache, ctx)
+        past = len(ctx) - 1 if root else len(ctx)
+        _prefill(model, cache, ctx[:past])
         want = torch.stack([model(input_ids=torch.tensor([ctx + list(tree.path(i))])).logits[0, -1]
                             for i in range(tree.size)])
-    return float((tree_logits(model, cache, tree, len(ctx), order=dfs_order(tree)) - want).abs().max())
+        got = tree_logits(model, cache, tree, past, root_token=ctx[-1] if root else None, order=dfs_order(tree))
+    return float(((got[1:] if root else got) - want).abs().max())
 
 
 def test_llama4_decodes_greedily_far_past_its_chunks_and_floor_scale(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -324,18 +328,6 @@ def test_llama4_without_chunks_decodes_greedily_past_floor_scale() -> None:
                     draft_temperature=1.0).tokens == ref
 
 
-def _rooted_logit_error(model: Any, ctx: list[int], tree: DraftTree) -> float:
-    """:func:`node_logit_error` as the decode loop runs the tree: ``ctx`` but its last token cached, that token
-    fed first as the root (dynamic cache)."""
-    with torch.no_grad():
-        cache = transformers.DynamicCache()
-        _prefill(model, cache, ctx[:-1])
-        got = tree_logits(model, cache, tree, len(ctx) - 1, root_token=ctx[-1], order=dfs_order(tree))[1:]
-        want = torch.stack([model(input_ids=torch.tensor([ctx + list(tree.path(i))])).logits[0, -1]
-                            for i in range(tree.size)])
-    return float((got - want).abs().max())
-
-
 def test_llama4_tree_logits_past_chunks_and_the_exact_tree_cap() -> None:
     """Node logits equal full forwards past a chunk of 6 for a branching tree (off by more than 0.01 with the
     chunks switched off).  With ``floor_scale`` 5, after every context length from 4 to 14: random branching trees
@@ -353,8 +345,9 @@ def test_llama4_tree_logits_past_chunks_and_the_exact_tree_cap() -> None:
     for length in range(5, 16):
         ctx = [int(t) for t in rng.integers(0, 13, size=length)]
         room = exact_tree_nodes(floor, length - 1)
-        assert max(_rooted_logit_error(tuned, ctx, random_tree(room, seed, vocab=13)) for seed in range(3)) < 1e-6
-        assert max(_rooted_logit_error(tuned, ctx, random_tree(room + 1, seed, vocab=13)) for seed in range(3)) > 1e-6
+        for nodes, exact in ((room, True), (room + 1, False)):
+            gap = max(node_logit_error(tuned, ctx, random_tree(nodes, seed, vocab=13), root=True) for seed in range(3))
+            assert (gap < 1e-6) == exact, (length, nodes, gap)
 
 
 def test_exact_tree_nodes_is_the_longest_run_of_slots_in_one_floor_step() -> None:
