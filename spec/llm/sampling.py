@@ -110,6 +110,8 @@ def logits_fault(*xs: torch.Tensor) -> torch.Tensor:
     finite logit; several tensors' row maxima are joined and tested at once
     (:func:`nonfinite`: a fused step's kernels are what it costs on a GPU).
     """
+    if not xs:
+        raise ValueError("logits_fault needs at least one logits tensor")
     maxima = [x.amax(dim=-1).reshape(-1) for x in xs]
     return nonfinite(maxima[0] if len(maxima) == 1 else torch.cat(maxima))
 

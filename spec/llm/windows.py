@@ -26,6 +26,8 @@ from typing import Any, NamedTuple
 import numpy as np
 from numpy.typing import NDArray
 
+from tmc.validate import check_int
+
 BoolArray = NDArray[np.bool_]
 
 __all__ = ["AttentionWindow", "attention_chunks", "attention_window", "chunked", "exact_tree_nodes",
@@ -149,6 +151,7 @@ def chunked(allowed: BoolArray, positions: Sequence[int] | NDArray[np.int64], si
     Cache slot ``j < have`` is read as position ``j``, as in :func:`windowed`: true of the target's cache at
     every verification forward; a draft's rows need not be its own decoding's.
     """
+    size = check_int("size", size, minimum=1)
     pos = np.asarray(positions, dtype=np.int64)
     if len(pos) == 0:
         return None
@@ -186,4 +189,5 @@ def exact_tree_nodes(floor: int, past: int) -> int:
     of ``floor`` (minus one): every slot and every position in that range shares it.  A chain (slot =
     position) is exact whatever its length.
     """
+    floor, past = check_int("floor", floor, minimum=1), check_int("past", past, minimum=0)
     return ((past + 2) // floor + 1) * floor - 2 - past

@@ -155,6 +155,8 @@ def test_logits_fault_of_several_tensors_flags_any_of_them(dtype):
             xs[which][row, col] = value
         assert bool(logits_fault(*xs)), (which, row, col, value)
         assert [bool(logits_fault(x)) for x in xs] == [i == which for i in range(3)]
+    with pytest.raises(ValueError, match="at least one logits tensor"):
+        logits_fault()
 
 
 def test_process_logits_works_on_batched_shapes_and_low_precision_inputs():

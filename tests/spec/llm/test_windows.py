@@ -360,6 +360,9 @@ def test_exact_tree_nodes_is_the_longest_run_of_slots_in_one_floor_step() -> Non
             while (past + n + 2) // floor == step:
                 n += 1
             assert exact_tree_nodes(floor, past) == n >= 1, (floor, past)
+    for bad, match in (((0, 5), "floor must be"), ((8, -1), "past must be"), ((2.5, 3), "floor must be")):
+        with pytest.raises(ValueError, match=match):
+            exact_tree_nodes(*bad)
 
 
 def test_chunked_cuts_the_mask_to_each_querys_chunk() -> None:
@@ -379,6 +382,9 @@ def test_chunked_cuts_the_mask_to_each_querys_chunk() -> None:
         else:
             assert got is not None and (got == want).all()
     assert chunked(np.ones((0, 3), dtype=bool), [], 4) is None
+    for size in (0, -2, 1.5):
+        with pytest.raises(ValueError, match="size must be"):
+            chunked(np.ones((1, 3), dtype=bool), [2], size)  # type: ignore[arg-type]
 
 
 def test_attention_chunks_reads_the_config_as_the_model_code_does() -> None:
