@@ -76,7 +76,7 @@ def _process(logits: torch.Tensor, temperature: float, top_k: int | None, top_p:
     if temperature == 0:
         # torch.argmax returns the first maximal index: ties go to the lowest token id.  Widening to
         # float64 is exact and keeps the order, so the argmax is taken on the logits as they are.
-        return _one_hot(logits, logits.argmax(dim=-1, keepdim=True))
+        return point_rows(logits.argmax(dim=-1, keepdim=True), logits.shape[-1])
     x = logits.to(torch.float64)
     if temperature != 1.0:
         x = x / temperature
@@ -95,9 +95,16 @@ def _process(logits: torch.Tensor, temperature: float, top_k: int | None, top_p:
     return torch.softmax(x.masked_fill(~kept, -math.inf), dim=-1)
 
 
-def _one_hot(logits: torch.Tensor, top: torch.Tensor) -> torch.Tensor:
-    """float64 rows shaped like ``logits``, one at the index ``top`` ``(..., 1)`` holds."""
-    return torch.zeros(logits.shape, dtype=torch.float64, device=logits.device).scatter_(-1, top, 1.0)
+def point_rows(top: torch.Tensor, vocab: int) -> torch.Tensor:
+    """float64 rows ``(..., vocab)``: one at the index ``top`` ``(..., 1)`` holds, zero elsewhere.
+
+    Eagerly a zero fill and a scatter (two kernels).  Inside ``torch.compile`` the rows are a comparison with
+    ``arange`` instead: inductor rewrites a scalar scatter onto a constant tensor, and in torch 2.11 that
+    rewrite returns float32 rows (2.13 keeps float64), which a float64 ``index_copy`` then refuses.
+    """
+    if torch.compiler.is_compiling():
+        return (torch.arange(vocab, device=top.device) == top).to(torch.float64)
+    return torch.zeros((*top.shape[:-1], vocab), dtype=torch.float64, device=top.device).scatter_(-1, top, 1.0)
 
 
 def logits_fault(*xs: torch.Tensor) -> torch.Tensor:
@@ -238,4 +245,4 @@ class Sampling:
         if self.temperature != 0:
             return self.probs_unchecked(logits), None
         top_value, top = logits.max(dim=-1, keepdim=True)
-        return _one_hot(logits, top), nonfinite(top_value)
+        return point_rows(top, logits.shape[-1]), nonfinite(top_value)

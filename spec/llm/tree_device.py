@@ -62,7 +62,7 @@ from spec.llm.verify import (
     DrawsLike,
     TensorLike,
 )
-from spec.llm.sampling import categorical_draw
+from spec.llm.sampling import categorical_draw, point_rows
 from tmc.multidraft import ROOT, Draw
 
 __all__ = ["DEVICE_TREE_METHODS", "TreePlan", "tree_head", "verify_tree_on_device"]
@@ -195,7 +195,7 @@ def _laws(b: _Batch, q_b: Tensor, removed: Tensor, tok: Tensor) -> Tensor:
         removed.scatter_(1, tok[:, None], True)
         law = swor if b.kinds == {Draw.SWOR} else torch.where(b.iid[:c], q_b, swor)
     if Draw.TOPK in b.kinds:
-        point = torch.zeros_like(q_b).scatter_(1, tok[:, None], 1.0)
+        point = point_rows(tok[:, None], q_b.shape[1])
         law = point if b.kinds == {Draw.TOPK} else torch.where(b.topk[:c], point, law)
     return law
 

@@ -104,7 +104,7 @@ from typing import Any, NamedTuple, Protocol
 import torch
 from numpy.typing import ArrayLike
 
-from spec.llm.sampling import categorical_draw as _categorical
+from spec.llm.sampling import categorical_draw as _categorical, point_rows
 from tmc.multidraft import ROOT, Draw
 from tmc.ordered_traversal import MAX_SWOR_TUPLES, mass_left
 from tmc.validate import ROW_SUM_TOL
@@ -408,7 +408,7 @@ def _prepare_chain(
         bad = _rows_bad(p_raw) | ((tok_raw < 0) | (tok_raw >= vocab)).any() | ~((u >= 0.0) & (u < 1.0)).all()
     q_raw: Tensor | None = None
     if draft_probs is None:
-        q = torch.zeros(n, vocab, dtype=F64, device=device).scatter_(1, tok[:, None], 1.0)
+        q = point_rows(tok[:, None], vocab)
     else:
         q_raw = _float_tensor("draft_probs", draft_probs, device)
         _check_matrix("draft_probs", q_raw, (n, vocab), "(n, V)")

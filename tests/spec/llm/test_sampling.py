@@ -10,7 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from spec.llm.sampling import Sampling, process_logits  # noqa: E402
+from spec.llm.sampling import Sampling, point_rows, process_logits  # noqa: E402
 
 pytestmark = pytest.mark.llm
 
@@ -94,6 +94,19 @@ def test_process_logits_greedy_is_one_hot_at_the_argmax():
     logits = torch.randn(5, 30, generator=torch.Generator().manual_seed(0))
     got = process_logits(logits, 0.0, 3, 0.5)
     assert torch.equal(got, torch.nn.functional.one_hot(logits.argmax(-1), 30).to(torch.float64))
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # torch's own code
+def test_point_rows_are_float64_one_hot_rows_eagerly_and_under_inductor():
+    """Eager and compiled (inductor on the CPU: the comparison form) rows equal numpy's one-hot rows, in float64;
+    torch 2.11's inductor turned the eager form's scatter into float32 rows."""
+    top = torch.tensor([[3], [0], [6]])
+    want = np.eye(7)[[3, 0, 6]]
+    eager = point_rows(top, 7)
+    compiled = torch.compile(point_rows, fullgraph=True, dynamic=False)(top, 7)
+    torch._dynamo.reset()
+    for got in (eager, compiled):
+        assert got.dtype == torch.float64 and np.array_equal(got.numpy(), want)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
