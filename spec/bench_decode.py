@@ -65,7 +65,8 @@ sequential`` runs them one after another); ``--rounds R`` repeats the set
 and reports each speedup's range over the rounds.  ``--count-ops`` adds the
 torch operations each of our loops dispatches outside the model forwards per
 step (:mod:`spec.llm.opcount`: on a GPU each is host work, most of them a
-kernel launch).
+kernel launch); compiled rows (``compiled``, ``whole``) are not counted, since
+torch.compile refuses to trace under the counting dispatch mode.
 """
 
 from __future__ import annotations
@@ -521,7 +522,7 @@ def run_decode_bench(
                     row.update({f"step_{k}": v for k, v in prof.items()}, overhead_pct=prof["overhead_pct"],
                                builder_pct=None, verify_pct=None,
                                draft_pct=100.0 * (prof["forwards_ms"] - prof["target_ms"]) / prof["target_ms"])
-                if count_ops and method.ours:
+                if count_ops and method.ours and not method.compile_step:  # a dispatch mode stops torch.compile
                     row["ops_per_step"], row["kernels_per_step"] = _ops_per_step(
                         method, target, draft, list(prompts[0]), temp, new_tokens, seed, cache)
                 if rounds > 1:
@@ -664,7 +665,8 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--save", metavar="DIR", help="decode: write decode.json and decode.png into DIR")
     g.add_argument("--count-ops", action="store_true",
                    help="decode: after the timed rounds, count the torch operations each of our loops dispatches "
-                        "outside the model forwards per step (one untimed decode of the first prompt)")
+                        "outside the model forwards per step (one untimed decode of the first prompt; compiled rows "
+                        "are left uncounted: torch.compile does not trace under the counting mode)")
 
 
 def _floats(text: str) -> list[float]:

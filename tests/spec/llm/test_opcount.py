@@ -143,3 +143,20 @@ def test_generate_and_the_bench_report_operations_per_step() -> None:
     assert "ops/step" in render(report) and "kernels/step" in render(report)
     plain = run_decode_bench(target, draft, [[1, 2, 3, 4]], methods[:1], (1.0,), new_tokens=2, warmup=False)
     assert "ops/step" not in render(plain)
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # torch's own code
+def test_the_bench_leaves_compiled_rows_uncounted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.compile refuses to trace under the counting dispatch mode (the whole bench stopped on a GPU): a
+    ``:compiled`` row gets no count, the ``:graph`` row beside it does (dynamo's ``eager`` backend here)."""
+    from spec.llm import generate as gen
+
+    monkeypatch.setattr(gen, "COMPILE_BACKEND", "eager")
+    target, draft = tiny_pair(29, seed=0)
+    methods = [parse_method(m, budget=4, chain_budget=3) for m in ("chain:sps:graph", "chain:sps:compiled")]
+    report = run_decode_bench(target, draft, [[1, 2, 3, 4]], methods, (1.0,), new_tokens=6, warmup=False,
+                              cache="static", count_ops=True)
+    rows = {r["method"]: r for r in report["rows"]}
+    assert rows["chain+sps@3/graph"]["ops_per_step"] > 0
+    assert "ops_per_step" not in rows["chain+sps@3/compiled"]
+    torch._dynamo.reset()
