@@ -32,8 +32,8 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Sampling", "categorical_draw", "check_sampling", "logits_fault", "nonfinite", "process_logits",
-           "ranked_tokens", "swor_draws"]
+__all__ = ["Sampling", "categorical_draw", "check_sampling", "logits_fault", "nonfinite", "point_rows",
+           "process_logits", "ranked_tokens", "swor_draws"]
 
 
 def check_sampling(
@@ -101,7 +101,12 @@ def point_rows(top: torch.Tensor, vocab: int) -> torch.Tensor:
     Eagerly a zero fill and a scatter (two kernels).  Inside ``torch.compile`` the rows are a comparison with
     ``arange`` instead: inductor rewrites a scalar scatter onto a constant tensor, and in torch 2.11 that
     rewrite returns float32 rows (2.13 keeps float64), which a float64 ``index_copy`` then refuses.
+    The indices are not range-checked (no host read): the caller's are argmaxes or checked draws.
     """
+    if top.ndim == 0 or top.shape[-1] != 1 or top.dtype != torch.int64:
+        raise ValueError(f"top must be an int64 tensor of shape (..., 1), got {top.dtype} {tuple(top.shape)}")
+    if isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 1:
+        raise ValueError(f"vocab must be an int >= 1, got {vocab!r}")
     if torch.compiler.is_compiling():
         return (torch.arange(vocab, device=top.device) == top).to(torch.float64)
     return torch.zeros((*top.shape[:-1], vocab), dtype=torch.float64, device=top.device).scatter_(-1, top, 1.0)

@@ -109,6 +109,18 @@ def test_point_rows_are_float64_one_hot_rows_eagerly_and_under_inductor():
         assert got.dtype == torch.float64 and np.array_equal(got.numpy(), want)
 
 
+@pytest.mark.parametrize(("top", "vocab", "match"), [
+    (torch.tensor(3), 7, "top must be an int64 tensor of shape"),
+    (torch.tensor([3, 1]), 7, r"top must be an int64 tensor of shape \(\.\.\., 1\), got torch.int64 \(2,\)"),
+    (torch.tensor([[3.0]]), 7, "got torch.float32"),
+    (torch.tensor([[3]]), 0, "vocab must be an int >= 1, got 0"),
+    (torch.tensor([[3]]), 7.0, "vocab must be an int >= 1, got 7.0"),
+])
+def test_point_rows_refuse_bad_arguments(top, vocab, match):
+    with pytest.raises(ValueError, match=match):
+        point_rows(top, vocab)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
 def test_greedy_rows_break_ties_to_the_lowest_id_in_every_dtype(dtype):
     """Greedy rows are taken on the logits in their own dtype: with many exact ties (small integer
