@@ -296,7 +296,7 @@ def test_fused_step_profile_on_cuda(pairs: tuple[tuple[object, object], tuple[ob
 
 @pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # torch's own code
 @pytest.mark.filterwarnings("ignore:TensorFloat32 tensor cores:UserWarning")  # inductor's advice; TF32 stays off
-@pytest.mark.parametrize(("verifier", "scope"), [(v, c) for v in ("sps", "block") for c in (True, "whole")])
+@pytest.mark.parametrize(("verifier", "scope"), [(v, c) for v in ("sps", "asps", "block") for c in (True, "whole")])
 def test_compiled_fused_steps_on_cuda(pairs: tuple[tuple[object, object], tuple[object, object]], verifier: str,
                                       scope: bool | str) -> None:
     """``compile_step=True``: inductor's kernels for the draws and the verifier inside the captured step graph

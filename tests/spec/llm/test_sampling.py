@@ -297,6 +297,40 @@ def test_categorical_draw_equals_the_host_rule_row_by_row() -> None:
         == categorical(tiny, u_top) == 3
 
 
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # torch's own code
+def test_the_compiled_draw_equals_the_host_rule() -> None:
+    """Under ``torch.compile`` (inductor on the CPU) :func:`categorical_draw` takes its counting form and gives
+    :func:`tmc.noise.categorical`'s index on every row: zero weights at the ends, u = 0, u just below 1, the
+    denormal rows where ``u * total`` rounds up to ``total``, and one flattened ``(5 * 4096,)`` row (the ASpS
+    head's draw, which torch 2.11's inductor could not generate in the eager form)."""
+    from spec.llm.sampling import _draw_compiled, categorical_draw
+    from tmc.noise import categorical
+
+    draw = torch.compile(categorical_draw, fullgraph=True, dynamic=False)
+    rng = np.random.default_rng(6)
+    u_top = float(np.nextafter(1.0, 0.0))
+    cases = []
+    for vocab in (1, 3, 4096):
+        rows = rng.dirichlet(np.ones(vocab) * 0.3, size=8)
+        rows[rows < 0.02] = 0.0
+        rows[:, 0] = 0.0 if vocab > 1 else rows[:, 0]  # zeros at both ends
+        rows[:, -1] = 0.0 if vocab > 2 else rows[:, -1]
+        rows[np.arange(8), rng.integers(vocab, size=8)] += 0.1
+        cases.append((rows, np.concatenate([[0.0, u_top, 0.5], rng.random(5)])))
+    cases.append((np.array([[0.0, 3 * 5e-324, 0.0, 2 * 5e-324, 0.0]] * 2), np.array([u_top, 0.0])))
+    flat = rng.dirichlet(np.ones(5 * 4096) * 0.1)
+    flat[flat < 1e-5] = 0.0
+    cases += [(flat[None], np.array([x])) for x in (0.0, u_top, 0.37)]
+    with torch._dynamo.config.patch(recompile_limit=64):
+        for rows, u in cases:
+            want = [categorical(r, float(x)) for r, x in zip(rows, u)]
+            got = draw(torch.from_numpy(rows), torch.from_numpy(u))
+            assert got.tolist() == want
+            assert _draw_compiled(torch.from_numpy(rows), torch.from_numpy(u)).tolist() == want  # the form itself
+            assert all(r[w] > 0.0 for r, w in zip(rows, want))
+    torch._dynamo.reset()
+
+
 def test_swor_draws_equal_the_host_builders_rule() -> None:
     """:func:`spec.llm.sampling.swor_draws` (a layer of ``swor`` siblings on the device) gives, node by node,
     the token :class:`spec.builders.FixedBuilder` draws: :func:`tmc.noise.categorical` on the parent's row with
