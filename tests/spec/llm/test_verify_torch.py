@@ -202,6 +202,47 @@ def check_verified(out: Verified, device: str) -> list[int]:
 # --------------------------------------------------------------- equality
 
 
+def _traced_ops(fn: Callable[..., object], *args: object) -> set[str]:
+    """The aten operations of ``fn`` as dynamo traces it (``torch.compile``, fullgraph, aot eager graphs)."""
+    from torch._functorch.aot_autograd import aot_module_simplified
+
+    ops: set[str] = set()
+
+    def backend(gm: torch.fx.GraphModule, inputs: list[torch.Tensor]) -> Callable[..., object]:
+        def record(g: torch.fx.GraphModule, _: list[torch.Tensor]) -> Callable[..., object]:
+            ops.update(str(n.target) for n in g.graph.nodes if n.op == "call_function")
+            return g.forward
+        return aot_module_simplified(gm, inputs, fw_compiler=record)
+
+    torch._dynamo.reset()
+    torch.compile(fn, backend=backend, fullgraph=True, dynamic=False)(*args)
+    torch._dynamo.reset()
+    return ops
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # torch's own code
+def test_totals_are_sequential_eagerly_and_one_sum_under_compile():
+    """Eagerly a total is the scan's last entry (numpy's order below 8 terms, equal rows equal totals); under
+    ``torch.compile`` it is a sum reduction (no scan traced), within a sequential sum's rounding bound of it, equal rows of
+    one tensor still getting equal totals; the compiled draw traces neither a binary search nor an argmax."""
+    from spec.llm.sampling import categorical_draw
+    from spec.llm.verify import _total
+
+    rng = np.random.default_rng(3)
+    x = torch.from_numpy(rng.random((5, 4096)))
+    x[3] = x[1]
+    eager = _total(x)
+    assert torch.equal(eager, torch.cumsum(x, dim=-1)[:, -1:])
+    compiled = torch.compile(_total, fullgraph=True, dynamic=False)(x)
+    torch._dynamo.reset()
+    assert compiled.shape == (5, 1) and compiled[3] == compiled[1]
+    assert torch.allclose(compiled, eager, rtol=4096 * 2.0**-52, atol=0.0)  # the sequential sum's error bound
+    ops = _traced_ops(_total, x)
+    assert "aten.sum.dim_IntList" in ops and not any("cumsum" in op for op in ops)
+    ops = _traced_ops(categorical_draw, x, torch.rand(5, dtype=torch.float64))
+    assert not any("searchsorted" in op or "argmax" in op for op in ops), ops
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_chain_verifiers_equal_numpy_on_same_uniforms(device):
     rng = np.random.default_rng(1)
