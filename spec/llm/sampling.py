@@ -144,9 +144,10 @@ def categorical_draw(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     CPU, like ``numpy.cumsum``).
 
     Inside ``torch.compile`` the same rule takes another form (:func:`_draw_compiled`): inductor's kernels for
-    this one cost an H200 11.5 µs per ``(1, 4096)`` float64 row, and on a flattened ``(5, 4096)`` row torch
-    2.11's inductor cannot generate them at all (the argmax over a scan it splits across blocks).  Eagerly
-    this form stays: 7 non-view operations against the other form's 9 (the eager step pays per kernel).
+    this one cost an H200 11.5 µs per ``(1, 4096)`` float64 row, and for the flattened ``(5 * 4096,)`` row of
+    an ASpS head torch 2.11's inductor cannot generate them at all (the argmax over a scan it splits across
+    blocks).  Eagerly this form stays: 7 non-view operations against the other form's 10 (the eager step pays
+    per kernel).
     """
     if torch.compiler.is_compiling():
         return _draw_compiled(weights, u)
