@@ -427,23 +427,25 @@ def test_fused_tree_step_profile_on_cuda(pairs: tuple[tuple[object, object], tup
 
 @pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # torch's own code
 @pytest.mark.filterwarnings("ignore:TensorFloat32 tensor cores:UserWarning")  # inductor's advice; TF32 stays off
-@pytest.mark.parametrize("scope", [True, "whole"])
+@pytest.mark.parametrize(("verifier", "draw", "scope"), [
+    ("traversal", "iid", True), ("traversal", "iid", "whole"), ("multidraft", "swor", True), ("traversal", "topk", True)])
 def test_compiled_fused_tree_steps_on_cuda(pairs: tuple[tuple[object, object], tuple[object, object]],
-                                           scope: bool | str) -> None:
+                                           verifier: str, draw: str, scope: bool | str) -> None:
     """``compile_step=True`` on a tree: inductor's kernels for the layer draws and the walk inside the captured
-    step (``"whole"``: the whole step).  Greedy equals the CPU's; at T = 1 the plain device tree's tokens on at
-    least 4 of 5 seeds (as for chains: inductor may order a sum otherwise)."""
+    step (``"whole"``: the whole step), for both device walks and the three draw kinds (each kind's draws and
+    laws are other code for inductor: an ASpS head that compiled on the CPU once failed on CUDA).  Greedy equals
+    the CPU's; at T = 1 the plain device tree's tokens on at least 4 of 5 seeds (as for chains: inductor may
+    order a sum otherwise)."""
     (t_cpu, _), (t_gpu, d_gpu) = pairs
     prompt = [2, 7, 1, 8, 2, 8]
-    tree = dict(budget=7, builder_params={"draw": "iid", "width": 2})
+    tree = dict(budget=7, builder_params={"draw": draw, "width": 2})
     ref = ar_generate(t_cpu, prompt, temperature=0, max_new_tokens=40).tokens
-    out = generate(t_gpu, d_gpu, prompt, "fixed", "traversal", temperature=0, max_new_tokens=40, step_graph=True,
+    out = generate(t_gpu, d_gpu, prompt, "fixed", verifier, temperature=0, max_new_tokens=40, step_graph=True,
                    compile_step=scope, **tree)
     assert out.tokens == ref
     same = 0
     for seed in range(5):
         kw = dict(temperature=1.0, max_new_tokens=40, seed=seed, **tree)
-        compiled = generate(t_gpu, d_gpu, prompt, "fixed", "traversal", step_graph=True, compile_step=scope, **kw)
-        same += compiled.tokens == generate(t_gpu, d_gpu, prompt, "fixed", "traversal", step_graph=False,
-                                            **kw).tokens
+        compiled = generate(t_gpu, d_gpu, prompt, "fixed", verifier, step_graph=True, compile_step=scope, **kw)
+        same += compiled.tokens == generate(t_gpu, d_gpu, prompt, "fixed", verifier, step_graph=False, **kw).tokens
     assert same >= 4
