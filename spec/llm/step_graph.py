@@ -45,15 +45,19 @@ them); a GPU runs each for a few microseconds even inside a graph.  With a backe
 draw and the verifier's head go through ``torch.compile`` as whole graphs
 of fixed shapes first (``fullgraph``: a host read is an error, not a
 silent split), so the capture records inductor's fused kernels instead
-(``compile_scope="parts"``).  That leaves about 100 operations outside the
-forwards (the forwards' inputs and masks, the target's rows, the cache
-moves: counted for a fixed tree of 7 nodes); ``compile_scope="whole"``
+(``compile_scope="parts"``; a tree's head takes the target's logits, so its
+rows and the fault flags are compiled with the walk, as a chain's are).  That
+leaves about 80 operations outside the forwards (the forwards' inputs and
+masks, the concatenations, the cache moves: counted for a fixed tree of 7
+nodes, 57 of them also in a forwards-only run); ``compile_scope="whole"``
 compiles the whole step, the two models' forwards included, as one graph
 (dynamo traces through the models and the static caches), so inductor may
 fuse those too and the forwards' own small operations with them.  Measured
 on an H200 (README, "H200, 2026-11-26, second lease"): ``"parts"`` cut what
 a chain SpS step adds to its forwards from 0.23 to 0.10 ms (a 1.37 ms target
-forward), ``"whole"`` ran the step in 1.30 ms against 2.43 ms graphed eager.
+forward), ``"whole"`` ran the step in 1.30 ms against 2.43 ms graphed eager;
+in a third lease the compiled forms of the draw and of row totals took the
+SpS step to 0.07 ms (``categorical_draw``, ``spec.llm.verify._total``).
 
 The work is :func:`spec.llm.generate._chain_step`'s, on the same uniforms in
 the same order, so the tokens are the same (tested on the CPU, where the

@@ -77,7 +77,7 @@ from numpy.typing import NDArray
 
 from spec.llm.adapter import _tree_layout
 from spec.llm.sampling import Sampling, categorical_draw, logits_fault, ranked_tokens, swor_draws
-from spec.llm.static_cache import StaticTreeCache, _Size
+from spec.llm.static_cache import StaticTreeCache
 from spec.llm.step_graph import ChainStepResult, FusedStep, clamp_ids
 from spec.llm.tree_device import DEVICE_TREE_METHODS, TreePlan, tree_head
 from tmc.multidraft import ROOT, Draw
@@ -154,7 +154,8 @@ class TreeStepGraph(FusedStep):
     row has too few tokens with ``q > 0`` is reported short (:meth:`step`).  The other arguments are
     :class:`~spec.llm.step_graph.ChainStepGraph`'s; ``verifier`` is
     ``multidraft`` or ``traversal``.  ``compile_backend`` compiles the draws
-    and the verifier's walk before the capture, or the whole step with
+    and the verifier's head (the target's rows, the flags and the walk:
+    :func:`_tree_head`) before the capture, or the whole step with
     ``compile_scope="whole"`` (:mod:`spec.llm.step_graph`).
     """
 
@@ -232,8 +233,9 @@ class TreeStepGraph(FusedStep):
         top = min(self.vocab, self._d_vocab) - 1
         layers: dict[Draw, Callable[..., Any]] = {Draw.IID: _draw_layer, Draw.SWOR: _swor_layer, Draw.TOPK: _rank_layer}
         draw_fn = functools.partial(layers[self.draw], sampling=d_sampling, top=top)
-        self._kernels(draw_fn, functools.partial(tree_head, verifier, self.plan, trusted=True), compile_backend,
-                      compile_scope)
+        head_fn = functools.partial(_tree_head, sampling=sampling, verifier=verifier, plan=self.plan,
+                                    t_rows=self._t_rows, q_rows=self._q_rows if self.draw != Draw.TOPK else None)
+        self._kernels(draw_fn, head_fn, compile_backend, compile_scope)
 
     # --- buffers ---------------------------------------------------------------------------
 
@@ -277,7 +279,7 @@ class TreeStepGraph(FusedStep):
 
         ``out`` is int64 ``(3 + depth + N,)``: the fault flag, the accepted count, the emitted token, the
         accepted nodes (``-1`` after the last), every drawn token."""
-        ints, n, sampled = self._ints, self.size, self.draw != Draw.TOPK
+        ints = self._ints
         u_draft, u_verify = self._u[: self.draft_uniforms], self._u[self.draft_uniforms :]
         t_len, d_len, root, two = ints[0], ints[1], ints[2], ints[5]
         first = self._pending_rows(d_len, ints[3:5])
@@ -304,13 +306,9 @@ class TreeStepGraph(FusedStep):
         x = torch.cat(drawn)  # every node's token, index order (layers are consecutive ranges)
         t_ids = torch.cat([root.reshape(1), x.index_select(0, self._t_order)])
         t_logits = self._target_logits(t_ids, t_len)
-        p, t_fault = self.sampling.probs_with_fault(t_logits.index_select(0, self._t_rows))
-        q = torch.zeros_like(p).index_copy(0, self._q_rows, torch.cat(rows)) if sampled else None  # ranked: no rows
-        fault = logits_fault(*raw, t_logits) if t_fault is None else logits_fault(*raw) | t_fault
-        flag = fault.to(torch.int64) + (SHORT * torch.stack(short).any().to(torch.int64) if short else 0)
-        head = self._head(x, q, p, u_verify)  # (bad = 0, n, y, path)
+        head = self._head(t_logits, x, rows, raw, short, u_verify)  # (flag, n, y, path)
         self._keep(head[3:], t_len, start)
-        return torch.cat([flag.reshape(1), head[1:], x]), raw, t_logits
+        return torch.cat([head, x]), raw, t_logits
 
     def _target_logits(self, ids: torch.Tensor, t_len: torch.Tensor) -> torch.Tensor:
         """The target's logits ``(N + 1, V)`` for the root and the nodes in layout order, at slots from ``t_len``."""
@@ -404,6 +402,23 @@ class TreeStepGraph(FusedStep):
         path = [drafted[v] for v in nodes]
         nxt = (path[-1], y) if k == self.depth else (y,)
         return ChainStepResult(k, path + [y], drafted, t_next, d_next, nxt)
+
+
+def _tree_head(t_logits: torch.Tensor, x: torch.Tensor, rows: Sequence[torch.Tensor], raw: Sequence[torch.Tensor],
+               short: Sequence[torch.Tensor], u: torch.Tensor, *, sampling: Sampling, verifier: str, plan: TreePlan,
+               t_rows: torch.Tensor, q_rows: torch.Tensor | None) -> torch.Tensor:
+    """The tree step's verification from the target's logits: int64 ``(3 + depth,)`` = the flag (the fault of
+    the draft's ``raw`` and the target's logits, plus :data:`SHORT` when a ranked or swor draw fell short), the
+    accepted count, the emitted token and the accepted nodes (:func:`~spec.llm.tree_device.tree_head` on the
+    trusted rows).  ``p``: the target's rows ``t_rows`` processed; ``q``: the layers' processed ``rows`` at
+    the verifier rows ``q_rows`` (``None``: ranked draws, no rows).  One function, so that ``compile_step``
+    fuses the target's rows and the fault flags with the walk, as a chain's head does."""
+    p, t_fault = sampling.probs_with_fault(t_logits.index_select(0, t_rows))
+    q = None if q_rows is None else torch.zeros_like(p).index_copy(0, q_rows, torch.cat(list(rows)))
+    fault = logits_fault(*raw, t_logits) if t_fault is None else logits_fault(*raw) | t_fault
+    flag = fault.to(torch.int64) + (SHORT * torch.stack(list(short)).any().to(torch.int64) if short else 0)
+    head = tree_head(verifier, plan, x, q, p, u, trusted=True)  # (bad = 0, n, y, path)
+    return torch.cat([flag.reshape(1), head[1:]])
 
 
 def _draw_layer(logits: torch.Tensor, parent_rows: torch.Tensor, u: torch.Tensor, *, sampling: Sampling,

@@ -168,6 +168,40 @@ def test_the_tree_step_reads_no_value_on_the_host(pair: tuple[Any, Any], verifie
         _meta_step(target, draft, verifier, sampling, draw)
 
 
+@pytest.mark.parametrize("draw", ["iid", "swor", "topk"])
+def test_outside_its_compiled_parts_the_tree_step_reduces_no_row(pair: tuple[Any, Any], draw: str) -> None:
+    """``compile_step=True`` compiles the layer draws and the head: the head takes the target's logits, so the
+    target's rows, the fault flags and the short flag are processed there with the walk, fused by inductor.
+    What stays eager in ``_run`` (the forwards' inputs, the concatenations, the cache moves) reduces over no
+    row: no softmax, max, any, sum or scan is dispatched outside the forwards, the draws and the head.  (The
+    target's rows and the flags were eager before, 16 to 20 kernels a step.)"""
+    from spec.llm.opcount import count_ops
+
+    class Piece(torch.nn.Module):  # count_ops counts a module's forward as "inside"
+        def __init__(self, fn: Any) -> None:
+            super().__init__()
+            self.fn = fn
+
+        def forward(self, *args: Any) -> Any:
+            return self.fn(*args)
+
+    target, draft = pair
+    tc, dc = StaticTreeCache(target, 64), StaticTreeCache(draft, 64)
+    tc.length, dc.length = 6, 5
+    step = TreeStepGraph(target, draft, tc, dc, parents=(-1, -1, 0, 0, 1, 1, 2), order=(0, 2, 6, 3, 1, 4, 5),
+                         verifier="traversal", sampling=Sampling(1.0), d_sampling=Sampling(1.0),
+                         vocab=int(target.config.vocab_size), draw=draw)
+    step._prepare(6 + 8, 5 + 2 + 6)
+    step._draw, step._head = draw_piece, head_piece = Piece(step._draw), Piece(step._head)
+    with torch.no_grad():
+        _, ops = count_ops(step._run, [target, draft, draw_piece, head_piece])
+    reductions = {"_softmax", "_log_softmax", "amax", "amin", "max", "min", "any", "all", "sum", "mean", "prod",
+                  "cumsum", "cumprod", "cummax", "argmax", "argmin", "logsumexp", "searchsorted", "sort", "topk"}
+    reducing = {name for name in ops.by_name if name.split(".")[1] in reductions}  # "aten.amax.default"
+    assert not reducing, reducing
+    assert ops.kernels > 0  # the inputs and moves are still counted
+
+
 def test_the_tree_meta_check_catches_a_host_read(pair: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     """Teeth: with the draft's rows processed by the checked ``Sampling.probs`` (a host read), it fails."""
     target, draft = pair
