@@ -83,7 +83,8 @@ from spec.llm.static_cache import StaticTreeCache, _round_capacity, _Size
 from spec.llm.verify import _CHAIN_STEPS, CHAIN_METHODS, _prepare_chain, noise_size
 from tmc.validate import check_int
 
-__all__ = ["COMPILE_SCOPES", "ChainStepGraph", "ChainStepResult", "FusedStep", "clamp_ids", "shared_chain_step"]
+__all__ = ["COMPILE_SCOPES", "ChainStepGraph", "ChainStepResult", "FusedStep", "clamp_ids", "shared_chain_step",
+           "target_rows_and_fault"]
 
 _INTS = 6  # t_len, d_len, root, pending[0], pending[1], two pending tokens (0/1)
 
@@ -144,13 +145,22 @@ def clamp_ids(tok: torch.Tensor, top: int, width: int) -> torch.Tensor:
     return tok if top >= width - 1 else tok.clamp(0, top)
 
 
+def target_rows_and_fault(sampling: Sampling, t_logits: torch.Tensor, draft_raw: Sequence[torch.Tensor],
+                          rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A fused step's target rows and fault flag: ``t_logits`` (or its rows ``rows``, in that order) processed by
+    ``sampling``, and a 0-d bool, True when the draft's logits ``draft_raw`` or the target's hold a value
+    :func:`~spec.llm.sampling.process_logits` refuses (greedy rows give the target's part for free)."""
+    p, t_fault = sampling.probs_with_fault(t_logits if rows is None else t_logits.index_select(0, rows))
+    fault = logits_fault(*draft_raw, t_logits) if t_fault is None else logits_fault(*draft_raw) | t_fault
+    return p, fault
+
+
 def _verify_head(t_logits: torch.Tensor, x: torch.Tensor, q: torch.Tensor | None, u: torch.Tensor,
                  draft_raw: torch.Tensor, *, sampling: Sampling, verifier: str) -> torch.Tensor:
     """The step's output row: the fault flag of the draft's and the target's logits, the verifier's accepted
     count and emitted token (its step of :mod:`spec.llm.verify` on the trusted inputs, as
     :func:`spec.llm.verify._chain_head` runs it, less the always-clear flag), then the drafts ``x``."""
-    p, t_fault = sampling.probs_with_fault(t_logits)
-    fault = logits_fault(draft_raw, t_logits) if t_fault is None else logits_fault(draft_raw) | t_fault
+    p, fault = target_rows_and_fault(sampling, t_logits, (draft_raw,))
     n, y = _CHAIN_STEPS[verifier](_prepare_chain(verifier, x, q, p, u, trusted=True))  # trusted: no flag to read
     return torch.cat([fault.to(torch.int64).reshape(1), n.reshape(1), y.reshape(1), x])
 

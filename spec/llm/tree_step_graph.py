@@ -76,9 +76,9 @@ import torch
 from numpy.typing import NDArray
 
 from spec.llm.adapter import _tree_layout
-from spec.llm.sampling import Sampling, categorical_draw, logits_fault, ranked_tokens, swor_draws
+from spec.llm.sampling import Sampling, categorical_draw, ranked_tokens, swor_draws
 from spec.llm.static_cache import StaticTreeCache
-from spec.llm.step_graph import ChainStepResult, FusedStep, clamp_ids
+from spec.llm.step_graph import ChainStepResult, FusedStep, clamp_ids, target_rows_and_fault
 from spec.llm.tree_device import DEVICE_TREE_METHODS, TreePlan, tree_head
 from tmc.multidraft import ROOT, Draw
 from tmc.validate import check_int
@@ -413,9 +413,8 @@ def _tree_head(t_logits: torch.Tensor, x: torch.Tensor, rows: Sequence[torch.Ten
     trusted rows).  ``p``: the target's rows ``t_rows`` processed; ``q``: the layers' processed ``rows`` at
     the verifier rows ``q_rows`` (``None``: ranked draws, no rows).  One function, so that ``compile_step``
     fuses the target's rows and the fault flags with the walk, as a chain's head does."""
-    p, t_fault = sampling.probs_with_fault(t_logits.index_select(0, t_rows))
+    p, fault = target_rows_and_fault(sampling, t_logits, raw, t_rows)
     q = None if q_rows is None else torch.zeros_like(p).index_copy(0, q_rows, torch.cat(list(rows)))
-    fault = logits_fault(*raw, t_logits) if t_fault is None else logits_fault(*raw) | t_fault
     flag = fault.to(torch.int64) + (SHORT * torch.stack(list(short)).any().to(torch.int64) if short else 0)
     head = tree_head(verifier, plan, x, q, p, u, trusted=True)  # (bad = 0, n, y, path)
     return torch.cat([flag.reshape(1), head[1:]])
