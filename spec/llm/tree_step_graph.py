@@ -29,7 +29,9 @@ keys and values to the slots right after the context, in both caches: one
 gather of ``depth`` slots (``depth - 1`` for the draft, which never feeds the
 last layer) and one write, padded with slots moved onto themselves, so the
 shape is fixed.  A node is never moved onto a slot an earlier move reads: the
-gather completes before the write.
+gather completes before the write.  The slots are arithmetic on the accepted
+path, done by the head (:func:`_keep_slots`), so under ``compile_step`` they
+fuse with the walk and only the two gathers and two writes stay eager.
 
 **Pending tokens.**  After the step the draft lacks the emitted token and, if
 the path reached the last layer (never fed), that node's token too: one or
@@ -69,7 +71,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -182,13 +184,14 @@ class TreeStepGraph(FusedStep):
         dev = self.device
         self.plan = TreePlan.of(self.parents, self.draw, dev)
         self._tab = tab
+        # each layer's nodes as a range (_tree_layout takes breadth-first shapes only): its uniforms are a slice
+        self._spans = [(layer[0], layer[-1] + 1) for layer in tab["layers"]]
         self._staging(self.draft_uniforms + self.noise)  # the draws' uniforms (i.i.d.), then the verifier's
 
         def long(values: Any) -> torch.Tensor:
             return torch.as_tensor(np.asarray(values, dtype=np.int64), device=dev)
 
         with torch.inference_mode(False):
-            self._layers = [long(layer) for layer in tab["layers"]]
             self._fed_slots = [long(s) for s in tab["fed_slots"]]
             self._fed_masks = [torch.as_tensor(m, device=dev) for m in tab["fed_masks"]]
             # each layer's nodes' parent rows in the forward they are drawn from (the root's one row first)
@@ -234,7 +237,8 @@ class TreeStepGraph(FusedStep):
         layers: dict[Draw, Callable[..., Any]] = {Draw.IID: _draw_layer, Draw.SWOR: _swor_layer, Draw.TOPK: _rank_layer}
         draw_fn = functools.partial(layers[self.draw], sampling=d_sampling, top=top)
         head_fn = functools.partial(_tree_head, sampling=sampling, verifier=verifier, plan=self.plan,
-                                    t_rows=self._t_rows, q_rows=self._q_rows if self.draw != Draw.TOPK else None)
+                                    t_rows=self._t_rows, q_rows=self._q_rows if self.draw != Draw.TOPK else None,
+                                    keep=_Keep(self._t_at, self._t_path, self._fed_at, self._d_path))
         self._kernels(draw_fn, head_fn, compile_backend, compile_scope)
 
     # --- buffers ---------------------------------------------------------------------------
@@ -288,12 +292,12 @@ class TreeStepGraph(FusedStep):
         rows: list[torch.Tensor] = []  # the processed rows each layer is drawn from (the verifier's q)
         drawn: list[torch.Tensor] = []
         short: list[torch.Tensor] = []  # ranked / swor draws: some node fell on a token with q = 0
-        for d, layer in enumerate(self._layers):
+        for d, (lo, hi) in enumerate(self._spans):
             if self.draw == Draw.IID:
-                row, tok = self._draw(raw[-1], self._parent_rows[d], u_draft.index_select(0, layer))
+                row, tok = self._draw(raw[-1], self._parent_rows[d], u_draft[lo:hi])
                 rows.append(row)
             elif self.draw == Draw.SWOR:
-                row, tok, cut = self._draw(raw[-1], self._swor_ranks[d], u_draft.index_select(0, layer))
+                row, tok, cut = self._draw(raw[-1], self._swor_ranks[d], u_draft[lo:hi])
                 rows.append(row)
                 short.append(cut)
             else:
@@ -301,14 +305,14 @@ class TreeStepGraph(FusedStep):
                                       self._always_short[d])
                 short.append(cut)
             drawn.append(tok)
-            if d < len(self._layers) - 1:  # the last layer is never fed
+            if d < len(self._spans) - 1:  # the last layer is never fed
                 raw.append(self._layer_logits(d, tok, start))
         x = torch.cat(drawn)  # every node's token, index order (layers are consecutive ranges)
         t_ids = torch.cat([root.reshape(1), x.index_select(0, self._t_order)])
         t_logits = self._target_logits(t_ids, t_len)
-        head = self._head(t_logits, x, rows, raw, short, u_verify)  # (flag, n, y, path)
-        self._keep(head[3:], t_len, start)
-        return torch.cat([head, x]), raw, t_logits
+        out, *moves = self._head(t_logits, x, rows, raw, short, u_verify, t_len, start)
+        self._keep(*moves)
+        return out, raw, t_logits
 
     def _target_logits(self, ids: torch.Tensor, t_len: torch.Tensor) -> torch.Tensor:
         """The target's logits ``(N + 1, V)`` for the root and the nodes in layout order, at slots from ``t_len``."""
@@ -329,19 +333,12 @@ class TreeStepGraph(FusedStep):
         return self._fit(self._feed(self.d_cache, self._layer_bufs[d], self._draft_ids(tokens), pos,
                                     start + self._fed_slots[d], allowed, near))
 
-    def _keep(self, path: torch.Tensor, t_len: torch.Tensor, start: torch.Tensor) -> None:
-        """Move the accepted nodes' keys and values to the slots after each cache's context (module doc)."""
-        dst = t_len + 1 + self._t_path
-        src = torch.where(path >= 0, t_len + self._t_at.index_select(0, path % (self.size + 1)), dst)  # -1: itself
-        kv = self.t_cache.kv
-        kv.index_copy_(-2, dst, kv.index_select(-2, src))
-        if self.depth > 1:
-            fed_path = path[: self.depth - 1]
-            at = self._fed_at.index_select(0, fed_path % (self.size + 1))
-            dst = start + self._d_path
-            src = torch.where(at >= 0, start + at, dst)
-            kv = self.d_cache.kv
-            kv.index_copy_(-2, dst, kv.index_select(-2, src))
+    def _keep(self, t_dst: torch.Tensor, t_src: torch.Tensor, d_dst: torch.Tensor, d_src: torch.Tensor) -> None:
+        """Move the accepted nodes' keys and values to the slots after each cache's context (module doc), from
+        the slots the head computed (:func:`_keep_slots`): two gathers and two writes."""
+        for kv, dst, src in ((self.t_cache.kv, t_dst, t_src), (self.d_cache.kv, d_dst, d_src)):
+            if dst.numel():  # a one-layer tree moves nothing in the draft's cache
+                kv.index_copy_(-2, dst, kv.index_select(-2, src))
 
     # --- the host side -----------------------------------------------------------------------
 
@@ -404,20 +401,47 @@ class TreeStepGraph(FusedStep):
         return ChainStepResult(k, path + [y], drafted, t_next, d_next, nxt)
 
 
+class _Keep(NamedTuple):
+    """A shape's tables for moving the accepted path (:func:`_keep_slots`), int64 device tensors."""
+
+    t_at: torch.Tensor  # (N + 1,): each node's offset from the target's context, the padding entry's 0
+    t_path: torch.Tensor  # (depth,): 0, 1, ...
+    fed_at: torch.Tensor  # (N + 1,): each node's offset among the draft's fed slots, -1 for the last layer's and padding
+    d_path: torch.Tensor  # (depth - 1,): 0, 1, ...
+
+
+def _keep_slots(path: torch.Tensor, t_len: torch.Tensor, start: torch.Tensor,
+                keep: _Keep) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Where the accepted ``path`` (``(depth,)`` nodes, ``-1`` after the last) moves, in each cache: ``(t_dst,
+    t_src, d_dst, d_src)``.  The target's slots after its context ``t_len`` and the root take the path's
+    nodes, from their slots in the target's layout; the draft's from ``start`` (its first fed slot) take the
+    path's fed nodes.  A padding entry, or a node the draft never fed, moves its slot onto itself."""
+    size = keep.t_at.shape[0]  # N + 1: ``path % size`` sends -1 to the tables' padding entry
+    t_dst = t_len + 1 + keep.t_path
+    t_src = torch.where(path >= 0, t_len + keep.t_at.index_select(0, path % size), t_dst)
+    at = keep.fed_at.index_select(0, path[: keep.d_path.shape[0]] % size)
+    d_dst = start + keep.d_path
+    return t_dst, t_src, d_dst, torch.where(at >= 0, start + at, d_dst)
+
+
 def _tree_head(t_logits: torch.Tensor, x: torch.Tensor, rows: Sequence[torch.Tensor], raw: Sequence[torch.Tensor],
-               short: Sequence[torch.Tensor], u: torch.Tensor, *, sampling: Sampling, verifier: str, plan: TreePlan,
-               t_rows: torch.Tensor, q_rows: torch.Tensor | None) -> torch.Tensor:
-    """The tree step's verification from the target's logits: int64 ``(3 + depth,)`` = the flag (the fault of
-    the draft's ``raw`` and the target's logits, plus :data:`SHORT` when a ranked or swor draw fell short), the
-    accepted count, the emitted token and the accepted nodes (:func:`~spec.llm.tree_device.tree_head` on the
-    trusted rows).  ``p``: the target's rows ``t_rows`` processed; ``q``: the layers' processed ``rows`` at
-    the verifier rows ``q_rows`` (``None``: ranked draws, no rows).  One function, so that ``compile_step``
-    fuses the target's rows and the fault flags with the walk, as a chain's head does."""
+               short: Sequence[torch.Tensor], u: torch.Tensor, t_len: torch.Tensor, start: torch.Tensor, *,
+               sampling: Sampling, verifier: str, plan: TreePlan, t_rows: torch.Tensor, q_rows: torch.Tensor | None,
+               keep: _Keep) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The tree step's verification from the target's logits: the step's output, int64 ``(3 + depth + N,)`` =
+    the flag (the fault of the draft's ``raw`` and the target's logits, plus :data:`SHORT` when a ranked or
+    swor draw fell short), the accepted count, the emitted token, the accepted nodes
+    (:func:`~spec.llm.tree_device.tree_head` on the trusted rows) and the drafted tokens ``x``; then the
+    cache moves of the accepted path (:func:`_keep_slots`, the target's context ending at ``t_len``, the
+    draft's fed slots from ``start``).  ``p``: the target's rows ``t_rows`` processed; ``q``: the layers'
+    processed ``rows`` at the verifier rows ``q_rows`` (``None``: ranked draws, no rows).  One function, so
+    that ``compile_step`` fuses the target's rows, the fault flags, the walk and the slot arithmetic, as a
+    chain's head does."""
     p, fault = target_rows_and_fault(sampling, t_logits, raw, t_rows)
     q = None if q_rows is None else torch.zeros_like(p).index_copy(0, q_rows, torch.cat(list(rows)))
     flag = fault.to(torch.int64) + (SHORT * torch.stack(list(short)).any().to(torch.int64) if short else 0)
     head = tree_head(verifier, plan, x, q, p, u, trusted=True)  # (bad = 0, n, y, path)
-    return torch.cat([flag.reshape(1), head[1:]])
+    return (torch.cat([flag.reshape(1), head[1:], x]), *_keep_slots(head[3:], t_len, start, keep))
 
 
 def _draw_layer(logits: torch.Tensor, parent_rows: torch.Tensor, u: torch.Tensor, *, sampling: Sampling,

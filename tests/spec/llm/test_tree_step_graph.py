@@ -199,7 +199,27 @@ def test_outside_its_compiled_parts_the_tree_step_reduces_no_row(pair: tuple[Any
                   "cumsum", "cumprod", "cummax", "argmax", "argmin", "logsumexp", "searchsorted", "sort", "topk"}
     reducing = {name for name in ops.by_name if name.split(".")[1] in reductions}  # "aten.amax.default"
     assert not reducing, reducing
-    assert ops.kernels > 0  # the inputs and moves are still counted
+
+    def forwards() -> torch.Tensor:  # the forwards alone, as the profile times them: their inputs' kernels
+        ints = step._ints
+        start = ints[1] + 1 + ints[5]
+        step._pending_rows(ints[1], ints[3:5])
+        for d, layer in enumerate(step._tab["layers"][:-1]):
+            step._layer_logits(d, ints[2].expand(len(layer)), start)
+        return step._target_logits(ints[2].expand(8), ints[0])
+
+    with torch.no_grad():
+        _, base = count_ops(forwards, [target, draft])
+    # Beyond the forwards' inputs: the pending row's pick, the drafted tokens' and the target ids'
+    # concatenations with the layout gather, and the cache moves as two gathers and two writes (the moves'
+    # slot arithmetic is in the head since the count was 82, 82 and 79 kernels here, not 65)
+    def view(name: str) -> bool:  # "aten.select.int": a view launches no kernel
+        _, op, overload = name.split(".")
+        return bool(getattr(getattr(torch.ops.aten, op), overload).is_view)
+
+    extra = {name: n - base.by_name.get(name, 0) for name, n in ops.by_name.items()
+             if n != base.by_name.get(name, 0) and not view(name)}
+    assert extra == {"aten.index_select.default": 4, "aten.cat.default": 2, "aten.index_copy_.default": 2}, extra
 
 
 def test_the_tree_meta_check_catches_a_host_read(pair: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch) -> None:
