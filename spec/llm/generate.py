@@ -57,7 +57,7 @@ from spec.llm.adapter import (
     select_cache, sync, tree_logits, trim_cache,
 )
 from spec.llm.host_verify import verify_chain_numpy, verify_tree_numpy
-from spec.llm.sampling import Sampling, logits_fault
+from spec.llm.sampling import Sampling, step_fault
 from spec.llm.static_cache import (StaticTreeCache, cache_keyword, holds_layers, model_device, model_dtype,
                                    shared_static_cache)
 from spec.llm.step_graph import COMPILE_SCOPES, ChainStepGraph, shared_chain_step
@@ -475,7 +475,7 @@ def _tree_step(
     p, t_fault = sampling.probs_with_fault(logits.index_select(0, shape.rows))  # every row, reordered
     sync(device)
     t2 = time.perf_counter()
-    fault = drafted.fault.to(device) | (logits_fault(logits) if t_fault is None else t_fault)
+    fault = drafted.fault.to(device) | step_fault(logits, t_fault)
     flags = [fault.to(torch.int64).reshape(1), drafted.short.to(device).to(torch.int64).reshape(1)]
     head = None
     if shape.plan is not None:  # verified on the device: the flags, the result and the tokens in ONE transfer
@@ -562,7 +562,7 @@ def _chain_step(
     sync(device)
     t2 = time.perf_counter()
     u = rng.random(noise_size(verifier, k))
-    fault = chain.fault.to(device) | (logits_fault(logits) if t_fault is None else t_fault)
+    fault = chain.fault.to(device) | step_fault(logits, t_fault)
     res: Verified | None
     if backend == "numpy":  # the flag and the tokens in one transfer, then the rows for the numpy reference
         got = torch.cat([fault.to(torch.int64).reshape(1), chain.tokens]).tolist()

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 
 __all__ = ["Sampling", "categorical_draw", "check_sampling", "logits_fault", "nonfinite", "point_rows",
-           "process_logits", "ranked_tokens", "swor_draws"]
+           "process_logits", "ranked_tokens", "step_fault", "swor_draws"]
 
 
 def check_sampling(
@@ -126,6 +126,16 @@ def logits_fault(*xs: torch.Tensor) -> torch.Tensor:
         raise ValueError("logits_fault needs at least one logits tensor")
     maxima = [x.amax(dim=-1).reshape(-1) for x in xs]
     return nonfinite(maxima[0] if len(maxima) == 1 else torch.cat(maxima))
+
+
+def step_fault(t_logits: torch.Tensor, t_fault: torch.Tensor | None, *draft_raw: torch.Tensor) -> torch.Tensor:
+    """A step's fault flag, 0-d bool: :func:`logits_fault` of the target's logits ``t_logits`` and of any draft
+    logits ``draft_raw``, where ``t_fault`` is the target's part when :meth:`Sampling.probs_with_fault` gave
+    it for free (greedy rows), else ``None``.  One rule for the fused steps' heads and the decode loop's
+    unfused steps (whose draft flags come already joined: they pass none here and ``|`` theirs)."""
+    if t_fault is None:
+        return logits_fault(*draft_raw, t_logits)
+    return logits_fault(*draft_raw) | t_fault if draft_raw else t_fault
 
 
 def nonfinite(m: torch.Tensor) -> torch.Tensor:

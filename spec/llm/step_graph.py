@@ -46,10 +46,11 @@ draw and the verifier's head go through ``torch.compile`` as whole graphs
 of fixed shapes first (``fullgraph``: a host read is an error, not a
 silent split), so the capture records inductor's fused kernels instead
 (``compile_scope="parts"``; a tree's head takes the target's logits, so its
-rows and the fault flags are compiled with the walk, as a chain's are).  That
-leaves about 80 operations outside the forwards (the forwards' inputs and
-masks, the concatenations, the cache moves: counted for a fixed tree of 7
-nodes, 57 of them also in a forwards-only run); ``compile_scope="whole"``
+rows, the fault flags and the accepted path's cache slots are compiled with
+the walk).  That leaves 65 operations outside the forwards for a fixed tree
+of 7 nodes, 57 of them also in a forwards-only run (the forwards' inputs and
+masks); the other 8 are two concatenations, two picks, and the cache moves'
+two gathers and two writes; ``compile_scope="whole"``
 compiles the whole step, the two models' forwards included, as one graph
 (dynamo traces through the models and the static caches), so inductor may
 fuse those too and the forwards' own small operations with them.  Measured
@@ -78,7 +79,7 @@ import torch
 from numpy.typing import NDArray
 
 from spec.llm.adapter import fit_vocabulary, sync
-from spec.llm.sampling import Sampling, categorical_draw, logits_fault
+from spec.llm.sampling import Sampling, categorical_draw, step_fault
 from spec.llm.static_cache import StaticTreeCache, _round_capacity, _Size
 from spec.llm.verify import _CHAIN_STEPS, CHAIN_METHODS, _prepare_chain, noise_size
 from tmc.validate import check_int
@@ -151,8 +152,7 @@ def target_rows_and_fault(sampling: Sampling, t_logits: torch.Tensor, draft_raw:
     ``sampling``, and a 0-d bool, True when the draft's logits ``draft_raw`` or the target's hold a value
     :func:`~spec.llm.sampling.process_logits` refuses (greedy rows give the target's part for free)."""
     p, t_fault = sampling.probs_with_fault(t_logits if rows is None else t_logits.index_select(0, rows))
-    fault = logits_fault(*draft_raw, t_logits) if t_fault is None else logits_fault(*draft_raw) | t_fault
-    return p, fault
+    return p, step_fault(t_logits, t_fault, *draft_raw)
 
 
 def _verify_head(t_logits: torch.Tensor, x: torch.Tensor, q: torch.Tensor | None, u: torch.Tensor,

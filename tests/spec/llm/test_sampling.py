@@ -370,3 +370,36 @@ def test_swor_draws_equal_the_host_builders_rule() -> None:
         full += not empty
         short += empty
     assert full > 80 and short > 80, (full, short)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_step_fault_is_raised_by_a_bad_row_of_the_target_or_of_any_draft_tensor(temperature):
+    """:func:`step_fault` (the fused heads' and the unfused steps' one rule) against a row-by-row check written
+    here: a tensor is faulty when some row holds a NaN or ``+inf`` or has no finite entry; the step is faulty
+    when the target's logits or one of the draft's are.  The target's part comes from
+    ``probs_with_fault`` (free at temperature 0, ``None`` above), as the steps call it."""
+    from spec.llm.sampling import step_fault
+
+    def faulty(x: torch.Tensor) -> bool:
+        return any(bool(torch.isnan(r).any()) or bool((r == math.inf).any()) or not bool(torch.isfinite(r).any())
+                   for r in x)
+
+    gen = torch.Generator().manual_seed(9)
+    clean = [torch.randn(3, 6, generator=gen) for _ in range(3)]  # the target's, then two draft tensors
+    clean[1][0, 4] = -math.inf  # a banned token is no fault
+    cfg = Sampling(temperature)
+    cases = [None] + [(i, bad) for i in range(3) for bad in (math.nan, math.inf, "row")]
+    for case in cases:
+        xs = [x.clone() for x in clean]
+        if case is not None:
+            i, bad = case
+            if bad == "row":
+                xs[i][2] = -math.inf
+            else:
+                xs[i][1, 3] = bad
+        want = any(faulty(x) for x in xs)
+        assert want == (case is not None)
+        _, t_fault = cfg.probs_with_fault(xs[0])
+        assert (t_fault is None) == (temperature != 0)
+        assert bool(step_fault(xs[0], t_fault, xs[1], xs[2])) == want, case
+        assert bool(step_fault(xs[0], t_fault)) == faulty(xs[0]), case  # the unfused steps: the target's part
