@@ -156,7 +156,7 @@ class TreeStepGraph(FusedStep):
     row has too few tokens with ``q > 0`` is reported short (:meth:`step`).  The other arguments are
     :class:`~spec.llm.step_graph.ChainStepGraph`'s; ``verifier`` is
     ``multidraft`` or ``traversal``.  ``compile_backend`` compiles the draws
-    and the verifier's head (the target's rows, the flags and the walk:
+    and the verifier's head (the target's rows, the flags, the walk and the cache moves' slots:
     :func:`_tree_head`) before the capture, or the whole step with
     ``compile_scope="whole"`` (:mod:`spec.llm.step_graph`).
     """
