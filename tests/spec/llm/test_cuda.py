@@ -449,3 +449,36 @@ def test_compiled_fused_tree_steps_on_cuda(pairs: tuple[tuple[object, object], t
         compiled = generate(t_gpu, d_gpu, prompt, "fixed", verifier, step_graph=True, compile_step=scope, **kw)
         same += compiled.tokens == generate(t_gpu, d_gpu, prompt, "fixed", verifier, step_graph=False, **kw).tokens
     assert same >= 4
+
+
+# the fused steps' law on CUDA: inductor's triton code for a chain and a tree, and a graphed eager swor tree
+CUDA_LAW = [("chain", "block", {}, True), ("fixed", "traversal", {"width": 2, "draw": "iid"}, True),
+            ("fixed", "multidraft", {"width": 2, "draw": "swor"}, False)]
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # torch's own code
+@pytest.mark.filterwarnings("ignore:TensorFloat32 tensor cores:UserWarning")  # inductor's advice; TF32 stays off
+@pytest.mark.parametrize(("builder", "verifier", "params", "compile_step"), CUDA_LAW,
+                         ids=["chain-block-compiled", "fixed-traversal-compiled", "fixed-multidraft-swor-graphed"])
+def test_fused_steps_on_cuda_follow_the_target_law(builder: str, verifier: str, params: dict[str, object],
+                                                   compile_step: bool) -> None:
+    """``test_fused_law``'s check on CUDA, where the steps replay captured graphs: the first two tokens of 700
+    seeded fused decodes against the target's exact law at T = 1 (computed on the CPU from the same weights).
+    False-fail rate 1e-3 over the three cases; a total variation of about 0.16 is detected with probability
+    0.999 (``detectable_tv(16, 700, alpha)``)."""
+    from tests.spec.llm.test_fused_law import fused_counts
+    from tests.spec.llm.test_generate import SAMPLES, SETTINGS, _law_pair, exact_two_token_law
+    from verification.calibrated import bonferroni, chi_square_check, detectable_tv
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    alpha = bonferroni(1e-3, len(CUDA_LAW))
+    target, draft = _law_pair()
+    law = exact_two_token_law(target, *SETTINGS[0])
+    counts = fused_counts(target.to(LAW_DEVICE), draft.to(LAW_DEVICE), builder, verifier, params, SETTINGS[0],
+                          compile_step)
+    result = chi_square_check(counts, law, alpha)
+    assert result.passed, (result, detectable_tv(16, SAMPLES, alpha))
+
+
+LAW_DEVICE = "cuda"  # a name, so that the test's body can be run on the CPU (its skip mark aside)
