@@ -24,12 +24,12 @@ Side by side in one run, on the same prompts, every method decodes exactly
   verifier sets ``verify_backend`` (default ``auto``: numpy, but torch for
   a chain drafted on a GPU with a chain verifier and large rows, as
   :func:`~spec.llm.generate.resolve_verify_backend` says), e.g. ``dyspec:traversal:torch`` beside
-  ``dyspec:traversal:numpy`` (same tokens), and ``:device`` walks ``multidraft`` / ``traversal`` on a
+  ``dyspec:traversal:numpy`` (same tokens), and ``:device`` walks ``multidraft`` / ``traversal`` / ``kseq`` on a
   tree drafted on the device there too (``fixed/draw=iid:traversal:device``); a ``:dtemp=T`` flag drafts at temperature ``T``
   (``generate``'s ``draft_temperature``) instead of the row's, e.g.
   ``fixed/draw=topk:traversal:dtemp=1``, whose tree at temperature 0 branches;
   a ``:graph`` flag (a ``chain`` with a chain verifier, or a ``chain`` / ``fixed``
-  tree drawn ``iid``, ``swor`` or ``topk`` with ``multidraft`` / ``traversal``) runs every
+  tree drawn ``iid``, ``swor`` or ``topk`` with ``multidraft`` / ``traversal``, or ``iid`` with ``kseq``) runs every
   step after the first as one fixed-shape piece of device work, captured as one
   CUDA graph (``generate``'s ``step_graph``, on the static cache whatever
   ``--cache`` says), e.g. ``chain:sps:graph`` or

@@ -319,7 +319,7 @@ def _step_graph_refusal(b: TreeBuilder, verifier: str, chain_on_device: bool, ca
     if not chain_on_device:
         return "step_graph=True drafts on the device: it needs chain_on_device=True"
     if not _fused_tree(fixed_shape, verifier):  # then a chain step, ChainStepGraph's
-        tree = ("or multidraft / traversal on a 'fixed' (or 'chain') tree drafted on the device, drawn iid, or "
+        tree = ("or multidraft / traversal / kseq on a 'fixed' (or 'chain') tree drafted on the device, drawn iid, or "
                 "topk / swor from draft rows that keep width tokens (draft temperature above 0, no top-p, "
                 "top-k >= width), or on the chain a fixed, DySpec, DynaTree or WETAP builder grows from a greedy draft")
         if type(b) is not ChainBuilder or b.confidence is not None:
@@ -332,6 +332,12 @@ def _step_graph_refusal(b: TreeBuilder, verifier: str, chain_on_device: bool, ca
     if backend == "numpy":
         return "step_graph=True verifies on the device: it needs verify_backend 'torch', 'device' or 'auto'"
     return None
+
+
+#: Tree verifiers whose steps run fused only when ``step_graph=True`` asks, not under ``"auto"``: K-SEQ's device
+#: walk bisects for each node's ``ρ*`` in some 55 rounds of small operations, about 1900 kernels a step when the
+#: captured step is eager (``compile_step`` fuses them; not timed on a GPU), where the host walk copies the rows once.
+ASKED_FUSION_ONLY: tuple[str, ...] = ("kseq",)
 
 
 def resolve_step_graph(step_graph: bool | str, graphed: bool, refusal: str | None) -> bool:
@@ -449,7 +455,7 @@ def _tree_step(
     fault and ``short`` flags and the tokens come to the host in one transfer, then the
     rows for the verifier, which gets the :class:`DraftTree` the host builder
     would have built.  With a plan (``shape.plan``: ``verify_backend='device'``
-    and ``multidraft`` / ``traversal``) the verifier runs on the device first
+    and ``multidraft`` / ``traversal`` / ``kseq``) the verifier runs on the device first
     (:func:`spec.llm.tree_device.tree_head`) and that one transfer carries
     its result as well: no rows are copied.  The uniforms come from ``rng`` in the host path's
     order (one per ``iid`` or ``swor`` node, then the verifier's), so the tokens are those
@@ -674,7 +680,7 @@ def generate(
     the CPU and, for small vocabularies, on a GPU), ``auto`` the numpy ones
     except for a chain drafted on a GPU whose rows are large, ``(budget + 1)
     x V`` above :data:`HOST_VERIFY_MAX_ENTRIES` (:func:`resolve_verify_backend`);
-    ``device`` is ``torch`` except that ``multidraft`` and ``traversal`` on a
+    ``device`` is ``torch`` except that ``multidraft``, ``traversal`` and ``kseq`` on a
     tree drafted on the device verify there too (:mod:`spec.llm.tree_device`:
     every node's tests as fixed-shape tensor work, so the step's one
     transfer carries the result and no rows are copied; on the CPU 1.5-5x
@@ -687,15 +693,16 @@ def generate(
     (:class:`~spec.llm.step_graph.ChainStepGraph`; needs ``cache`` static and the
     torch verifier); likewise each step of a tree drafted on the device
     (``fixed`` or ``chain``, drawn ``iid``, or ``topk`` / ``swor`` where the device
-    drafts it, and a greedy draft's chains, above) with ``multidraft`` or ``traversal``, walked on the
-    device, the accepted path moved into place in both caches on the device
+    drafts it, and a greedy draft's chains, above) with ``multidraft``, ``traversal`` or ``kseq``, walked on
+    the device, the accepted path moved into place in both caches on the device
     too (:class:`~spec.llm.tree_step_graph.TreeStepGraph`, sliding windows
     included; a ranked or swor step that comes out short is redone unfused,
     on the same uniforms).  The first step, which feeds the prompt to the draft,
     takes the usual path.  The tokens are the same (tested on the CPU, where
     the same work runs eagerly, and on CUDA).  ``"auto"`` (default): fused
     wherever both caches capture CUDA graphs and the builder, verifier and
-    backend allow it, unfused otherwise (:func:`resolve_step_graph`: on an H200
+    backend allow it (``kseq`` only when asked: :data:`ASKED_FUSION_ONLY`),
+    unfused otherwise (:func:`resolve_step_graph`: on an H200
     it ran 1.31-1.48x faster; on the CPU, run eagerly, it gained little or
     lost); ``True`` insists (a ``ValueError`` names what is missing).
     ``compile_step`` (with ``step_graph``): ``True`` (or ``"parts"``) sends
@@ -762,7 +769,7 @@ def generate(
     t_cache = _new_cache(target, cache, "target", capacity, graphs)
     d_cache = _new_cache(draft, cache, "draft", capacity, graphs)
     graphed = all(isinstance(c, StaticTreeCache) and c.graphs for c in (t_cache, d_cache))
-    fuse = resolve_step_graph(step_graph, graphed, refusal)
+    fuse = resolve_step_graph(step_graph, graphed and verifier not in ASKED_FUSION_ONLY, refusal)
     _prefill(target, t_cache, prompt[:-1])
     t_past, root = len(prompt) - 1, prompt[-1]
     d_step = LLMDraft(draft, d_cache, 0, pending=prompt, sampling=d_sampling, vocab=vocab)

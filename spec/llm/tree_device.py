@@ -23,17 +23,33 @@ row:
   So the state ``(a, 1 - a, r)`` of every test is computed top-down, level by
   level and rank by rank, whatever the uniforms; the output is the first test
   in post order whose uniform passes (the root's always does).
+* ``kseq`` (:func:`tmc.kseq.kseq_sample_from_uniforms`).  At a node whose
+  children were drawn i.i.d. every child is tested against the same row,
+  ``min(1, p(x) / (ρ* q(x)))``, so the walk is ``multidraft``'s with other
+  tests and another residual (its own residual walk at the other nodes).
+  Each node's ``ρ*`` is :func:`tmc.kseq._rho`'s bisection as fixed-shape
+  work: one stable sort and two prefix sums per row give ``β(ρ)`` by a
+  ``searchsorted``, and the bisection runs a fixed number of rounds (enough
+  for the widest node's bracket), a row that numpy's loop would have left
+  keeping its bracket.  Some 55 rounds of small operations: about 1900
+  kernels eagerly, which is why ``generate`` fuses K-SEQ steps only when
+  asked (best with ``compile_step``).  ``c(β)`` uses torch's ``expm1`` and
+  ``log1p``, which differ from the C library's that :mod:`tmc` calls in the
+  last bit for some arguments, so a late bisection step may turn the other
+  way: ``ρ*`` agrees with numpy's to about ``2 RHO_RTOL`` relative (within the
+  bisection's own tolerance of the true root), not bit for bit.
 
-The cost is every node's tests, ``O(N V)`` whatever is accepted; the host walk
-does at most that.  The operations are those of the host walk
+The cost is every node's tests, ``O(N V)`` whatever is accepted (K-SEQ adds a
+sort of each row, ``O(V log V)``); the host walk does at most that.  The operations are those of the host walk
 (:mod:`spec.llm.verify`) in the same order, row by row, so the tokens are
 the same (``tests/spec/llm/test_tree_device.py``: equal to the numpy
 references of :mod:`tmc` on identical noise, under the rounding caveat of
-:mod:`spec.llm.verify` for ``V >= 8``), and nothing in the walk reads a
-device value on the host (tested on the ``meta`` device), so a tree step can
-be captured in a CUDA graph and read back once.  The other tree verifiers
-(``ordered_traversal``, ``kseq``) choose their visiting order or their
-acceptance threshold from the rows and stay host walks.
+:mod:`spec.llm.verify` for ``V >= 8`` and K-SEQ's above), and nothing in the
+walk reads a device value on the host (tested on the ``meta`` device), so a
+tree step can be captured in a CUDA graph and read back once.
+``ordered_traversal`` chooses each node's visiting order from the rows, over
+order-statistic laws of every sorted tuple of its children, and stays a host
+walk.
 
 Batch rows are the nodes with children, sorted by their number of children
 (most first), so the nodes with a ``j``-th child are a prefix of the batch
@@ -49,6 +65,7 @@ from typing import NamedTuple
 import torch
 
 from spec.llm.verify import (
+    _RHO_RTOL,
     Verified,
     _check_method,
     _float_tensor,
@@ -71,7 +88,7 @@ Tensor = torch.Tensor
 F64 = torch.float64
 
 #: Tree verifiers with a device walk here; the others walk on the host (module doc).
-DEVICE_TREE_METHODS: tuple[str, ...] = ("multidraft", "traversal")
+DEVICE_TREE_METHODS: tuple[str, ...] = ("multidraft", "traversal", "kseq")
 
 
 class _Batch(NamedTuple):
@@ -83,6 +100,7 @@ class _Batch(NamedTuple):
     topk: Tensor  # (B, 1) bool: the node's children are ranked tokens (point-mass laws)
     iid: Tensor  # (B, 1) bool: drawn i.i.d. from the node's draft row (else without replacement)
     kinds: frozenset[Draw]  # the draw kinds present: a law no node uses is not formed
+    width: Tensor  # (B, 1) float64: the node's number of children (K-SEQ's k)
 
 
 @dataclass(frozen=True)
@@ -139,7 +157,8 @@ class TreePlan:
             return _Batch(long([v + 1 for v in order]), tuple(long(r) for r in ranks),
                           tuple(long([k + 1 for k in r]) for r in ranks),
                           long([k == Draw.TOPK for k in kind]).bool()[:, None],
-                          long([k == Draw.IID for k in kind]).bool()[:, None], frozenset(kind))
+                          long([k == Draw.IID for k in kind]).bool()[:, None], frozenset(kind),
+                          torch.tensor([float(len(kids[v + 1])) for v in order], dtype=F64, device=dev)[:, None])
 
         by_depth: list[list[int]] = [[] for _ in range(depth + 1)]
         for v in range(ROOT, n):
@@ -236,9 +255,9 @@ def _delete_child(value: Tensor, miss: Tensor, row: Tensor, law: Tensor, tok: Te
 # ------------------------------------------------------------------ the walks
 
 
-def _multidraft(plan: TreePlan, tok: Tensor, q: Tensor, p: Tensor, u: Tensor) -> tuple[Tensor, Tensor]:
-    """Recursive residual verification: the accepted node's row ``()`` and the row emitted from ``(V,)``."""
-    b = plan.every
+def _residual_tests(b: _Batch, tok: Tensor, q: Tensor, p: Tensor, u: Tensor) -> tuple[Tensor, Tensor]:
+    """Every batch node's residual walk (:func:`tmc.multidraft.residual_walk_step`): the row of its accepted child
+    ``(B,)`` (``-1``: none) and the residual it emits from when none is ``(B, V)``."""
     r = p.index_select(0, b.rows)
     q_b = q.index_select(0, b.rows)
     removed = torch.zeros_like(r, dtype=torch.bool)
@@ -251,6 +270,14 @@ def _multidraft(plan: TreePlan, tok: Tensor, q: Tensor, p: Tensor, u: Tensor) ->
         passed = open_ & (u.index_select(0, kids) < _acceptance(_at(r[:c], t), _at(law, t)))
         chosen[:c] = torch.where(passed, kid_rows, chosen[:c])
         r[:c] = torch.where((open_ & ~passed)[:, None], _residual_rows(r[:c], law, t), r[:c])
+    return chosen, r
+
+
+def _descend(plan: TreePlan, p: Tensor, chosen: Tensor, r: Tensor) -> tuple[Tensor, Tensor]:
+    """From each batch node's accepted child (``chosen``, ``-1``: none) and residual ``r``: the row of the node
+    the walk stops at ``()`` (``depth`` pointer steps from the root) and the row it emits from ``(V,)`` (its
+    residual, or its target row at a leaf)."""
+    b = plan.every
     emit = p.index_copy(0, b.rows, r)  # a leaf emits from its target row
     step = torch.full((p.shape[0],), -1, dtype=torch.int64, device=p.device).index_copy(0, b.rows, chosen)
     at = torch.zeros(1, dtype=torch.int64, device=p.device)
@@ -258,6 +285,94 @@ def _multidraft(plan: TreePlan, tok: Tensor, q: Tensor, p: Tensor, u: Tensor) ->
         nxt = step.index_select(0, at)
         at = torch.where(nxt >= 0, nxt, at)
     return at[0], emit.index_select(0, at)[0]
+
+
+def _multidraft(plan: TreePlan, tok: Tensor, q: Tensor, p: Tensor, u: Tensor) -> tuple[Tensor, Tensor]:
+    """Recursive residual verification: the accepted node's row ``()`` and the row emitted from ``(V,)``."""
+    return _descend(plan, p, *_residual_tests(plan.every, tok, q, p, u))
+
+
+def _geometric(beta: Tensor, k: Tensor) -> Tensor:
+    """``c = (1 − (1 − β)^k) / β`` elementwise, edge cases as :func:`tmc.kseq._geometric` (``k`` float64)."""
+    inner = -torch.expm1(k * torch.log1p(-beta)) / beta  # NaN / inf where an edge case below replaces it
+    return torch.where((k == 1.0) | (beta >= 1.0), 1.0, torch.where(beta <= 0.0, k, inner))
+
+
+def _feasible(beta: Tensor, k: Tensor, rho: Tensor) -> Tensor:
+    """SpecTr's validity condition ``β = 0`` or ``c(β) ≤ ρ`` (:func:`tmc.kseq._feasible`)."""
+    return (beta <= 0.0) | (_geometric(beta, k) <= rho)
+
+
+def _kseq_rho(p: Tensor, q: Tensor, k: Tensor, widest: int) -> Tensor:
+    """``ρ*`` of each row ``(m, 1)``: :func:`tmc.kseq._rho` for ``(m, V)`` rows and children counts ``k``
+    ``(m, 1)`` (at most ``widest``), as fixed-shape work.
+
+    ``β(ρ) = Q_above(j) + P_below(j) / ρ`` with ``j`` the number of ratios ``p/q`` below ``ρ``, from one
+    stable sort and two prefix sums per row (tokens with ``q = 0`` sort last, as ``+inf``, and add nothing).
+    The bisection runs a fixed number of rounds, enough for the widest bracket ``[1, widest]`` to shrink to
+    ``RHO_RTOL``; a row whose numpy loop would have stopped (the bracket narrow enough, or its midpoint no
+    longer strictly inside) keeps its bracket from then on, so each row ends at numpy's ``hi``."""
+    on = q > 0.0
+    ratios, order = torch.sort(torch.where(on, p / q, torch.inf), dim=-1, stable=True)
+    zero = torch.zeros_like(p[:, :1])
+    p_below = torch.cat([zero, torch.cumsum(torch.where(on, p, 0.0).gather(1, order), dim=-1)], dim=-1)
+    q_on = torch.where(on, q, 0.0).gather(1, order).flip(-1)
+    q_above = torch.cat([torch.cumsum(q_on, dim=-1).flip(-1), zero], dim=-1)
+
+    def beta(rho: Tensor) -> Tensor:
+        j = torch.searchsorted(ratios, rho)  # bisect_left: the ratios strictly below rho
+        return q_above.gather(1, j) + p_below.gather(1, j) / rho
+
+    lo = torch.ones_like(k)
+    hi = k.clone()
+    running = (k > 1.0) & ~_feasible(beta(lo), k, lo)  # else rho = 1 (one child: K-SEQ is SpS)
+    bisecting = running
+    for _ in range(52 + (widest - 1).bit_length() if widest > 1 else 0):  # (widest - 1) / 2^rounds <= RHO_RTOL
+        mid = 0.5 * (lo + hi)
+        bisecting = bisecting & (hi - lo > _RHO_RTOL * hi) & (lo < mid) & (mid < hi)
+        ok = _feasible(beta(mid), k, mid)
+        hi = torch.where(bisecting & ok, mid, hi)
+        lo = torch.where(bisecting & ~ok, mid, lo)
+    return torch.where(running, hi, 1.0)
+
+
+def _kseq_residual_rows(p: Tensor, q: Tensor, k: Tensor, rho: Tensor) -> Tensor:
+    """K-SEQ's normalised residual of each row (:func:`spec.llm.verify._kseq_residual` row by row), ``(m, V)``."""
+    c = _geometric(_total(torch.minimum(q, p / rho)), k)
+    factor = 1.0 - c / rho
+    factor = torch.where(factor <= (k * k + 8.0) * _RHO_RTOL, 0.0, factor)
+    res = torch.clamp_min(torch.where(q * rho >= p, p * factor, p - q * c), 0.0)
+    total = _total(res)
+    return torch.where(total > 0.0, res / total, p)
+
+
+def _kseq(plan: TreePlan, tok: Tensor, q: Tensor, p: Tensor, u: Tensor) -> tuple[Tensor, Tensor]:
+    """K-SEQ at the nodes whose children were drawn i.i.d., the residual walk at the others
+    (:func:`tmc.kseq.kseq_sample_from_uniforms`): the accepted node's row ``()`` and the row emitted from.
+
+    At an i.i.d. node every child is tested against the same target row, ``min(1, p(x) / (ρ q(x)))`` with the
+    node's ``ρ*``, and the first that passes is accepted; none: the node emits from K-SEQ's residual."""
+    b = plan.every
+    chosen = r = None
+    if b.kinds - {Draw.IID}:
+        chosen, r = _residual_tests(b, tok, q, p, u)
+    if Draw.IID in b.kinds:
+        p_b, q_b = p.index_select(0, b.rows), q.index_select(0, b.rows)
+        rho = _kseq_rho(p_b, q_b, b.width, len(b.kids))
+        first = torch.full((p_b.shape[0],), -1, dtype=torch.int64, device=p.device)
+        for kids, kid_rows in zip(b.kids, b.kid_rows):
+            c = kids.shape[0]
+            t = tok.index_select(0, kids)
+            passed = (first[:c] < 0) & (u.index_select(0, kids) < _acceptance(_at(p_b[:c], t), rho[:c, 0] * _at(q_b[:c], t)))
+            first[:c] = torch.where(passed, kid_rows, first[:c])
+        res = _kseq_residual_rows(p_b, q_b, b.width, rho)
+        if chosen is None or r is None:
+            chosen, r = first, res
+        else:
+            chosen, r = torch.where(b.iid[:, 0], first, chosen), torch.where(b.iid, res, r)
+    if chosen is None or r is None:  # no node has children: the root emits from its target row
+        return _descend(plan, p, torch.zeros(0, dtype=torch.int64, device=p.device), p[:0])
+    return _descend(plan, p, chosen, r)
 
 
 def _traversal(plan: TreePlan, tok: Tensor, q: Tensor, p: Tensor, u: Tensor) -> tuple[Tensor, Tensor]:
@@ -288,7 +403,7 @@ def _traversal(plan: TreePlan, tok: Tensor, q: Tensor, p: Tensor, u: Tensor) -> 
     return at[0], final.index_select(0, at)[0]
 
 
-_WALKS = {"multidraft": _multidraft, "traversal": _traversal}
+_WALKS = {"multidraft": _multidraft, "traversal": _traversal, "kseq": _kseq}
 
 
 # ------------------------------------------------------------------ entry points

@@ -5,7 +5,7 @@ a chain verifier.  :class:`TreeStepGraph` does it for a tree of a shape known
 before the step (a ``fixed`` tree or a fixed chain, given as ``parents``
 numbered breadth first), drawn i.i.d., without replacement (``swor``) or
 ranked (``topk``), verified by
-``multidraft`` or ``traversal``, whose walks run on the device
+``multidraft``, ``traversal`` or ``kseq``, whose walks run on the device
 (:mod:`spec.llm.tree_device`).
 The step is the work of :func:`spec.llm.generate._tree_step` with
 :meth:`~spec.llm.adapter.LLMDraft.draft_tree`, on the same uniforms in the same
@@ -155,7 +155,7 @@ class TreeStepGraph(FusedStep):
     row's ``r``-th most likely token); a ``swor`` or ``topk`` step where some
     row has too few tokens with ``q > 0`` is reported short (:meth:`step`).  The other arguments are
     :class:`~spec.llm.step_graph.ChainStepGraph`'s; ``verifier`` is
-    ``multidraft`` or ``traversal``.  ``compile_backend`` compiles the draws
+    ``multidraft``, ``traversal`` or ``kseq``.  ``compile_backend`` compiles the draws
     and the verifier's head (the target's rows, the flags, the walk and the cache moves' slots:
     :func:`_tree_head`) before the capture, or the whole step with
     ``compile_scope="whole"`` (:mod:`spec.llm.step_graph`).

@@ -77,8 +77,8 @@ def test_parse_method() -> None:
                 "dyspec:traversal:graph", "chain:sps:host:graph", "chain/confidence=0.5:traversal:graph",
                 "chain:sps:numpy:graph", "chain:sps:graph:graph", "chain:sps:graph:compiled",
                 "chain:sps:compiled:whole", "chain:sps:graph:whole", "dyspec:traversal:whole", "chain:sps:host:whole",
-                "dyspec:traversal:compiled", "chain:kseq:compiled", "chain:sps:host:compiled",
-                "fixed/draw=iid:kseq:graph", "fixed/draw=iid:sps:graph", "fixed/draw=iid:traversal:host:graph",
+                "dyspec:traversal:compiled", "chain:ordered_traversal:compiled", "chain:sps:host:compiled",
+                "fixed/draw=iid:ordered_traversal:graph", "fixed/draw=iid:sps:graph", "fixed/draw=iid:traversal:host:graph",
                 "wetap:traversal:graph", "dynatree:multidraft:graph"):
         with pytest.raises(ValueError, match="method"):
             parse_method(bad, 16, 4)

@@ -67,7 +67,7 @@ def test_device_walks_equal_numpy_on_same_uniforms(device):
             out = verify_tree_on_device(method, plan, list(tree.tokens), q, p, u)
             assert out.nodes == host.nodes
             checked += 1
-    assert checked == 2 * count
+    assert checked == len(DEVICE_TREE_METHODS) * count
 
 
 def softmax(x: np.ndarray) -> np.ndarray:
@@ -258,8 +258,8 @@ def test_device_bad_input_raises(case):
 def test_device_walk_refuses_host_only_methods_and_bad_plans():
     plan = TreePlan.of([-1, -1], "iid")
     r2 = [[0.5, 0.5]] * 3
-    for method in ("kseq", "ordered_traversal", "sps"):
-        with pytest.raises(ValueError, match="method must be one of 'multidraft', 'traversal'"):
+    for method in ("ordered_traversal", "sps"):
+        with pytest.raises(ValueError, match="method must be one of 'multidraft', 'traversal', 'kseq'"):
             verify_tree_on_device(method, plan, [0, 1], r2, r2, [0.1] * 3)
     with pytest.raises(ValueError, match=r"draft_probs is None but node -1 has children drawn 'swor'"):
         verify_tree_on_device("multidraft", TreePlan.of([-1, -1], "swor"), [0, 1], None, r2, [0.1] * 3)
@@ -317,3 +317,46 @@ def test_decode_loop_verifies_fixed_trees_on_the_device(verifier, monkeypatch):
         walked = backend == "device" and verifier in DEVICE_TREE_METHODS
         assert calls == {"tree_head": len(out.steps) if walked else 0, "verify_tree": 0 if walked else len(out.steps)}
         calls.update(tree_head=0, verify_tree=0)
+
+
+def test_kseq_rho_and_residual_rows_agree_with_tmc():
+    """K-SEQ's ``ρ*`` as fixed-shape device work (sort, prefix sums, a fixed number of bisection rounds) against
+    :func:`tmc.kseq.kseq_rho`, row by row, on the rows tmc validates (V from 2 to 4096, k from 1 to 8, flat and
+    sharp rows, half the draft row zero, p = q in a row): every device ``ρ`` is valid by tmc's own check
+    (:func:`tmc.kseq.kseq_residual` refuses a ``ρ`` that breaks ``c(β(ρ)) ≤ ρ``); where numpy stops at
+    ``ρ = 1`` without bisecting the two are equal; else within ``4 RHO_RTOL`` relative.  Not bit for bit:
+    torch's ``expm1`` / ``log1p`` differ from the C library's in the last bit for some arguments (measured
+    while writing: 8% of random ones), which turns a late bisection step where ``c(β(ρ)) − ρ`` is at rounding
+    level (worst seen 2.1 RHO_RTOL).  At ``p = q`` the root is 1 and every ``ρ ≥ 1`` is valid, and the
+    computed condition is rounding noise for ``ρ`` within about ``1e-3`` of 1 (``(1 − 1/ρ)^k`` below an ulp):
+    there both land in ``[1, 1.001]``.  The residual rows at numpy's ``ρ`` agree with
+    :func:`tmc.kseq.kseq_residual` to 1e-12 (its ``1 − c/ρ`` factor amplifies rounding where ``c ≈ ρ``)."""
+    from tmc.kseq import RHO_RTOL, kseq_residual, kseq_rho
+    from tmc.validate import check_prob_rows
+    from spec.llm.tree_device import _kseq_residual_rows, _kseq_rho
+
+    rng = np.random.default_rng(21)
+    bisected = 0
+    for vocab, sharp, trial in itertools.product((2, 3, 5, 64, 4096), (0.3, 2.0, 8.0), range(6)):
+        k = rng.integers(1, 9, size=5)
+        q, p = (softmax(rng.normal(size=(5, vocab)) * sharp) for _ in range(2))
+        if trial % 3 == 0 and vocab > 2:
+            q[:, : vocab // 2] = 0.0
+            q /= q.sum(axis=1, keepdims=True)
+        same = np.zeros(5, dtype=bool)
+        if trial % 3 == 1:
+            p[0], same[0] = q[0], k[0] > 1
+        p, q = check_prob_rows("p", p), check_prob_rows("q", q)  # the rows tmc works on
+        width = torch.tensor(k, dtype=torch.float64)[:, None]
+        got = _kseq_rho(torch.tensor(p), torch.tensor(q), width, int(k.max()))[:, 0].numpy()
+        want = np.array([kseq_rho(p[i], q[i], int(k[i])) for i in range(5)])
+        for i in range(5):
+            kseq_residual(p[i], q[i], int(k[i]), float(got[i]))  # raises for an invalid rho
+        one = (want == 1.0) & ~same
+        assert np.array_equal(got[one], want[one]), (vocab, sharp, trial)
+        close = np.abs(got - want) <= 4 * RHO_RTOL * want
+        assert np.all(close | same) and np.all(got[same] <= 1.001) and np.all(want[same] <= 1.001), (got, want)
+        bisected += int((~one & ~same).sum())
+        res = _kseq_residual_rows(torch.tensor(p), torch.tensor(q), width, torch.tensor(want)[:, None]).numpy()
+        assert np.allclose(res, [kseq_residual(p[i], q[i], int(k[i]), want[i]) for i in range(5)], rtol=0, atol=1e-12)
+    assert bisected > 200  # most rows with k >= 2 need the bisection

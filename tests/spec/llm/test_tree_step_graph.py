@@ -30,6 +30,8 @@ from spec.llm.sampling import Sampling  # noqa: E402
 from spec.llm.static_cache import StaticTreeCache, shared_static_cache  # noqa: E402
 from spec.llm.tree_device import DEVICE_TREE_METHODS  # noqa: E402
 from spec.llm.tree_step_graph import TreeStepGraph  # noqa: E402
+from tmc.commands.acceptance import TREE_VERIFIERS  # noqa: E402
+from tmc.multidraft import Draw  # noqa: E402
 from tests.spec.llm.conftest import no_host_scalar_writes  # noqa: E402
 
 from .conftest import greedy_decode  # noqa: E402
@@ -60,6 +62,11 @@ def shape_kw(builder: str, width: int | None, depth: int | None, budget: int, dr
     return dict(budget=budget, builder_params=params)
 
 
+def _verifies(verifier: str, draw: str) -> bool:
+    """Whether ``verifier`` is lossless on trees drawn ``draw`` (K-SEQ: i.i.d. only; ``generate`` refuses the rest)."""
+    return Draw(draw) in TREE_VERIFIERS[verifier].draws
+
+
 def _depth(builder: str, width: int | None, depth: int | None, budget: int) -> int:
     """The layers of a :data:`SHAPES` entry's tree (its draft forwards per fused step)."""
     if builder == "chain":
@@ -75,7 +82,7 @@ def test_fused_tree_steps_give_the_device_trees_tokens(pair: tuple[Any, Any], ve
 
 @pytest.mark.parametrize(("verifier", "shape", "draw"),
                          [(v, s, d) for v, s, d in itertools.product(DEVICE_TREE_METHODS, SHAPES, ("topk", "swor"))
-                          if s[0] == "fixed" or d == "topk"])  # the chain builder draws iid or topk
+                          if (s[0] == "fixed" or d == "topk") and _verifies(v, d)])  # a chain: iid or topk
 def test_fused_ranked_and_swor_tree_steps_give_the_device_trees_tokens(
         pair: tuple[Any, Any], verifier: str, shape: tuple[str, int | None, int | None, int], draw: str) -> None:
     """Top-k trees (each node its parent row's next most likely token; a chain takes each row's argmax) and
@@ -85,7 +92,8 @@ def test_fused_ranked_and_swor_tree_steps_give_the_device_trees_tokens(
                                             **shape_kw(*shape, draw=draw))
 
 
-@pytest.mark.parametrize(("verifier", "draw"), list(itertools.product(DEVICE_TREE_METHODS, ("topk", "swor"))))
+@pytest.mark.parametrize(("verifier", "draw"), [(v, d) for v, d in itertools.product(DEVICE_TREE_METHODS, ("topk", "swor"))
+                                                 if _verifies(v, d)])
 def test_short_ranked_steps_are_void_and_redone_unfused(pair: tuple[Any, Any], verifier: str, draw: str,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """At a draft temperature of 0.002 this sharp draft's rows underflow to 0 past their top token in some
@@ -243,11 +251,11 @@ def test_bad_logits_in_a_fused_tree_step_raise_the_usual_error(pair: tuple[Any, 
     (dict(builder_params={"draw": "topk"}, top_p=0.9), "the 'chain' builder with no confidence stop"),
     (dict(builder_params={"draw": "topk", "width": 3}, top_k=2), "the 'chain' builder with no confidence stop"),
     (dict(builder_params={"draw": "swor"}, top_k=1), "the 'chain' builder with no confidence stop"),
-    (dict(verifier="kseq"), "the 'chain' builder with no confidence stop"),
+    (dict(verifier="ordered_traversal"), "the 'chain' builder with no confidence stop"),
     (dict(builder="dyspec", builder_params={}), "the 'chain' builder with no confidence stop"),
     (dict(builder="dynatree", builder_params={}), "or on the chain a fixed, DySpec, DynaTree or WETAP builder"),
     (dict(builder="wetap", builder_params={}, draft_temperature=0.5, temperature=0), "a greedy draft"),
-    (dict(builder="chain", verifier="kseq"), "needs a chain verifier"),
+    (dict(builder="chain", verifier="ordered_traversal"), "needs a chain verifier"),
     (dict(cache="dynamic"), "needs cache='static'"),
     (dict(verify_backend="numpy"), "verify_backend 'torch', 'device' or 'auto'"),
     (dict(chain_on_device=False), "chain_on_device=True"),
@@ -276,7 +284,7 @@ def test_fused_tree_steps_past_a_sliding_window(name: str, window: int, budget: 
     target, draft = tiny(name, 0, window), tiny(name, 1, window)
     prompt, n = [3, 1, 4, 1, 5], 24
     ref = greedy_decode(target, prompt, n)
-    for verifier, draw in itertools.product(DEVICE_TREE_METHODS, ("iid", "topk")):
+    for verifier, draw in [(v, d) for v, d in itertools.product(DEVICE_TREE_METHODS, ("iid", "topk")) if _verifies(v, d)]:
         kw: dict[str, Any] = dict(max_new_tokens=n, draft_temperature=1.0, cache="static",
                                   **shape_kw("fixed", 2, None, budget, draw=draw))
         got = generate(target, draft, prompt, "fixed", verifier, temperature=0, step_graph=True, **kw)
@@ -351,7 +359,7 @@ def test_tree_step_graph_refuses_bad_arguments(pair: tuple[Any, Any]) -> None:
     with pytest.raises(ValueError, match="t_cache must be a StaticTreeCache"):
         TreeStepGraph(target, draft, transformers.DynamicCache(), dc, **kw)
     with pytest.raises(ValueError, match="walked on the device"):
-        TreeStepGraph(target, draft, tc, dc, **{**kw, "verifier": "kseq"})
+        TreeStepGraph(target, draft, tc, dc, **{**kw, "verifier": "ordered_traversal"})
     with pytest.raises(ValueError, match="breadth first"):
         TreeStepGraph(target, draft, tc, dc, **{**kw, "parents": (-1, 0, -1)})
     with pytest.raises(ValueError, match="order must be a permutation"):
@@ -408,7 +416,8 @@ def test_fused_tree_steps_grow_the_caches_they_outrun(pair: tuple[Any, Any], mon
 
 
 @pytest.mark.parametrize(("verifier", "draw", "scope"),
-                         list(itertools.product(DEVICE_TREE_METHODS, ("iid", "swor", "topk"), (True, "whole"))))
+                         [(v, d, c) for v, d, c in itertools.product(DEVICE_TREE_METHODS, ("iid", "swor", "topk"),
+                                                                     (True, "whole")) if _verifies(v, d)])
 def test_compiled_tree_steps_trace_whole_and_give_the_same_tokens(pair: tuple[Any, Any], verifier: str, draw: str,
                                                                   scope: bool | str,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
