@@ -335,7 +335,7 @@ def _step_graph_refusal(b: TreeBuilder, verifier: str, chain_on_device: bool, ca
 
 
 #: Tree verifiers whose steps run fused only when ``step_graph=True`` asks, not under ``"auto"``: K-SEQ's device
-#: walk bisects for each node's ``ρ*`` in some 55 rounds of small operations, about 1900 kernels a step when the
+#: walk bisects for each node's ``ρ*`` in some 55 rounds of small operations, about 2000 kernels a step when the
 #: captured step is eager (``compile_step`` fuses them; not timed on a GPU), where the host walk copies the rows once.
 ASKED_FUSION_ONLY: tuple[str, ...] = ("kseq",)
 

@@ -31,9 +31,10 @@ row:
   work: one stable sort and two prefix sums per row give ``β(ρ)`` by a
   ``searchsorted``, and the bisection runs a fixed number of rounds (enough
   for the widest node's bracket), a row that numpy's loop would have left
-  keeping its bracket.  Some 55 rounds of small operations: about 1900
-  kernels eagerly, which is why ``generate`` fuses K-SEQ steps only when
-  asked (best with ``compile_step``).  ``c(β)`` uses torch's ``expm1`` and
+  keeping its bracket.  Some 55 rounds of small operations: about 2000
+  kernels eagerly (2058 for a fixed 2-wide tree of 7 nodes at V = 4096),
+  which is why ``generate`` fuses K-SEQ steps only when asked (best with
+  ``compile_step``).  ``c(β)`` uses torch's ``expm1`` and
   ``log1p``, which differ from the C library's that :mod:`tmc` calls in the
   last bit for some arguments, so a late bisection step may turn the other
   way: ``ρ*`` agrees with numpy's to about ``2 RHO_RTOL`` relative (within the
