@@ -312,7 +312,8 @@ def _kseq_rho(p: Tensor, q: Tensor, k: Tensor, widest: int) -> Tensor:
     stable sort and two prefix sums per row (tokens with ``q = 0`` sort last, as ``+inf``, and add nothing).
     The bisection runs a fixed number of rounds, enough for the widest bracket ``[1, widest]`` to shrink to
     ``RHO_RTOL``; a row whose numpy loop would have stopped (the bracket narrow enough, or its midpoint no
-    longer strictly inside) keeps its bracket from then on, so each row ends at numpy's ``hi``."""
+    longer strictly inside) keeps its bracket from then on, so each row ends where numpy's loop ends on the
+    same feasibility answers (which may differ in the last bit of ``c``: module doc)."""
     on = q > 0.0
     ratios, order = torch.sort(torch.where(on, p / q, torch.inf), dim=-1, stable=True)
     zero = torch.zeros_like(p[:, :1])
@@ -364,7 +365,8 @@ def _kseq(plan: TreePlan, tok: Tensor, q: Tensor, p: Tensor, u: Tensor) -> tuple
         for kids, kid_rows in zip(b.kids, b.kid_rows):
             c = kids.shape[0]
             t = tok.index_select(0, kids)
-            passed = (first[:c] < 0) & (u.index_select(0, kids) < _acceptance(_at(p_b[:c], t), rho[:c, 0] * _at(q_b[:c], t)))
+            accept = _acceptance(_at(p_b[:c], t), rho[:c, 0] * _at(q_b[:c], t))
+            passed = (first[:c] < 0) & (u.index_select(0, kids) < accept)
             first[:c] = torch.where(passed, kid_rows, first[:c])
         res = _kseq_residual_rows(p_b, q_b, b.width, rho)
         if chosen is None or r is None:

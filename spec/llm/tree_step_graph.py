@@ -406,7 +406,7 @@ class _Keep(NamedTuple):
 
     t_at: torch.Tensor  # (N + 1,): each node's offset from the target's context, the padding entry's 0
     t_path: torch.Tensor  # (depth,): 0, 1, ...
-    fed_at: torch.Tensor  # (N + 1,): each node's offset among the draft's fed slots, -1 for the last layer's and padding
+    fed_at: torch.Tensor  # (N + 1,): each node's offset among the draft's fed slots; -1: last layer, padding
     d_path: torch.Tensor  # (depth - 1,): 0, 1, ...
 
 

@@ -459,7 +459,8 @@ def test_compiled_fused_tree_steps_on_cuda(pairs: tuple[tuple[object, object], t
 
 # the fused steps' law on CUDA: inductor's triton code for a chain and two trees, and a graphed eager swor tree
 CUDA_LAW = [("chain", "block", {}, True), ("fixed", "traversal", {"width": 2, "draw": "iid"}, True),
-            ("fixed", "multidraft", {"width": 2, "draw": "swor"}, False), ("fixed", "kseq", {"width": 2, "draw": "iid"}, True)]
+            ("fixed", "multidraft", {"width": 2, "draw": "swor"}, False),
+            ("fixed", "kseq", {"width": 2, "draw": "iid"}, True)]
 
 
 @pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # torch's own code

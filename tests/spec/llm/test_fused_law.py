@@ -37,10 +37,10 @@ from verification.calibrated import bonferroni, chi_square_check, detectable_tv 
 pytestmark = pytest.mark.llm
 
 # (builder, verifier, builder params, compile_step, setting index): every fused chain verifier (and an argmax
-# chain, whose verifier takes no draft rows), every fused tree
-# draw with each device-walked tree verifier (a budget-3 fixed tree of width 2: the root's two children and one
-# grandchild; K-SEQ i.i.d. only), the filtered setting where the fused path takes it (chains and i.i.d. trees; ranked and swor
-# trees are fused only without top-p), and inductor's code for every chain verifier and two trees
+# chain, whose verifier takes no draft rows), every fused tree draw with each device-walked tree verifier (a
+# budget-3 fixed tree of width 2: the root's two children and one grandchild; K-SEQ i.i.d. only), the filtered
+# setting where the fused path takes it (chains and i.i.d. trees; ranked and swor trees are fused only without
+# top-p), and inductor's code for every chain verifier and two trees
 FUSED = [("chain", "sps", {}, False, 0), ("chain", "asps", {}, False, 0), ("chain", "block", {}, False, 0),
          ("chain", "sps", {}, False, 1), ("chain", "sps", {"draw": "topk"}, False, 0),
          *[("fixed", verifier, {"width": 2, "draw": draw}, False, 0)
@@ -48,9 +48,11 @@ FUSED = [("chain", "sps", {}, False, 0), ("chain", "asps", {}, False, 0), ("chai
          ("fixed", "kseq", {"width": 2, "draw": "iid"}, False, 0),
          ("fixed", "traversal", {"width": 2, "draw": "iid"}, False, 1),
          *[("chain", verifier, {}, True, 0) for verifier in ("sps", "asps", "block")],
-         ("fixed", "traversal", {"width": 2, "draw": "iid"}, True, 0), ("fixed", "kseq", {"width": 2, "draw": "iid"}, True, 0)]
+         ("fixed", "traversal", {"width": 2, "draw": "iid"}, True, 0),
+         ("fixed", "kseq", {"width": 2, "draw": "iid"}, True, 0)]
 FUSED_ALPHA = bonferroni(1e-3, len(FUSED))
-FUSED_IDS = [f"{b}-{v}-{p.get('draw', 'iid')}-{'compiled' if c else 'eager'}-setting{s}" for b, v, p, c, s in FUSED]
+FUSED_IDS = [f"{b}-{v}-{p.get('draw', 'iid')}-{'compiled' if c else 'eager'}-setting{s}"
+             for b, v, p, c, s in FUSED]
 
 
 def fused_counts(target: Any, draft: Any, builder: str, verifier: str, params: dict[str, object],

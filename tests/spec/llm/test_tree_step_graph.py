@@ -92,8 +92,8 @@ def test_fused_ranked_and_swor_tree_steps_give_the_device_trees_tokens(
                                             **shape_kw(*shape, draw=draw))
 
 
-@pytest.mark.parametrize(("verifier", "draw"), [(v, d) for v, d in itertools.product(DEVICE_TREE_METHODS, ("topk", "swor"))
-                                                 if _verifies(v, d)])
+@pytest.mark.parametrize(("verifier", "draw"),
+                         [(v, d) for v, d in itertools.product(DEVICE_TREE_METHODS, ("topk", "swor")) if _verifies(v, d)])
 def test_short_ranked_steps_are_void_and_redone_unfused(pair: tuple[Any, Any], verifier: str, draw: str,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """At a draft temperature of 0.002 this sharp draft's rows underflow to 0 past their top token in some
@@ -284,7 +284,8 @@ def test_fused_tree_steps_past_a_sliding_window(name: str, window: int, budget: 
     target, draft = tiny(name, 0, window), tiny(name, 1, window)
     prompt, n = [3, 1, 4, 1, 5], 24
     ref = greedy_decode(target, prompt, n)
-    for verifier, draw in [(v, d) for v, d in itertools.product(DEVICE_TREE_METHODS, ("iid", "topk")) if _verifies(v, d)]:
+    cases = [(v, d) for v, d in itertools.product(DEVICE_TREE_METHODS, ("iid", "topk")) if _verifies(v, d)]
+    for verifier, draw in cases:
         kw: dict[str, Any] = dict(max_new_tokens=n, draft_temperature=1.0, cache="static",
                                   **shape_kw("fixed", 2, None, budget, draw=draw))
         got = generate(target, draft, prompt, "fixed", verifier, temperature=0, step_graph=True, **kw)
