@@ -355,26 +355,21 @@ def _kseq(plan: TreePlan, tok: Tensor, q: Tensor, p: Tensor, u: Tensor) -> tuple
     At an i.i.d. node every child is tested against the same target row, ``min(1, p(x) / (ρ q(x)))`` with the
     node's ``ρ*``, and the first that passes is accepted; none: the node emits from K-SEQ's residual."""
     b = plan.every
-    chosen = r = None
-    if b.kinds - {Draw.IID}:
-        chosen, r = _residual_tests(b, tok, q, p, u)
-    if Draw.IID in b.kinds:
-        p_b, q_b = p.index_select(0, b.rows), q.index_select(0, b.rows)
-        rho = _kseq_rho(p_b, q_b, b.width, len(b.kids))
-        first = torch.full((p_b.shape[0],), -1, dtype=torch.int64, device=p.device)
-        for kids, kid_rows in zip(b.kids, b.kid_rows):
-            c = kids.shape[0]
-            t = tok.index_select(0, kids)
-            accept = _acceptance(_at(p_b[:c], t), rho[:c, 0] * _at(q_b[:c], t))
-            passed = (first[:c] < 0) & (u.index_select(0, kids) < accept)
-            first[:c] = torch.where(passed, kid_rows, first[:c])
-        res = _kseq_residual_rows(p_b, q_b, b.width, rho)
-        if chosen is None or r is None:
-            chosen, r = first, res
-        else:
-            chosen, r = torch.where(b.iid[:, 0], first, chosen), torch.where(b.iid, res, r)
-    if chosen is None or r is None:  # no node has children: the root emits from its target row
-        return _descend(plan, p, torch.zeros(0, dtype=torch.int64, device=p.device), p[:0])
+    if Draw.IID not in b.kinds:  # no i.i.d. node (or no node with children): the residual walk everywhere
+        return _multidraft(plan, tok, q, p, u)
+    p_b, q_b = p.index_select(0, b.rows), q.index_select(0, b.rows)
+    rho = _kseq_rho(p_b, q_b, b.width, len(b.kids))
+    chosen = torch.full((p_b.shape[0],), -1, dtype=torch.int64, device=p.device)
+    for kids, kid_rows in zip(b.kids, b.kid_rows):
+        c = kids.shape[0]
+        t = tok.index_select(0, kids)
+        accept = _acceptance(_at(p_b[:c], t), rho[:c, 0] * _at(q_b[:c], t))
+        passed = (chosen[:c] < 0) & (u.index_select(0, kids) < accept)
+        chosen[:c] = torch.where(passed, kid_rows, chosen[:c])
+    r = _kseq_residual_rows(p_b, q_b, b.width, rho)
+    if b.kinds != {Draw.IID}:  # swor / top-k nodes too: theirs from the residual walk
+        walked, walked_r = _residual_tests(b, tok, q, p, u)
+        chosen, r = torch.where(b.iid[:, 0], chosen, walked), torch.where(b.iid, r, walked_r)
     return _descend(plan, p, chosen, r)
 
 

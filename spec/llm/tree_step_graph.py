@@ -197,7 +197,6 @@ class TreeStepGraph(FusedStep):
             # each layer's nodes' parent rows in the forward they are drawn from (the root's one row first)
             self._parent_rows = [long([0] * len(tab["layers"][0]))] + [long(r) for r in tab["parent_rows"]]
             self._q_rows = long([0] + [v + 1 for v in tab["fed"]])  # the verifier rows the processed rows fill
-            self._fed_at = long(tab["fed_at"] + [-1])  # the padding entry (-1) of a path maps to -1
             self._t_order = long(tab["order"])
             self._t_depths = long(tab["t_depths"])
             self._t_mask = torch.as_tensor(tab["t_mask"], device=dev)
@@ -216,10 +215,11 @@ class TreeStepGraph(FusedStep):
                                 for d, m in enumerate(tab["fed_masks"])]
             self._t_rows = long(tab["t_rows"])
             self._t_slots = torch.arange(n + 1, dtype=torch.int64, device=dev)
-            self._t_at = long(tab["t_rows"][1:] + [0])  # a node's layout row; the padding entry (-1) maps to 0
             self._two_rows = torch.arange(2, dtype=torch.int64, device=dev)
-            self._d_path = torch.arange(max(self.depth - 1, 0), dtype=torch.int64, device=dev)
-            self._t_path = torch.arange(self.depth, dtype=torch.int64, device=dev)
+            keep = _Keep(t_at=long(tab["t_rows"][1:] + [0]),  # a path's padding entry (-1) maps to the last: 0
+                         t_path=torch.arange(self.depth, dtype=torch.int64, device=dev),
+                         fed_at=long(tab["fed_at"] + [-1]),  # ... and to -1 here
+                         d_path=torch.arange(max(self.depth - 1, 0), dtype=torch.int64, device=dev))
             # draws without replacement, per layer and sibling rank: the nodes' parent rows, their places in the layer
             self._swor_ranks = [] if self.draw != Draw.SWOR else [
                 [(long([par_rows[i] for i in range(len(ranks)) if ranks[i] == j]),
@@ -238,7 +238,7 @@ class TreeStepGraph(FusedStep):
         draw_fn = functools.partial(layers[self.draw], sampling=d_sampling, top=top)
         head_fn = functools.partial(_tree_head, sampling=sampling, verifier=verifier, plan=self.plan,
                                     t_rows=self._t_rows, q_rows=self._q_rows if self.draw != Draw.TOPK else None,
-                                    keep=_Keep(self._t_at, self._t_path, self._fed_at, self._d_path))
+                                    keep=keep)
         self._kernels(draw_fn, head_fn, compile_backend, compile_scope)
 
     # --- buffers ---------------------------------------------------------------------------

@@ -23,14 +23,12 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from spec.llm.generate import generate  # noqa: E402
 from tests.spec.llm.test_generate import (  # noqa: E402
-    PROMPT,
     SAMPLES,
     SETTINGS,
-    VOCAB,
     _law_pair,
     exact_two_token_law,
+    two_token_counts,
 )
 from verification.calibrated import bonferroni, chi_square_check, detectable_tv  # noqa: E402
 
@@ -59,15 +57,8 @@ def fused_counts(target: Any, draft: Any, builder: str, verifier: str, params: d
                  setting: tuple[float, int | None, float | None], compile_step: bool = False) -> np.ndarray:
     """Counts of the first two tokens over ``SAMPLES`` seeded fused decodes (budget 3, static caches); every
     decode's first step must have been a fused one."""
-    temperature, top_k, top_p = setting
-    counts = np.zeros(VOCAB * VOCAB, dtype=np.int64)
-    for seed in range(SAMPLES):
-        out = generate(target, draft, PROMPT, builder, verifier, temperature=temperature, top_k=top_k, top_p=top_p,
-                       max_new_tokens=2, budget=3, seed=seed, builder_params=params, cache="static",
-                       step_graph=True, compile_step=compile_step)
-        assert out.steps[0].graph_s > 0, (builder, verifier, params, seed)  # the fused step ran, not the loop's
-        counts[out.tokens[0] * VOCAB + out.tokens[1]] += 1
-    return counts
+    return two_token_counts(target, draft, builder, verifier, params, setting, cache="static", step_graph=True,
+                            compile_step=compile_step)
 
 
 @pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # inductor's import

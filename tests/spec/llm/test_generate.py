@@ -586,14 +586,17 @@ def exact_two_token_law(model: object, temperature: float = 1.0, top_k: int | No
 def two_token_counts(target: object, draft: object, builder: str, verifier: str, params: dict[str, object],
                      setting: tuple[float, int | None, float | None] = (1.0, None, None),
                      draft_temperature: float | None = None, *, prompt: list[int] = PROMPT,
-                     cache: str = "auto") -> np.ndarray:
-    """Counts of the first two generated tokens over ``SAMPLES`` seeded decodes (budget 3) on ``cache``."""
+                     cache: str = "auto", step_graph: bool = False, compile_step: bool = False) -> np.ndarray:
+    """Counts of the first two generated tokens over ``SAMPLES`` seeded decodes (budget 3) on ``cache``; with
+    ``step_graph`` every decode's first step must have been a fused one (``test_fused_law``)."""
     temperature, top_k, top_p = setting
     counts = np.zeros(VOCAB * VOCAB, dtype=np.int64)
     for seed in range(SAMPLES):
         out = generate(target, draft, prompt, builder, verifier, temperature=temperature, top_k=top_k, top_p=top_p,
                        max_new_tokens=2, budget=3, seed=seed, builder_params=params,
-                       draft_temperature=draft_temperature, cache=cache)
+                       draft_temperature=draft_temperature, cache=cache, step_graph=step_graph,
+                       compile_step=compile_step)
+        assert not step_graph or out.steps[0].graph_s > 0, (builder, verifier, params, seed)  # fused, not the loop
         counts[out.tokens[0] * VOCAB + out.tokens[1]] += 1
     return counts
 
