@@ -24,12 +24,13 @@ Side by side in one run, on the same prompts, every method decodes exactly
   verifier sets ``verify_backend`` (default ``auto``: numpy, but torch for
   a chain drafted on a GPU with a chain verifier and large rows, as
   :func:`~spec.llm.generate.resolve_verify_backend` says), e.g. ``dyspec:traversal:torch`` beside
-  ``dyspec:traversal:numpy`` (same tokens), and ``:device`` walks ``multidraft`` / ``traversal`` / ``kseq`` on a
-  tree drafted on the device there too (``fixed/draw=iid:traversal:device``); a ``:dtemp=T`` flag drafts at temperature ``T``
+  ``dyspec:traversal:numpy`` (same tokens), and ``:device`` walks ``multidraft`` / ``traversal`` /
+  ``ordered_traversal`` / ``kseq`` on a tree drafted on the device there too (``fixed/draw=iid:traversal:device``); a ``:dtemp=T`` flag drafts at temperature ``T``
   (``generate``'s ``draft_temperature``) instead of the row's, e.g.
   ``fixed/draw=topk:traversal:dtemp=1``, whose tree at temperature 0 branches;
   a ``:graph`` flag (a ``chain`` with a chain verifier, or a ``chain`` / ``fixed``
-  tree drawn ``iid``, ``swor`` or ``topk`` with ``multidraft`` / ``traversal``, or ``iid`` with ``kseq``) runs every
+  tree drawn ``iid``, ``swor`` or ``topk`` with ``multidraft`` / ``traversal`` / ``ordered_traversal`` (at most
+  2 children a node drawn ``swor``), or ``iid`` with ``kseq``) runs every
   step after the first as one fixed-shape piece of device work, captured as one
   CUDA graph (``generate``'s ``step_graph``, on the static cache whatever
   ``--cache`` says), e.g. ``chain:sps:graph`` or
@@ -170,7 +171,8 @@ def parse_method(text: str, budget: int, chain_budget: int) -> Method:
     """
     from spec.builders import BUILDERS, make_builder
     from spec.llm.generate import VERIFIERS
-    from spec.llm.tree_device import DEVICE_TREE_METHODS
+    from spec.builders import FixedBuilder
+    from spec.llm.tree_device import DEVICE_TREE_METHODS, walks_on_device
     from spec.llm.verify import CHAIN_METHODS
 
     text = text.strip()
@@ -204,8 +206,9 @@ def parse_method(text: str, budget: int, chain_budget: int) -> Method:
     step_graph = "graph" in flags or bool(compile_step)
     fused_needs = (f"method {text!r}: the flag 'graph' (generate's step_graph), 'compiled' (step_graph and "
                    f"compile_step) or 'whole' (compile_step='whole'), one of them, takes the chain builder with a "
-                   f"chain verifier, or the chain (no confidence stop) or fixed builder with multidraft / "
-                   f"traversal, drafting on the device, without 'host' or 'numpy'")
+                   f"chain verifier, or the chain (no confidence stop) or fixed builder with "
+                   f"{' / '.join(DEVICE_TREE_METHODS)} (ordered_traversal: no node with 3 or more children "
+                   f"drawn swor), drafting on the device, without 'host' or 'numpy'")
     if len({"graph", "compiled", "whole"} & set(flags)) > 1 or (
             step_graph and (builder not in ("chain", "fixed") or on_host or "numpy" in flags)):
         raise ValueError(fused_needs)
@@ -232,7 +235,10 @@ def parse_method(text: str, budget: int, chain_budget: int) -> Method:
     # a fixed tree or a chain of fixed length is fused at both of the bench's temperatures (generate._device_shape):
     # drawn iid; or topk / swor from a draft above temperature 0, whose rows keep width tokens (the bench sets no
     # top-k or top-p); or from a greedy draft, whose rows are one-hot and make the tree a chain
-    fused_tree = verifier in DEVICE_TREE_METHODS and getattr(made, "confidence", None) is None
+    # (ordered Traversal has no device walk at a node with 3 or more children drawn swor)
+    shape = made.full_shape(n) if isinstance(made, FixedBuilder) else tuple(range(-1, n - 1))
+    fused_tree = (walks_on_device(verifier, shape, getattr(made, "draw", "iid"))
+                  and getattr(made, "confidence", None) is None)
     if step_graph and not (fused_tree or (builder == "chain" and verifier in CHAIN_METHODS)):
         raise ValueError(fused_needs)
     return Method(text, builder, verifier, n, on_host, params, backend, draft_temperature, step_graph, compile_step)

@@ -51,7 +51,7 @@ METHODS = ("sps", "asps", "block")
 DEFAULT_VOCABS = (4096, 32000, 128256)
 DEFAULT_ROWS = (5, 21)
 DEFAULT_BUDGETS = (7, 15, 31)
-TREE_METHODS = ("multidraft", "traversal", "kseq")  # the device-walked ones (spec.llm.tree_device)
+TREE_METHODS = ("multidraft", "traversal", "ordered_traversal", "kseq")  # the device-walked ones (spec.llm.tree_device)
 
 
 def _positive_list(name: str, text: str, minimum: int = 1) -> list[int]:

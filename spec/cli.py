@@ -138,16 +138,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                      help="verifier implementation: the torch ports or their numpy references (same tokens); auto "
                           "(default): numpy, but torch for a chain drafted on a GPU with sps/asps/block whose "
                           "(budget + 1) x vocabulary rows exceed 2**17 entries (the copy to the host would cost more); "
-                          "device: torch, with multidraft/traversal/kseq on a tree drafted on the device walked "
-                          "there too")
+                          "device: torch, with multidraft/traversal/ordered_traversal/kseq on a tree drafted on "
+                          "the device walked there too (ordered_traversal: at most 2 children a node drawn swor)")
     dec.add_argument("--step-graph", nargs="?", const="on", choices=["auto", "on", "off"], default="auto",
                      help="run every step after the first as ONE fixed-shape piece of device work, one CUDA graph on "
                           "cuda (generate's step_graph): the chain builder with sps/asps/block, or a fixed / chain "
-                          "tree drawn iid, topk or swor with multidraft/traversal (iid with kseq, when asked: "
-                          "on); needs the static cache (--cache "
-                          "static, or auto on cuda). Same tokens. auto (default): where both models' caches capture "
-                          "CUDA graphs and the method allows it; on (the flag alone): insist, an error names what is "
-                          "missing; off: never")
+                          "tree drawn iid, topk or swor with multidraft/traversal (ordered_traversal, and iid with "
+                          "kseq, when asked: on); needs the static cache (--cache static, or auto on cuda). Same "
+                          "tokens. auto (default): where both models' caches capture CUDA graphs and the method "
+                          "allows it; on (the flag alone): insist, an error names what is missing; off: never")
     dec.add_argument("--compile-step", nargs="?", const="parts", choices=["parts", "whole"], default=None,
                      help="with --step-graph: the step's draws and verifier through torch.compile (inductor) first "
                           "(parts, the default), or the whole step, both models' forwards included (whole); "

@@ -61,7 +61,7 @@ from spec.llm.sampling import Sampling, step_fault
 from spec.llm.static_cache import (StaticTreeCache, cache_keyword, holds_layers, model_device, model_dtype,
                                    shared_static_cache)
 from spec.llm.step_graph import COMPILE_SCOPES, ChainStepGraph, shared_chain_step
-from spec.llm.tree_device import DEVICE_TREE_METHODS, TreePlan, read_head, tree_head
+from spec.llm.tree_device import DEVICE_TREE_METHODS, TreePlan, read_head, tree_head, walks_on_device
 from spec.llm.tree_step_graph import FUSED_DRAWS, TreeStepGraph, shared_tree_step
 from spec.llm.verify import (
     CHAIN_METHODS,
@@ -309,7 +309,7 @@ def _fused_tree(fixed_shape: tuple[tuple[int, ...], Draw] | None, verifier: str)
     """Whether ``step_graph=True`` runs :class:`TreeStepGraph`: a shape drafted on the device, drawn i.i.d.,
     without replacement or ranked (:data:`~spec.llm.tree_step_graph.FUSED_DRAWS`), verified by a tree verifier
     walked on the device."""
-    return fixed_shape is not None and fixed_shape[1] in FUSED_DRAWS and verifier in DEVICE_TREE_METHODS
+    return fixed_shape is not None and fixed_shape[1] in FUSED_DRAWS and walks_on_device(verifier, *fixed_shape)
 
 
 def _step_graph_refusal(b: TreeBuilder, verifier: str, chain_on_device: bool, cache: str, backend: str,
@@ -318,15 +318,16 @@ def _step_graph_refusal(b: TreeBuilder, verifier: str, chain_on_device: bool, ca
     needs), or ``None`` when nothing does."""
     if not chain_on_device:
         return "step_graph=True drafts on the device: it needs chain_on_device=True"
-    if not _fused_tree(fixed_shape, verifier):  # then a chain step, ChainStepGraph's
-        tree = ("or multidraft / traversal / kseq on a 'fixed' (or 'chain') tree drafted on the device, drawn iid, or "
-                "topk / swor from draft rows that keep width tokens (draft temperature above 0, no top-p, "
-                "top-k >= width), or on the chain a fixed, DySpec, DynaTree or WETAP builder grows from a greedy draft")
+    # not a tree step: then a chain verifier's ChainStepGraph (a tree verifier on a chain is a tree step, since
+    # every device walk takes a chain)
+    if not _fused_tree(fixed_shape, verifier):
+        tree = (f"or {' / '.join(DEVICE_TREE_METHODS)} on a 'fixed' (or 'chain') tree drafted on the device, drawn "
+                "iid, or topk / swor from draft rows that keep width tokens (draft temperature above 0, no top-p, "
+                "top-k >= width; ordered_traversal: at most 2 children a node drawn swor), or on the chain a fixed, "
+                "DySpec, DynaTree or WETAP builder grows from a greedy draft")
         if type(b) is not ChainBuilder or b.confidence is not None:
             return (f"step_graph=True needs the 'chain' builder with no confidence stop (a chain of fixed "
                     f"length) and a chain verifier, {tree}")
-        if verifier not in CHAIN_METHODS:
-            return f"step_graph=True needs a chain verifier ({', '.join(CHAIN_METHODS)}), {tree}; got {verifier!r}"
     if cache != "static":
         return f"step_graph=True needs cache='static' (explicit slots), got {cache!r}"
     if backend == "numpy":
@@ -334,10 +335,12 @@ def _step_graph_refusal(b: TreeBuilder, verifier: str, chain_on_device: bool, ca
     return None
 
 
-#: Tree verifiers whose steps run fused only when ``step_graph=True`` asks, not under ``"auto"``: K-SEQ's device
-#: walk bisects for each node's ``ρ*`` in some 55 rounds of small operations, about 2000 kernels a step when the
-#: captured step is eager (``compile_step`` fuses them; not timed on a GPU), where the host walk copies the rows once.
-ASKED_FUSION_ONLY: tuple[str, ...] = ("kseq",)
+#: Tree verifiers whose steps run fused only when ``step_graph=True`` asks, not under ``"auto"``: their device walks
+#: dispatch many small operations, which a captured step runs as that many kernels unless ``compile_step`` fuses
+#: them (neither timed on a GPU), where the host walk copies the rows once.  K-SEQ bisects for each node's ``ρ*``
+#: in some 55 rounds (2058 operations for a 2-wide tree of 7 nodes at V = 4096); ordered Traversal sorts each
+#: node's rows and forms its order-statistic laws (698; Traversal 390, multidraft 98).
+ASKED_FUSION_ONLY: tuple[str, ...] = ("ordered_traversal", "kseq")
 
 
 def resolve_step_graph(step_graph: bool | str, graphed: bool, refusal: str | None) -> bool:
@@ -680,8 +683,9 @@ def generate(
     the CPU and, for small vocabularies, on a GPU), ``auto`` the numpy ones
     except for a chain drafted on a GPU whose rows are large, ``(budget + 1)
     x V`` above :data:`HOST_VERIFY_MAX_ENTRIES` (:func:`resolve_verify_backend`);
-    ``device`` is ``torch`` except that ``multidraft``, ``traversal`` and ``kseq`` on a
-    tree drafted on the device verify there too (:mod:`spec.llm.tree_device`:
+    ``device`` is ``torch`` except that ``multidraft``, ``traversal``, ``ordered_traversal``
+    (no node with 3 or more children drawn ``swor``) and ``kseq`` on a tree drafted on the
+    device verify there too (:mod:`spec.llm.tree_device`:
     every node's tests as fixed-shape tensor work, so the step's one
     transfer carries the result and no rows are copied; on the CPU 1.5-5x
     slower than the host walk per verification, ``tmc bench verify``; not
@@ -693,15 +697,16 @@ def generate(
     (:class:`~spec.llm.step_graph.ChainStepGraph`; needs ``cache`` static and the
     torch verifier); likewise each step of a tree drafted on the device
     (``fixed`` or ``chain``, drawn ``iid``, or ``topk`` / ``swor`` where the device
-    drafts it, and a greedy draft's chains, above) with ``multidraft``, ``traversal`` or ``kseq``, walked on
-    the device, the accepted path moved into place in both caches on the device
+    drafts it, and a greedy draft's chains, above) with a verifier that has a device
+    walk (:func:`~spec.llm.tree_device.walks_on_device`), walked on the device, the
+    accepted path moved into place in both caches on the device
     too (:class:`~spec.llm.tree_step_graph.TreeStepGraph`, sliding windows
     included; a ranked or swor step that comes out short is redone unfused,
     on the same uniforms).  The first step, which feeds the prompt to the draft,
     takes the usual path.  The tokens are the same (tested on the CPU, where
     the same work runs eagerly, and on CUDA).  ``"auto"`` (default): fused
     wherever both caches capture CUDA graphs and the builder, verifier and
-    backend allow it (``kseq`` only when asked: :data:`ASKED_FUSION_ONLY`),
+    backend allow it (``ordered_traversal`` and ``kseq`` only when asked: :data:`ASKED_FUSION_ONLY`),
     unfused otherwise (:func:`resolve_step_graph`: on an H200
     it ran 1.31-1.48x faster; on the CPU, run eagerly, it gained little or
     lost); ``True`` insists (a ``ValueError`` names what is missing).
@@ -779,7 +784,8 @@ def generate(
     out: list[int] = []
     steps: list[StepStats] = []
     state = b.initial_state()
-    walk = backend == "device" and verifier in DEVICE_TREE_METHODS  # the tree step verifies on the device
+    # the tree step verifies on the device
+    walk = backend == "device" and fixed_shape is not None and walks_on_device(verifier, *fixed_shape)
     shape = None if fixed_shape is None else _Shape.of(*fixed_shape, order, vocab, device, walk)
     fused: ChainStepGraph | TreeStepGraph | None = None
     d_state: tuple[int, tuple[int, ...]] | None = None  # (past, pending) of the draft while steps run fused

@@ -23,6 +23,28 @@ row:
   So the state ``(a, 1 - a, r)`` of every test is computed top-down, level by
   level and rank by rank, whatever the uniforms; the output is the first test
   in post order whose uniform passes (the root's always does).
+* ``ordered_traversal`` (:mod:`tmc.ordered_traversal`).  Traversal with
+  each node's children visited in decreasing ``p / q`` of their tokens under
+  the node's own rows, each with the law of its place in the sorted tuple.
+  The order and the laws depend on the rows only, not on any test, so they
+  are fixed-shape work too: one stable sort of each node's ratios gives every
+  token's rank and the draft mass ranked after it (a suffix sum), a sort of
+  each node's few children by rank gives the visiting order, and the
+  order-statistic laws (:func:`tmc.ordered_traversal.iid_sorted_law`, and
+  :func:`~tmc.ordered_traversal.swor_sorted_law` for a pair) are formed for
+  every rank at once.  Then the states are Traversal's, top-down; since the
+  post order now depends on the rows, each test's position in it is found
+  from the subtree sizes (a subtree starts after those of the siblings
+  visited before it).  At a node with 3 or more children drawn ``swor`` the
+  sorted laws enumerate ordered tuples of the support, a host rule
+  (refused beyond :data:`~tmc.ordered_traversal.MAX_SWOR_TUPLES` anyway):
+  :func:`walks_on_device` says no and ``generate`` walks such trees on the
+  host.  Integer powers are torch's (``x ** 3`` is ``x * x * x``) where tmc
+  calls the C library's ``pow``, so for nodes of 3 or more i.i.d. children
+  the laws differ from numpy's in the last bits (within 4e-15, tested);
+  the visiting order is exact.  698 operations eagerly for a fixed 2-wide
+  tree of 7 nodes at V = 4096 (Traversal 390), so ``generate`` fuses these
+  steps only when asked too.
 * ``kseq`` (:func:`tmc.kseq.kseq_sample_from_uniforms`).  At a node whose
   children were drawn i.i.d. every child is tested against the same row,
   ``min(1, p(x) / (ρ* q(x)))``, so the walk is ``multidraft``'s with other
@@ -40,25 +62,27 @@ row:
   way: ``ρ*`` agrees with numpy's to about ``2 RHO_RTOL`` relative (within the
   bisection's own tolerance of the true root), not bit for bit.
 
-The cost is every node's tests, ``O(N V)`` whatever is accepted (K-SEQ adds a
-sort of each row, ``O(V log V)``); the host walk does at most that.  The operations are those of the host walk
+The cost is every node's tests, ``O(N V)`` whatever is accepted (K-SEQ and
+ordered Traversal add a sort of each row, ``O(V log V)``); the host walk does
+at most that.  The operations are those of the host walk
 (:mod:`spec.llm.verify`) in the same order, row by row, so the tokens are
 the same (``tests/spec/llm/test_tree_device.py``: equal to the numpy
 references of :mod:`tmc` on identical noise, under the rounding caveat of
-:mod:`spec.llm.verify` for ``V >= 8`` and K-SEQ's above), and nothing in the
-walk reads a device value on the host (tested on the ``meta`` device), so a
+:mod:`spec.llm.verify` for ``V >= 8`` and those of K-SEQ and ordered
+Traversal above), and nothing in the walk reads a device value on the host (tested on the ``meta`` device), so a
 tree step can be captured in a CUDA graph and read back once.
-``ordered_traversal`` chooses each node's visiting order from the rows, over
-order-statistic laws of every sorted tuple of its children, and stays a host
-walk.
 
 Batch rows are the nodes with children, sorted by their number of children
 (most first), so the nodes with a ``j``-th child are a prefix of the batch
-and rank ``j`` works on a slice: no masks, no scratch rows.
+and rank ``j`` works on a slice: no masks, no scratch rows (ordered
+Traversal's sort of the children reads a table padded with each node's first
+child, the padding sorted last).
 """
 
 from __future__ import annotations
 
+import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -83,13 +107,24 @@ from spec.llm.verify import (
 from spec.llm.sampling import categorical_draw, point_rows
 from tmc.multidraft import ROOT, Draw
 
-__all__ = ["DEVICE_TREE_METHODS", "TreePlan", "tree_head", "verify_tree_on_device"]
+__all__ = ["DEVICE_TREE_METHODS", "TreePlan", "tree_head", "verify_tree_on_device", "walks_on_device"]
 
 Tensor = torch.Tensor
 F64 = torch.float64
 
 #: Tree verifiers with a device walk here; the others walk on the host (module doc).
-DEVICE_TREE_METHODS: tuple[str, ...] = ("multidraft", "traversal", "kseq")
+DEVICE_TREE_METHODS: tuple[str, ...] = ("multidraft", "traversal", "ordered_traversal", "kseq")
+
+
+def walks_on_device(method: str, parents: Sequence[int], draws: DrawsLike) -> bool:
+    """Whether ``method`` has a device walk for trees of this shape (``draws``: one kind for every node, or one
+    per node): one of :data:`DEVICE_TREE_METHODS`, and not ordered Traversal at a node with 3 or more children
+    drawn ``swor`` (whose sorted laws enumerate tuples: a host rule, :func:`spec.llm.verify.check_swor_enumeration`)."""
+    if method not in DEVICE_TREE_METHODS:
+        return False
+    kinds = _parse_draws(draws, len(parents))
+    wide = Counter(p for p, kind in zip(parents, kinds) if kind == Draw.SWOR)
+    return not (method == "ordered_traversal" and max(wide.values(), default=0) >= 3)
 
 
 class _Batch(NamedTuple):
@@ -102,6 +137,10 @@ class _Batch(NamedTuple):
     iid: Tensor  # (B, 1) bool: drawn i.i.d. from the node's draft row (else without replacement)
     kinds: frozenset[Draw]  # the draw kinds present: a law no node uses is not formed
     width: Tensor  # (B, 1) float64: the node's number of children (K-SEQ's k)
+    table: Tensor  # (B, W) int64: each node's children in draw order, padded with its first child
+    present: Tensor  # (B, W) bool: which entries of ``table`` are children
+    ordered: Tensor  # (B, 1) bool: ordered Traversal sorts the node's children (2 or more, drawn iid / swor)
+    any_ordered: bool  # some node of the batch has ``ordered`` set
 
 
 @dataclass(frozen=True)
@@ -128,6 +167,9 @@ class TreePlan:
     sampled_kids: Tensor  # (K,) int64: the children of those nodes
     sampled_parent_rows: Tensor  # (K,) int64: their parents' rows
     distinct: Tensor  # (P, 2) int64: sibling pairs drawn swor / topk, whose tokens must differ
+    sizes: Tensor  # (N + 1,) int64: nodes in row i's subtree, its own included (the root's: N + 1)
+    binomial: Tensor  # (W + 1, W + 1) float64: C(m, j) for m, j up to the widest node's children
+    swor_wide: int | None  # a node with 3 or more children drawn swor (ordered Traversal's host rule), if any
 
     @classmethod
     def of(cls, parents: Sequence[int], draws: DrawsLike, device: torch.device | str = "cpu") -> TreePlan:
@@ -155,11 +197,17 @@ class TreePlan:
             width = len(kids[order[0] + 1]) if order else 0
             ranks = [[kids[v + 1][j] for v in order if len(kids[v + 1]) > j] for j in range(width)]
             kind = [kinds[kids[v + 1][0]] for v in order]
+            table = [[kids[v + 1][min(j, len(kids[v + 1]) - 1)] for j in range(width)] for v in order]
+            sorts = [len(kids[v + 1]) >= 2 and kinds[kids[v + 1][0]] != Draw.TOPK for v in order]
             return _Batch(long([v + 1 for v in order]), tuple(long(r) for r in ranks),
                           tuple(long([k + 1 for k in r]) for r in ranks),
                           long([k == Draw.TOPK for k in kind]).bool()[:, None],
                           long([k == Draw.IID for k in kind]).bool()[:, None], frozenset(kind),
-                          torch.tensor([float(len(kids[v + 1])) for v in order], dtype=F64, device=dev)[:, None])
+                          torch.tensor([float(len(kids[v + 1])) for v in order], dtype=F64, device=dev)[:, None],
+                          long(table).reshape(len(order), width),
+                          long([[j < len(kids[v + 1]) for j in range(width)] for v in order]).bool()
+                          .reshape(len(order), width),
+                          long(sorts).bool()[:, None], any(sorts))
 
         by_depth: list[list[int]] = [[] for _ in range(depth + 1)]
         for v in range(ROOT, n):
@@ -175,10 +223,17 @@ class TreePlan:
         s_kids = [k for v in sampled for k in kids[v + 1]]
         distinct = [(a, b) for group in kids if group and kinds[group[0]] != Draw.IID
                     for i, a in enumerate(group) for b in group[i + 1:]]
+        sizes = [1] * (n + 1)
+        for i in range(n - 1, -1, -1):  # children after their parents: each subtree is complete when reached
+            sizes[par[i] + 1] += sizes[i + 1]
+        widest = max(map(len, kids))
+        binomial = [[float(math.comb(m, j)) for j in range(widest + 1)] for m in range(widest + 1)]
+        wide = [v for v in range(ROOT, n) if len(kids[v + 1]) >= 3 and kinds[kids[v + 1][0]] == Draw.SWOR]
         return cls(tuple(par), kinds, dev, depth, batch(range(ROOT, n)), tuple(batch(level) for level in by_depth),
                    long([r + 1 for r in _post_order(kids)] + [0]), long(paths).reshape(n + 1, depth),
                    long(depth_of), tuple(sampled), long([v + 1 for v in sampled]), long(s_kids),
-                   long([par[k] + 1 for k in s_kids]), long(distinct).reshape(len(distinct), 2))
+                   long([par[k] + 1 for k in s_kids]), long(distinct).reshape(len(distinct), 2), long(sizes),
+                   torch.tensor(binomial, dtype=F64, device=dev), wide[0] if wide else None)
 
     @property
     def size(self) -> int:
@@ -373,27 +428,155 @@ def _kseq(plan: TreePlan, tok: Tensor, q: Tensor, p: Tensor, u: Tensor) -> tuple
     return _descend(plan, p, chosen, r)
 
 
-def _traversal(plan: TreePlan, tok: Tensor, q: Tensor, p: Tensor, u: Tensor) -> tuple[Tensor, Tensor]:
-    """Traversal Verification: the passing test's row ``()`` and the row emitted from ``(V,)``."""
+def _powers(x: Tensor, e: Tensor, top: int) -> Tensor:
+    """``x ** e`` for integer exponents ``e`` in ``[0, top]`` (broadcast), each taken as ``x ** n`` with a Python
+    ``n``: the rounding of the host walk's ``tensor ** int`` (torch's fast paths for small ``n``)."""
+    out = torch.ones_like(x)
+    for n in range(1, top + 1):
+        out = torch.where(e == n, x**n, out)
+    return out
+
+
+def _best_of_rows(a: Tensor, b: Tensor, m: Tensor, top: int) -> Tensor:
+    """``(a + b)^m − b^m`` as ``a Σ_{j<m} (a + b)^j b^{m−1−j}`` (:func:`spec.llm.verify._best_of`) with a
+    per-row ``m`` ``(B, 1)`` of at most ``top``: the same terms added in the same order."""
+    total = torch.zeros_like(a)
+    for j in range(top):
+        term = (a + b) ** j * _powers(b, m - 1 - j, top - 1)
+        total = torch.where(j < m, total + term, total)
+    return a * total
+
+
+def _binomial_terms(binomial: Tensor, m: Tensor, pi: Tensor, top: int) -> Tensor:
+    """``C(m, j) π^j (1 − π)^(m − j)`` for ``j = 0 .. top`` ``(B, top + 1)``, per-row ``m`` and ``π`` ``(B, 1)``
+    (entries past ``m`` are not used): :func:`tmc.ordered_traversal._binom_tail`'s terms, formed in its order."""
+    powers_pi = torch.cat([pi**j for j in range(top + 1)], dim=1)
+    rest = 1.0 - pi
+    powers_rest = torch.cat([rest**j for j in range(top + 1)], dim=1)
+    j = torch.arange(top + 1, device=pi.device)
+    choose = binomial[: top + 1, : top + 1].index_select(0, m[:, 0])
+    return choose * powers_pi * powers_rest.gather(1, (m - j).clamp(0, top))
+
+
+def _tail(terms: Tensor, m: Tensor, c: Tensor) -> Tensor:
+    """``P(Bin(m, π) ≥ c)``: the terms ``j = c .. m`` added left to right (zeros elsewhere add nothing)."""
+    j = torch.arange(terms.shape[1], device=terms.device)
+    return _total(torch.where((c <= j) & (j <= m), terms, 0.0))
+
+
+def _mass_after_rows(x: Tensor, order: Tensor) -> Tensor:
+    """``B(y)`` row by row: the mass of ``x`` ranked after ``y`` in ``order``, summed from the last rank up
+    (:func:`spec.llm.verify._mass_after`)."""
+    tail = torch.cumsum(x.gather(1, order).flip(-1), dim=-1).flip(-1)  # mass of rank >= i
+    return torch.zeros_like(x).scatter(1, order, torch.cat([tail[:, 1:], torch.zeros_like(tail[:, :1])], dim=1))
+
+
+def _normalised(rows: Tensor) -> Tensor:
+    return rows / _total(rows)
+
+
+def _iid_sorted_laws(plan: TreePlan, q: Tensor, rank: Tensor, after: Tensor, tok: Tensor, k: Tensor) -> list[Tensor]:
+    """Law of each position of ``k`` sorted i.i.d. draws given the sorted tokens before it ``tok`` ``(B, W)``
+    (:func:`tmc.ordered_traversal.iid_sorted_law` row by row)."""
+    top = tok.shape[1]
+    laws = [_normalised(_best_of_rows(q, after, k, top))]
+    for i in range(1, top):
+        w = tok[:, i - 1 : i]
+        c = (tok[:, :i] == w).sum(dim=1, keepdim=True)  # w's copies in the prefix (equal tokens sort together)
+        m = (k - (i - c)).clamp(0, top)  # draws not pinned before w (clamped in rows with fewer than i + 1 children)
+        q_w, rest = q.gather(1, w), after.gather(1, w)
+        pi = q_w / (q_w + rest)
+        terms = _binomial_terms(plan.binomial, m, pi, top)
+        at_least = _tail(terms, m, c)
+        exact = terms.gather(1, c) / at_least  # P(Bin(m, π) = c) / P(Bin(m, π) ≥ c)
+        below = (rank > rank.gather(1, w)) & (rest > 0.0)
+        out = torch.where(below, exact * _best_of_rows(q / rest, after / rest, m - c, top), 0.0)
+        laws.append(_normalised(out.scatter(1, w, _tail(terms, m, c + 1) / at_least)))
+    return laws
+
+
+def _swor_sorted_laws(q: Tensor, order: Tensor, rank: Tensor, after: Tensor, tok: Tensor) -> list[Tensor]:
+    """The two laws of a pair drawn without replacement, sorted: the first, and the second given the first
+    ``tok[:, 0]`` (:func:`tmc.ordered_traversal.swor_sorted_law` with ``k = 2``, row by row)."""
+    inv = torch.where(q < 1.0, 1.0 / torch.clamp_min(1.0 - q, 1e-300), 0.0)
+    first = q * (after * inv + _mass_after_rows(q * inv, order))
+    y = tok[:, :1]
+    second = torch.where(rank > rank.gather(1, y), q * (inv.gather(1, y) + inv), 0.0)
+    return [_normalised(first), _normalised(second)]
+
+
+def _visiting(plan: TreePlan, b: _Batch, p_b: Tensor, q_b: Tensor, tok: Tensor) -> tuple[Tensor, list[Tensor]]:
+    """Ordered Traversal's visiting order at each batch node and the law of each visiting rank
+    (:func:`tmc.ordered_traversal.ratio_ordered_children`): ``(B, W)`` children, ``W`` laws ``(B, V)``.
+
+    At a node with ``b.ordered`` its children sorted stably by the rank of their tokens in decreasing
+    ``p / q`` of the node's own rows (``q = 0`` last), with the order-statistic laws; elsewhere the draw
+    order (their laws are :func:`_laws`'; the rows returned for them are not used)."""
+    rows, width = b.table.shape
+    vocab = q_b.shape[1]
+    keys = torch.where(q_b > 0.0, -(p_b / q_b), torch.inf)
+    order = torch.argsort(keys, dim=-1, stable=True)
+    rank = torch.empty_like(order).scatter_(1, order, torch.arange(vocab, device=q_b.device).expand(rows, vocab))
+    toks = tok.index_select(0, b.table.reshape(-1)).reshape(rows, width)
+    draw_order = torch.arange(width, device=q_b.device).expand(rows, width)
+    key = torch.where(b.ordered, torch.where(b.present, rank.gather(1, toks), vocab), draw_order)
+    perm = torch.argsort(key, dim=1, stable=True)
+    toks = toks.gather(1, perm)
+    after = _mass_after_rows(q_b, order)
+    laws = [q_b] * width  # ranks no ordered node has are not used
+    if Draw.IID in b.kinds:
+        laws = _iid_sorted_laws(plan, q_b, rank, after, toks, b.width.to(torch.int64))
+    if Draw.SWOR in b.kinds and width >= 2:  # two children at most (a wider node keeps ordered Traversal on the host)
+        pair = _swor_sorted_laws(q_b, order, rank, after, toks)
+        laws[:2] = pair if Draw.IID not in b.kinds else [torch.where(b.iid, a, s) for a, s in zip(laws, pair)]
+    return b.table.gather(1, perm), laws
+
+
+def _traversal(plan: TreePlan, tok: Tensor, q: Tensor, p: Tensor, u: Tensor,
+               ordered: bool = False) -> tuple[Tensor, Tensor]:
+    """Traversal Verification, or with ``ordered`` its ratio-ordered variant: the passing test's row ``()`` and
+    the row emitted from ``(V,)``.
+
+    Ordered, a node's children are visited in an order the rows choose, so the tests' post order is found on
+    the device too: a node's subtree starts after those of the siblings visited before it, and the walk stops
+    at the passing test with the smallest position (``start + size − 1``)."""
     value = torch.ones(p.shape[0], dtype=F64, device=p.device)  # each node's a: set on entry, final after its level
     miss = torch.zeros_like(value)
     final = p.clone()  # each node's residual row after all its children were deleted
+    start = torch.zeros(p.shape[0], dtype=torch.int64, device=p.device) if ordered else None  # post-order starts
     for b in plan.levels:
         if not b.kids:
             continue
         v, m, row = value.index_select(0, b.rows), miss.index_select(0, b.rows), p.index_select(0, b.rows)
         q_b = q.index_select(0, b.rows)
         removed = torch.zeros_like(row, dtype=torch.bool)
-        for kids, kid_rows in zip(b.kids, b.kid_rows):
+        visit, sorted_laws = _visiting(plan, b, row, q_b, tok) if ordered and b.any_ordered else (None, [])
+        offset = None if start is None else start.index_select(0, b.rows)
+        for j, (kids, kid_rows) in enumerate(zip(b.kids, b.kid_rows)):
             c = kids.shape[0]
+            if visit is not None:  # this rank's child of each node in its visiting order
+                kids = visit[:c, j]
+                kid_rows = kids + 1
             t = tok.index_select(0, kids)
             law = _laws(b, q_b[:c], removed[:c], t)
+            if visit is not None:
+                law = torch.where(b.ordered[:c], sorted_laws[j][:c], law)
             kid_value, kid_miss = _child_state(v[:c], m[:c], row[:c], law, t)
             value.index_copy_(0, kid_rows, kid_value)
             miss.index_copy_(0, kid_rows, kid_miss)
             v[:c], m[:c], row[:c] = _delete_child(v[:c], m[:c], row[:c], law, t)
+            if start is not None and offset is not None:
+                start.index_copy_(0, kid_rows, offset[:c])
+                offset[:c] += plan.sizes.index_select(0, kid_rows)
         value.index_copy_(0, b.rows, v)
         final.index_copy_(0, b.rows, row)
+    if start is not None:
+        rows = torch.arange(p.shape[0], device=p.device)
+        passes = u.index_select(0, (rows - 1).clamp_min(0)) < value
+        passes[:1].fill_(True)  # the root's test
+        position = torch.where(passes, start + plan.sizes - 1, p.shape[0])
+        at = position.argmin().reshape(1)
+        return at[0], final.index_select(0, at)[0]
     tests = plan.post
     passes = u.index_select(0, (tests - 1).clamp_min(0)) < value.index_select(0, tests)
     passes[-1:].fill_(True)  # the root's test (not ``passes[-1] = True``: on CUDA that copies a host scalar in)
@@ -401,7 +584,15 @@ def _traversal(plan: TreePlan, tok: Tensor, q: Tensor, p: Tensor, u: Tensor) -> 
     return at[0], final.index_select(0, at)[0]
 
 
-_WALKS = {"multidraft": _multidraft, "traversal": _traversal, "kseq": _kseq}
+def _ordered_traversal(plan: TreePlan, tok: Tensor, q: Tensor, p: Tensor, u: Tensor) -> tuple[Tensor, Tensor]:
+    """Ratio-ordered Traversal Verification (:mod:`tmc.ordered_traversal`): :func:`_traversal`, ordered."""
+    if plan.swor_wide is not None:
+        raise ValueError(f"ordered_traversal: node {plan.swor_wide} has 3 or more children drawn 'swor', whose sorted "
+                         "laws enumerate tuples on the host; verify it with the host walk (verify_backend 'torch')")
+    return _traversal(plan, tok, q, p, u, ordered=True)
+
+
+_WALKS = {"multidraft": _multidraft, "traversal": _traversal, "ordered_traversal": _ordered_traversal, "kseq": _kseq}
 
 
 # ------------------------------------------------------------------ entry points
@@ -474,7 +665,7 @@ def read_head(got: Sequence[int], tokens: Sequence[int]) -> Verified:
 
 def verify_tree_on_device(method: str, plan: TreePlan, draft_tokens: TensorLike, draft_probs: TensorLike | None,
                           target_probs: TensorLike, uniforms: TensorLike, *, trusted: bool = False) -> Verified:
-    """:func:`spec.llm.verify.verify_tree` for ``multidraft`` / ``traversal`` on a planned shape, with ONE host
+    """:func:`spec.llm.verify.verify_tree` for a :data:`DEVICE_TREE_METHODS` verifier on a planned shape, with ONE host
     transfer: the flag, the result and the draft tokens.  Same tokens as the host walk on the same uniforms;
     the same ``ValueError`` for bad values (found by the host checks once the flag is read).  The tokens come
     back as a host tensor.  Inputs off ``plan.device`` are moved there first."""

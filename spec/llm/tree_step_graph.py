@@ -81,7 +81,7 @@ from spec.llm.adapter import _tree_layout
 from spec.llm.sampling import Sampling, categorical_draw, ranked_tokens, swor_draws
 from spec.llm.static_cache import StaticTreeCache
 from spec.llm.step_graph import ChainStepResult, FusedStep, clamp_ids, target_rows_and_fault
-from spec.llm.tree_device import DEVICE_TREE_METHODS, TreePlan, tree_head
+from spec.llm.tree_device import DEVICE_TREE_METHODS, TreePlan, tree_head, walks_on_device
 from tmc.multidraft import ROOT, Draw
 from tmc.validate import check_int
 
@@ -171,6 +171,10 @@ class TreeStepGraph(FusedStep):
         if draw not in FUSED_DRAWS:
             raise ValueError(f"draw must be one of {[d.value for d in FUSED_DRAWS]} (no draw changes the shape), "
                              f"got {draw!r}")
+        if not walks_on_device(verifier, parents, draw):
+            raise ValueError(f"{verifier} has no device walk for this shape drawn {Draw(draw).value!r}: a node has "
+                             "3 or more children drawn 'swor' (ordered Traversal's sorted laws enumerate tuples on "
+                             "the host)")
         self.draw = Draw(draw)
         self.parents = tuple(check_int(f"parents[{i}]", p, minimum=-1) for i, p in enumerate(parents))
         tab = _tables(self.parents, [check_int(f"order[{i}]", v, minimum=0) for i, v in enumerate(order)])

@@ -67,6 +67,11 @@ def test_parse_method() -> None:
     assert parse_method("chain:sps:host:dtemp=0.5", 16, 4).draft_temperature == 0.5
     assert parse_method("chain:sps:dtemp=0", 16, 4).label == "chain+sps@4/dtemp=0"
     assert parse_method("dyspec:traversal", 16, 4).draft_temperature is None
+    # ordered Traversal fused: on a chain, 2-wide trees, a 3-wide swor tree cut to 2 nodes (a whole one is walked
+    # on the host: refused below)
+    for fused in ("chain:ordered_traversal:compiled", "fixed/draw=iid:ordered_traversal:graph",
+                  "fixed/draw=swor/width=2:ordered_traversal:graph", "fixed/draw=swor/width=3:ordered_traversal:graph@2"):
+        assert parse_method(fused, 16, 4).verifier == "ordered_traversal"
     for bad in ("nope", "dyspec", "dyspec:nope", "nope:traversal", "chain:sps@0", "chain:sps@x", "chain:sps@-2",
                 "dyspec:traversal:host", "wetap:traversal:host", "chain:sps:gpu", "chain:sps:host:x",
                 "chain:sps:torch:numpy", "chain:sps:device:torch", "fixed:traversal:numpy:device",
@@ -77,8 +82,9 @@ def test_parse_method() -> None:
                 "dyspec:traversal:graph", "chain:sps:host:graph", "chain/confidence=0.5:traversal:graph",
                 "chain:sps:numpy:graph", "chain:sps:graph:graph", "chain:sps:graph:compiled",
                 "chain:sps:compiled:whole", "chain:sps:graph:whole", "dyspec:traversal:whole", "chain:sps:host:whole",
-                "dyspec:traversal:compiled", "chain:ordered_traversal:compiled", "chain:sps:host:compiled",
-                "fixed/draw=iid:ordered_traversal:graph", "fixed/draw=iid:sps:graph", "fixed/draw=iid:traversal:host:graph",
+                "dyspec:traversal:compiled", "chain/confidence=0.5:ordered_traversal:compiled",
+                "chain:sps:host:compiled", "fixed/draw=swor/width=3:ordered_traversal:graph",
+                "fixed/draw=iid:sps:graph", "fixed/draw=iid:traversal:host:graph",
                 "wetap:traversal:graph", "dynatree:multidraft:graph"):
         with pytest.raises(ValueError, match="method"):
             parse_method(bad, 16, 4)

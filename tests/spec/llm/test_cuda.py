@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from spec.bench_decode import parse_method, run_decode_bench  # noqa: E402
-from spec.llm.generate import ar_generate, generate  # noqa: E402
+from spec.llm.generate import ASKED_FUSION_ONLY, ar_generate, generate  # noqa: E402
 from spec.llm.models import tiny_pair  # noqa: E402
 
 pytestmark = [pytest.mark.llm, pytest.mark.gpu,
@@ -356,8 +356,8 @@ def test_auto_fuses_steps_where_the_caches_capture_graphs(
         pairs: tuple[tuple[object, object], tuple[object, object]]) -> None:
     """``step_graph="auto"`` (the default) on CUDA: a fixed chain with a chain verifier and a fixed i.i.d. tree run
     every step after the first fused, with the tokens of ``step_graph=False`` at T = 0 and on 3 seeds at T = 1;
-    DySpec at T = 1 (a shape known only after its draws), runs with ``graphs=False`` and K-SEQ (fused only when
-    asked: ``ASKED_FUSION_ONLY``) stay unfused."""
+    DySpec at T = 1 (a shape known only after its draws) and runs with ``graphs=False`` stay unfused, and so do
+    K-SEQ and ordered Traversal (fused only when asked: ``ASKED_FUSION_ONLY``) unless asked."""
     _, (t_gpu, d_gpu) = pairs
     prompt = [2, 7, 1, 8, 2, 8]
     cases = [("chain", "sps", {}), ("fixed", "traversal", {"draw": "iid", "width": 2})]
@@ -371,10 +371,11 @@ def test_auto_fuses_steps_where_the_caches_capture_graphs(
         assert not any(s.graph_s > 0 for s in eager.steps)
     out = generate(t_gpu, d_gpu, prompt, "dyspec", "traversal", budget=8, temperature=1.0, max_new_tokens=24)
     assert not any(s.graph_s > 0 for s in out.steps)
-    kseq = dict(budget=7, builder_params={"draw": "iid", "width": 2}, temperature=1.0, max_new_tokens=24)
-    assert not any(s.graph_s > 0 for s in generate(t_gpu, d_gpu, prompt, "fixed", "kseq", **kseq).steps)
-    asked = generate(t_gpu, d_gpu, prompt, "fixed", "kseq", step_graph=True, **kseq)
-    assert sum(s.graph_s > 0 for s in asked.steps) == len(asked.steps) - 1
+    kw = dict(budget=7, builder_params={"draw": "iid", "width": 2}, temperature=1.0, max_new_tokens=24)
+    for verifier in ASKED_FUSION_ONLY:
+        assert not any(s.graph_s > 0 for s in generate(t_gpu, d_gpu, prompt, "fixed", verifier, **kw).steps)
+        asked = generate(t_gpu, d_gpu, prompt, "fixed", verifier, step_graph=True, **kw)
+        assert sum(s.graph_s > 0 for s in asked.steps) == len(asked.steps) - 1, verifier
 
 
 @pytest.mark.parametrize(("builder", "verifier"), [("fixed", "traversal"), ("dyspec", "multidraft"),
@@ -434,7 +435,7 @@ def test_fused_tree_step_profile_on_cuda(pairs: tuple[tuple[object, object], tup
 @pytest.mark.filterwarnings("ignore:TensorFloat32 tensor cores:UserWarning")  # inductor's advice; TF32 stays off
 @pytest.mark.parametrize(("verifier", "draw", "scope"), [
     ("traversal", "iid", True), ("traversal", "iid", "whole"), ("multidraft", "swor", True), ("traversal", "topk", True),
-    ("kseq", "iid", True)])
+    ("kseq", "iid", True), ("ordered_traversal", "swor", True)])
 def test_compiled_fused_tree_steps_on_cuda(pairs: tuple[tuple[object, object], tuple[object, object]],
                                            verifier: str, draw: str, scope: bool | str) -> None:
     """``compile_step=True`` on a tree: inductor's kernels for the layer draws and the walk inside the captured

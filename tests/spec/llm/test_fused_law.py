@@ -7,7 +7,7 @@ Here the first two tokens of the fused path itself are checked against the
 target's exact processed law, as ``test_generate`` checks the unfused one:
 eagerly for every fused draw and verifier, and with inductor's code on the
 CPU (``compile_step=True``, whose draws and totals take other but equal
-forms under compile) for the chains and two trees.  Every decode must have taken
+forms under compile) for the chains and three trees.  Every decode must have taken
 the fused path in its first step (``graph_s > 0``), or the check would
 measure the unfused loop.  A last test shows the check has power against a
 bug inside the fused head.
@@ -36,17 +36,20 @@ pytestmark = pytest.mark.llm
 
 # (builder, verifier, builder params, compile_step, setting index): every fused chain verifier (and an argmax
 # chain, whose verifier takes no draft rows), every fused tree draw with each device-walked tree verifier (a
-# budget-3 fixed tree of width 2: the root's two children and one grandchild; K-SEQ i.i.d. only), the filtered
-# setting where the fused path takes it (chains and i.i.d. trees; ranked and swor trees are fused only without
-# top-p), and inductor's code for every chain verifier and two trees
+# budget-3 fixed tree of width 2: the root's two children and one grandchild; K-SEQ i.i.d. only; ordered
+# Traversal on top-k trees is Traversal), the filtered setting where the fused path takes it (chains and i.i.d.
+# trees; ranked and swor trees are fused only without top-p), and inductor's code for every chain verifier and
+# three trees
 FUSED = [("chain", "sps", {}, False, 0), ("chain", "asps", {}, False, 0), ("chain", "block", {}, False, 0),
          ("chain", "sps", {}, False, 1), ("chain", "sps", {"draw": "topk"}, False, 0),
          *[("fixed", verifier, {"width": 2, "draw": draw}, False, 0)
            for verifier in ("multidraft", "traversal") for draw in ("iid", "swor", "topk")],
+         *[("fixed", "ordered_traversal", {"width": 2, "draw": draw}, False, 0) for draw in ("iid", "swor")],
          ("fixed", "kseq", {"width": 2, "draw": "iid"}, False, 0),
          ("fixed", "traversal", {"width": 2, "draw": "iid"}, False, 1),
          *[("chain", verifier, {}, True, 0) for verifier in ("sps", "asps", "block")],
          ("fixed", "traversal", {"width": 2, "draw": "iid"}, True, 0),
+         ("fixed", "ordered_traversal", {"width": 2, "draw": "swor"}, True, 0),
          ("fixed", "kseq", {"width": 2, "draw": "iid"}, True, 0)]
 FUSED_ALPHA = bonferroni(1e-3, len(FUSED))
 FUSED_IDS = [f"{b}-{v}-{p.get('draw', 'iid')}-{'compiled' if c else 'eager'}-setting{s}"

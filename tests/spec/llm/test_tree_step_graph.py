@@ -82,7 +82,8 @@ def test_fused_tree_steps_give_the_device_trees_tokens(pair: tuple[Any, Any], ve
 
 @pytest.mark.parametrize(("verifier", "shape", "draw"),
                          [(v, s, d) for v, s, d in itertools.product(DEVICE_TREE_METHODS, SHAPES, ("topk", "swor"))
-                          if (s[0] == "fixed" or d == "topk") and _verifies(v, d)])  # a chain: iid or topk
+                          if (s[0] == "fixed" or d == "topk") and _verifies(v, d)  # a chain: iid or topk
+                          and not (v == "ordered_traversal" and d == "swor" and s[1] == 3)])  # host-walked
 def test_fused_ranked_and_swor_tree_steps_give_the_device_trees_tokens(
         pair: tuple[Any, Any], verifier: str, shape: tuple[str, int | None, int | None, int], draw: str) -> None:
     """Top-k trees (each node its parent row's next most likely token; a chain takes each row's argmax) and
@@ -251,11 +252,11 @@ def test_bad_logits_in_a_fused_tree_step_raise_the_usual_error(pair: tuple[Any, 
     (dict(builder_params={"draw": "topk"}, top_p=0.9), "the 'chain' builder with no confidence stop"),
     (dict(builder_params={"draw": "topk", "width": 3}, top_k=2), "the 'chain' builder with no confidence stop"),
     (dict(builder_params={"draw": "swor"}, top_k=1), "the 'chain' builder with no confidence stop"),
-    (dict(verifier="ordered_traversal"), "the 'chain' builder with no confidence stop"),
+    (dict(verifier="ordered_traversal", builder_params={"draw": "swor", "width": 3}),
+     "ordered_traversal: at most 2 children a node drawn swor"),
     (dict(builder="dyspec", builder_params={}), "the 'chain' builder with no confidence stop"),
     (dict(builder="dynatree", builder_params={}), "or on the chain a fixed, DySpec, DynaTree or WETAP builder"),
     (dict(builder="wetap", builder_params={}, draft_temperature=0.5, temperature=0), "a greedy draft"),
-    (dict(builder="chain", verifier="ordered_traversal"), "needs a chain verifier"),
     (dict(cache="dynamic"), "needs cache='static'"),
     (dict(verify_backend="numpy"), "verify_backend 'torch', 'device' or 'auto'"),
     (dict(chain_on_device=False), "chain_on_device=True"),
@@ -360,7 +361,10 @@ def test_tree_step_graph_refuses_bad_arguments(pair: tuple[Any, Any]) -> None:
     with pytest.raises(ValueError, match="t_cache must be a StaticTreeCache"):
         TreeStepGraph(target, draft, transformers.DynamicCache(), dc, **kw)
     with pytest.raises(ValueError, match="walked on the device"):
-        TreeStepGraph(target, draft, tc, dc, **{**kw, "verifier": "ordered_traversal"})
+        TreeStepGraph(target, draft, tc, dc, **{**kw, "verifier": "sps"})
+    with pytest.raises(ValueError, match="ordered_traversal has no device walk for this shape drawn 'swor'"):
+        TreeStepGraph(target, draft, tc, dc, **{**kw, "verifier": "ordered_traversal", "parents": (-1, -1, -1),
+                                                "draw": "swor"})
     with pytest.raises(ValueError, match="breadth first"):
         TreeStepGraph(target, draft, tc, dc, **{**kw, "parents": (-1, 0, -1)})
     with pytest.raises(ValueError, match="order must be a permutation"):
