@@ -327,12 +327,17 @@ def test_float32_rows_give_the_float64_walk():
 # ------------------------------------------------------------------ in the decode loop
 
 
-@pytest.mark.parametrize("verifier", TREE_METHODS)
-def test_decode_loop_verifies_fixed_trees_on_the_device(verifier, monkeypatch):
-    """``generate(verify_backend='device')`` on a fixed i.i.d. tree drafted on the device: ``multidraft`` and
-    ``traversal`` run the device walk (``tree_head``, once a step) and never the host walk, the others the
-    host walk, as ``torch`` does for all; the tokens are the numpy references' either way
-    (``test_device_chain.py`` checks the same against the host-built tree for every setting)."""
+DECODE_TREES = [(verifier, "iid", 2) for verifier in TREE_METHODS] + [
+    ("ordered_traversal", "swor", 2), ("ordered_traversal", "swor", 3), ("traversal", "swor", 3)]
+
+
+@pytest.mark.parametrize(("verifier", "draw", "width"), DECODE_TREES)
+def test_decode_loop_verifies_fixed_trees_on_the_device(verifier, draw, width, monkeypatch):
+    """``generate(verify_backend='device')`` on a fixed tree drafted on the device: where the verifier has a device
+    walk for the shape (:func:`walks_on_device`: every tree verifier here but ordered Traversal on the 3-wide
+    swor tree) it runs that walk (``tree_head``, once a step) and never the host walk, else the host walk, as
+    ``torch`` does for all; the tokens are the numpy references' either way (``test_device_chain.py`` checks
+    the same against the host-built tree for every setting)."""
     pytest.importorskip("transformers")
     import spec.llm.generate as gen
     from spec.llm.models import tiny_pair
@@ -347,14 +352,16 @@ def test_decode_loop_verifies_fixed_trees_on_the_device(verifier, monkeypatch):
             calls[_name] += 1
             return _real(*args, **kw)  # type: ignore[operator]
         monkeypatch.setattr(gen, name, spy)
-    kw = dict(temperature=1.0, max_new_tokens=16, budget=7, seed=2, builder_params={"draw": "iid", "width": 2})
+    kw = dict(temperature=1.0, max_new_tokens=16, budget=7, seed=2, builder_params={"draw": draw, "width": width})
     ref = gen.generate(target, draft, [5, 3, 5], "fixed", verifier, verify_backend="numpy", **kw)
     assert max(s.accepted for s in ref.steps) >= 2
     assert calls == {"tree_head": 0, "verify_tree": 0}
+    device_walk = walks_on_device(verifier, FixedBuilder(width=width).full_shape(7), draw)
+    assert device_walk == (verifier != "ordered_traversal" or draw == "iid" or width == 2)
     for backend in ("torch", "device"):
         out = gen.generate(target, draft, [5, 3, 5], "fixed", verifier, verify_backend=backend, **kw)
         assert out.tokens == ref.tokens
-        walked = backend == "device" and verifier in DEVICE_TREE_METHODS
+        walked = backend == "device" and device_walk
         assert calls == {"tree_head": len(out.steps) if walked else 0, "verify_tree": 0 if walked else len(out.steps)}
         calls.update(tree_head=0, verify_tree=0)
 
