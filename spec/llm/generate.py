@@ -458,7 +458,7 @@ def _tree_step(
     fault and ``short`` flags and the tokens come to the host in one transfer, then the
     rows for the verifier, which gets the :class:`DraftTree` the host builder
     would have built.  With a plan (``shape.plan``: ``verify_backend='device'``
-    and ``multidraft`` / ``traversal`` / ``kseq``) the verifier runs on the device first
+    and a verifier with a device walk for the shape) the verifier runs on the device first
     (:func:`spec.llm.tree_device.tree_head`) and that one transfer carries
     its result as well: no rows are copied.  The uniforms come from ``rng`` in the host path's
     order (one per ``iid`` or ``swor`` node, then the verifier's), so the tokens are those

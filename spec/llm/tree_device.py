@@ -123,8 +123,14 @@ def walks_on_device(method: str, parents: Sequence[int], draws: DrawsLike) -> bo
     if method not in DEVICE_TREE_METHODS:
         return False
     kinds = _parse_draws(draws, len(parents))
-    wide = Counter(p for p, kind in zip(parents, kinds) if kind == Draw.SWOR)
-    return not (method == "ordered_traversal" and max(wide.values(), default=0) >= 3)
+    return not (method == "ordered_traversal" and _wide_swor_node(parents, kinds) is not None)
+
+
+def _wide_swor_node(parents: Sequence[int], kinds: Sequence[Draw]) -> int | None:
+    """The lowest node (``-1``: the root) with 3 or more children drawn ``swor``, or ``None``: where ordered
+    Traversal has no device walk (:func:`walks_on_device`, :class:`TreePlan`)."""
+    counts = Counter(p for p, kind in zip(parents, kinds) if kind == Draw.SWOR)
+    return min((v for v, k in counts.items() if k >= 3), default=None)
 
 
 class _Batch(NamedTuple):
@@ -228,12 +234,11 @@ class TreePlan:
             sizes[par[i] + 1] += sizes[i + 1]
         widest = max(map(len, kids))
         binomial = [[float(math.comb(m, j)) for j in range(widest + 1)] for m in range(widest + 1)]
-        wide = [v for v in range(ROOT, n) if len(kids[v + 1]) >= 3 and kinds[kids[v + 1][0]] == Draw.SWOR]
         return cls(tuple(par), kinds, dev, depth, batch(range(ROOT, n)), tuple(batch(level) for level in by_depth),
                    long([r + 1 for r in _post_order(kids)] + [0]), long(paths).reshape(n + 1, depth),
                    long(depth_of), tuple(sampled), long([v + 1 for v in sampled]), long(s_kids),
                    long([par[k] + 1 for k in s_kids]), long(distinct).reshape(len(distinct), 2), long(sizes),
-                   torch.tensor(binomial, dtype=F64, device=dev), wide[0] if wide else None)
+                   torch.tensor(binomial, dtype=F64, device=dev), _wide_swor_node(par, kinds))
 
     @property
     def size(self) -> int:
@@ -471,15 +476,11 @@ def _mass_after_rows(x: Tensor, order: Tensor) -> Tensor:
     return torch.zeros_like(x).scatter(1, order, torch.cat([tail[:, 1:], torch.zeros_like(tail[:, :1])], dim=1))
 
 
-def _normalised(rows: Tensor) -> Tensor:
-    return rows / _total(rows)
-
-
 def _iid_sorted_laws(plan: TreePlan, q: Tensor, rank: Tensor, after: Tensor, tok: Tensor, k: Tensor) -> list[Tensor]:
     """Law of each position of ``k`` sorted i.i.d. draws given the sorted tokens before it ``tok`` ``(B, W)``
     (:func:`tmc.ordered_traversal.iid_sorted_law` row by row)."""
     top = tok.shape[1]
-    laws = [_normalised(_best_of_rows(q, after, k, top))]
+    laws = [_normalised_rows(_best_of_rows(q, after, k, top))]
     for i in range(1, top):
         w = tok[:, i - 1 : i]
         c = (tok[:, :i] == w).sum(dim=1, keepdim=True)  # w's copies in the prefix (equal tokens sort together)
@@ -491,7 +492,7 @@ def _iid_sorted_laws(plan: TreePlan, q: Tensor, rank: Tensor, after: Tensor, tok
         exact = terms.gather(1, c) / at_least  # P(Bin(m, π) = c) / P(Bin(m, π) ≥ c)
         below = (rank > rank.gather(1, w)) & (rest > 0.0)
         out = torch.where(below, exact * _best_of_rows(q / rest, after / rest, m - c, top), 0.0)
-        laws.append(_normalised(out.scatter(1, w, _tail(terms, m, c + 1) / at_least)))
+        laws.append(_normalised_rows(out.scatter(1, w, _tail(terms, m, c + 1) / at_least)))
     return laws
 
 
@@ -502,7 +503,7 @@ def _swor_sorted_laws(q: Tensor, order: Tensor, rank: Tensor, after: Tensor, tok
     first = q * (after * inv + _mass_after_rows(q * inv, order))
     y = tok[:, :1]
     second = torch.where(rank > rank.gather(1, y), q * (inv.gather(1, y) + inv), 0.0)
-    return [_normalised(first), _normalised(second)]
+    return [_normalised_rows(first), _normalised_rows(second)]
 
 
 def _visiting(plan: TreePlan, b: _Batch, p_b: Tensor, q_b: Tensor, tok: Tensor) -> tuple[Tensor, list[Tensor]]:
@@ -526,7 +527,7 @@ def _visiting(plan: TreePlan, b: _Batch, p_b: Tensor, q_b: Tensor, tok: Tensor) 
     laws = [q_b] * width  # ranks no ordered node has are not used
     if Draw.IID in b.kinds:
         laws = _iid_sorted_laws(plan, q_b, rank, after, toks, b.width.to(torch.int64))
-    if Draw.SWOR in b.kinds and width >= 2:  # two children at most (a wider node keeps ordered Traversal on the host)
+    if Draw.SWOR in b.kinds:  # two children (one: not sorted; three or more: no device walk, _wide_swor_node)
         pair = _swor_sorted_laws(q_b, order, rank, after, toks)
         laws[:2] = pair if Draw.IID not in b.kinds else [torch.where(b.iid, a, s) for a, s in zip(laws, pair)]
     return b.table.gather(1, perm), laws

@@ -5,8 +5,8 @@ a chain verifier.  :class:`TreeStepGraph` does it for a tree of a shape known
 before the step (a ``fixed`` tree or a fixed chain, given as ``parents``
 numbered breadth first), drawn i.i.d., without replacement (``swor``) or
 ranked (``topk``), verified by
-``multidraft``, ``traversal`` or ``kseq``, whose walks run on the device
-(:mod:`spec.llm.tree_device`).
+a verifier whose walk runs on the device
+(:func:`spec.llm.tree_device.walks_on_device`).
 The step is the work of :func:`spec.llm.generate._tree_step` with
 :meth:`~spec.llm.adapter.LLMDraft.draft_tree`, on the same uniforms in the same
 order, so the tokens are the same (tested on the CPU, where the same buffers
@@ -155,7 +155,8 @@ class TreeStepGraph(FusedStep):
     row's ``r``-th most likely token); a ``swor`` or ``topk`` step where some
     row has too few tokens with ``q > 0`` is reported short (:meth:`step`).  The other arguments are
     :class:`~spec.llm.step_graph.ChainStepGraph`'s; ``verifier`` is
-    ``multidraft``, ``traversal`` or ``kseq``.  ``compile_backend`` compiles the draws
+    one of :data:`~spec.llm.tree_device.DEVICE_TREE_METHODS` with a device walk for the shape
+    (:func:`~spec.llm.tree_device.walks_on_device`).  ``compile_backend`` compiles the draws
     and the verifier's head (the target's rows, the flags, the walk and the cache moves' slots:
     :func:`_tree_head`) before the capture, or the whole step with
     ``compile_scope="whole"`` (:mod:`spec.llm.step_graph`).
