@@ -95,6 +95,7 @@ from spec.llm.verify import (
     _check_method,
     _float_tensor,
     _long_tensor,
+    _mass_after_rows,
     _normalised_rows,
     _parse_draws,
     _prepare_tree,
@@ -467,13 +468,6 @@ def _tail(terms: Tensor, m: Tensor, c: Tensor) -> Tensor:
     """``P(Bin(m, π) ≥ c)``: the terms ``j = c .. m`` added left to right (zeros elsewhere add nothing)."""
     j = torch.arange(terms.shape[1], device=terms.device)
     return _total(torch.where((c <= j) & (j <= m), terms, 0.0))
-
-
-def _mass_after_rows(x: Tensor, order: Tensor) -> Tensor:
-    """``B(y)`` row by row: the mass of ``x`` ranked after ``y`` in ``order``, summed from the last rank up
-    (:func:`spec.llm.verify._mass_after`)."""
-    tail = torch.cumsum(x.gather(1, order).flip(-1), dim=-1).flip(-1)  # mass of rank >= i
-    return torch.zeros_like(x).scatter(1, order, torch.cat([tail[:, 1:], torch.zeros_like(tail[:, :1])], dim=1))
 
 
 def _iid_sorted_laws(plan: TreePlan, q: Tensor, rank: Tensor, after: Tensor, tok: Tensor, k: Tensor) -> list[Tensor]:

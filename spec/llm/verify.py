@@ -900,13 +900,16 @@ def _ratio_order(p_row: Tensor, q_row: Tensor) -> list[int]:
     return [int(t) for t in torch.argsort(keys, stable=True).tolist()]
 
 
+def _mass_after_rows(x: Tensor, order: Tensor) -> Tensor:
+    """``B(y)`` row by row: the mass of ``x`` ``(B, V)`` ranked after ``y`` in ``order`` ``(B, V)``, summed from
+    the last rank up, as the numpy loop does (also the device walk's, :mod:`spec.llm.tree_device`)."""
+    tail = torch.cumsum(x.gather(1, order).flip(-1), dim=-1).flip(-1)  # mass of rank >= i
+    return torch.zeros_like(x).scatter(1, order, torch.cat([tail[:, 1:], torch.zeros_like(tail[:, :1])], dim=1))
+
+
 def _mass_after(q_row: Tensor, order: list[int]) -> Tensor:
-    """``B(y)``: draft mass of the tokens ranked after ``y`` (summed from the end, as the numpy loop does)."""
-    idx = torch.tensor(order, dtype=torch.int64)
-    tail = torch.flip(torch.cumsum(torch.flip(q_row[idx], [0]), dim=0), [0])  # mass of rank >= i
-    after = torch.zeros_like(q_row)
-    after[idx] = torch.cat([tail[1:], torch.zeros(1, dtype=F64)])
-    return after
+    """``B(y)`` of one row."""
+    return _mass_after_rows(q_row[None], torch.tensor([order], dtype=torch.int64))[0]
 
 
 def _best_of(a: Tensor, b: Tensor, m: int) -> Tensor:
