@@ -339,7 +339,7 @@ def _step_graph_refusal(b: TreeBuilder, verifier: str, chain_on_device: bool, ca
 #: dispatch many small operations, which a captured step runs as that many kernels unless ``compile_step`` fuses
 #: them (neither timed on a GPU), where the host walk copies the rows once.  K-SEQ bisects for each node's ``ρ*``
 #: in some 55 rounds (2058 operations for a 2-wide tree of 7 nodes at V = 4096); ordered Traversal sorts each
-#: node's rows and forms its order-statistic laws (698; Traversal 390, multidraft 98).
+#: node's rows and forms its order-statistic laws (569; Traversal 390, multidraft 98).
 ASKED_FUSION_ONLY: tuple[str, ...] = ("ordered_traversal", "kseq")
 
 

@@ -27,7 +27,8 @@ row:
   each node's children visited in decreasing ``p / q`` of their tokens under
   the node's own rows, each with the law of its place in the sorted tuple.
   The order and the laws depend on the rows only, not on any test, so they
-  are fixed-shape work too: one stable sort of each node's ratios gives every
+  are fixed-shape work too, done once for every node of the tree (not level
+  by level): one stable sort of each node's ratios gives every
   token's rank and the draft mass ranked after it (a suffix sum), a sort of
   each node's few children by rank gives the visiting order, and the
   order-statistic laws (:func:`tmc.ordered_traversal.iid_sorted_law`, and
@@ -42,7 +43,7 @@ row:
   host.  Integer powers are torch's (``x ** 3`` is ``x * x * x``) where tmc
   calls the C library's ``pow``, so for nodes of 3 or more i.i.d. children
   the laws differ from numpy's in the last bits (within 4e-15, tested);
-  the visiting order is exact.  698 operations eagerly for a fixed 2-wide
+  the visiting order is exact.  569 operations eagerly for a fixed 2-wide
   tree of 7 nodes at V = 4096 (Traversal 390), so ``generate`` fuses these
   steps only when asked too.
 * ``kseq`` (:func:`tmc.kseq.kseq_sample_from_uniforms`).  At a node whose
@@ -177,6 +178,7 @@ class TreePlan:
     sizes: Tensor  # (N + 1,) int64: nodes in row i's subtree, its own included (the root's: N + 1)
     binomial: Tensor  # (W + 1, W + 1) float64: C(m, j) for m, j up to the widest node's children
     swor_wide: int | None  # a node with 3 or more children drawn swor (ordered Traversal's host rule), if any
+    level_pos: tuple[Tensor, ...]  # level_pos[d] (B_d,) int64: where levels[d]'s nodes stand in ``every``
 
     @classmethod
     def of(cls, parents: Sequence[int], draws: DrawsLike, device: torch.device | str = "cpu") -> TreePlan:
@@ -199,8 +201,11 @@ class TreePlan:
         def long(values: Sequence[int] | Sequence[Sequence[int]]) -> Tensor:
             return torch.tensor(values, dtype=torch.int64, device=dev)
 
+        def with_kids(nodes: Sequence[int]) -> list[int]:
+            return sorted((v for v in nodes if kids[v + 1]), key=lambda v: -len(kids[v + 1]))
+
         def batch(nodes: Sequence[int]) -> _Batch:
-            order = sorted((v for v in nodes if kids[v + 1]), key=lambda v: -len(kids[v + 1]))
+            order = with_kids(nodes)
             width = len(kids[order[0] + 1]) if order else 0
             ranks = [[kids[v + 1][j] for v in order if len(kids[v + 1]) > j] for j in range(width)]
             kind = [kinds[kids[v + 1][0]] for v in order]
@@ -235,11 +240,13 @@ class TreePlan:
             sizes[par[i] + 1] += sizes[i + 1]
         widest = max(map(len, kids))
         binomial = [[float(math.comb(m, j)) for j in range(widest + 1)] for m in range(widest + 1)]
+        in_every = {v: i for i, v in enumerate(with_kids(range(ROOT, n)))}
         return cls(tuple(par), kinds, dev, depth, batch(range(ROOT, n)), tuple(batch(level) for level in by_depth),
                    long([r + 1 for r in _post_order(kids)] + [0]), long(paths).reshape(n + 1, depth),
                    long(depth_of), tuple(sampled), long([v + 1 for v in sampled]), long(s_kids),
                    long([par[k] + 1 for k in s_kids]), long(distinct).reshape(len(distinct), 2), long(sizes),
-                   torch.tensor(binomial, dtype=F64, device=dev), _wide_swor_node(par, kinds))
+                   torch.tensor(binomial, dtype=F64, device=dev), _wide_swor_node(par, kinds),
+                   tuple(long([in_every[v] for v in with_kids(level)]) for level in by_depth))
 
     @property
     def size(self) -> int:
@@ -539,13 +546,16 @@ def _traversal(plan: TreePlan, tok: Tensor, q: Tensor, p: Tensor, u: Tensor,
     miss = torch.zeros_like(value)
     final = p.clone()  # each node's residual row after all its children were deleted
     start = torch.zeros(p.shape[0], dtype=torch.int64, device=p.device) if ordered else None  # post-order starts
-    for b in plan.levels:
+    if ordered and plan.every.any_ordered:  # every node's visiting order and laws at once (its own rows only)
+        e = plan.every
+        visit_all, laws_all = _visiting(plan, e, p.index_select(0, e.rows), q.index_select(0, e.rows), tok)
+    for b, pos in zip(plan.levels, plan.level_pos):
         if not b.kids:
             continue
         v, m, row = value.index_select(0, b.rows), miss.index_select(0, b.rows), p.index_select(0, b.rows)
         q_b = q.index_select(0, b.rows)
         removed = torch.zeros_like(row, dtype=torch.bool)
-        visit, sorted_laws = _visiting(plan, b, row, q_b, tok) if ordered and b.any_ordered else (None, [])
+        visit = visit_all.index_select(0, pos) if ordered and b.any_ordered else None
         offset = None if start is None else start.index_select(0, b.rows)
         for j, (kids, kid_rows) in enumerate(zip(b.kids, b.kid_rows)):
             c = kids.shape[0]
@@ -555,7 +565,7 @@ def _traversal(plan: TreePlan, tok: Tensor, q: Tensor, p: Tensor, u: Tensor,
             t = tok.index_select(0, kids)
             law = _laws(b, q_b[:c], removed[:c], t)
             if visit is not None:
-                law = torch.where(b.ordered[:c], sorted_laws[j][:c], law)
+                law = torch.where(b.ordered[:c], laws_all[j].index_select(0, pos[:c]), law)
             kid_value, kid_miss = _child_state(v[:c], m[:c], row[:c], law, t)
             value.index_copy_(0, kid_rows, kid_value)
             miss.index_copy_(0, kid_rows, kid_miss)
