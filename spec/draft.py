@@ -71,11 +71,12 @@ def draft_rows(draft: DraftModel, paths: Sequence[Path]) -> FloatArray:
         raise ValueError(
             f"draft model returned rows of shape {arr.shape} for {len(paths)} paths; expected ({len(paths)}, {draft.vocab})"
         )
+    given = getattr(raw, "dtype", None)  # the rows' own precision sets the tolerance
     try:
-        return check_prob_rows("draft rows", arr)
+        return check_prob_rows("draft rows", arr, dtype=given)
     except ValueError:
         for path, row in zip(paths, arr):
-            check_prob_rows(f"draft row for path {tuple(path)}", row[None, :])
+            check_prob_rows(f"draft row for path {tuple(path)}", row[None, :], dtype=given)
         raise
 
 

@@ -252,7 +252,7 @@ def _check_pair(p_row: ArrayLike, q_row: ArrayLike, k: object) -> tuple[FloatArr
         arr = as_real_array(name, row)
         if arr.ndim != 1:
             raise ValueError(f"{name} must be a 1-D probability row, got shape {arr.shape}")
-        rows.append(check_prob_rows(name, arr[None, :])[0])
+        rows.append(check_prob_rows(name, arr[None, :], dtype=getattr(row, "dtype", None))[0])
     p, q = rows
     if p.shape != q.shape:
         raise ValueError(f"p_row has {p.shape[0]} tokens but q_row has {q.shape[0]}")

@@ -388,7 +388,7 @@ def hu_closed_form_acceptance(p_row: ArrayLike, joint: Mapping[tuple[int, ...], 
     enumerated (by subset sums), so ``V`` must be small.  ``joint`` maps each
     ordered draft tuple to its probability.
     """
-    p = check_prob_rows("p_row", np.asarray(p_row, dtype=np.float64)[None, :])[0]
+    p = check_prob_rows("p_row", np.asarray(p_row, dtype=np.float64)[None, :], dtype=getattr(p_row, "dtype", None))[0]
     vocab = p.shape[0]
     if vocab > MAX_CLOSED_FORM_VOCAB:
         raise ValueError(f"p_row has V = {vocab} > {MAX_CLOSED_FORM_VOCAB}: 2^V sets are too many")

@@ -43,7 +43,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from tmc.noise import categorical, check_uniforms
 from tmc.residual import acceptance_probability, residual
-from tmc.validate import as_real_array, as_rng, check_int, check_prob_rows
+from tmc.validate import as_real_array, as_rng, check_int, check_prob_rows, row_sum_tol
 
 Path = tuple[int, ...]
 FloatArray = NDArray[np.float64]
@@ -137,7 +137,10 @@ class DraftTree:
         return len(self.tokens)
 
     def children(self, node: int) -> tuple[int, ...]:
-        """Children of ``node`` (``-1`` for the root) in verification order."""
+        """Children of ``node`` (``-1`` for the root) in verification order; ``ValueError`` for a node the tree
+        does not have (a negative index would otherwise wrap around to another node's children)."""
+        if not ROOT <= node < len(self.tokens):
+            raise ValueError(f"node {node!r} is not a node of this tree of {len(self.tokens)} nodes (or -1, the root)")
         return self._kids[node + 1]
 
     def node_depth(self, node: int) -> int:
@@ -205,11 +208,12 @@ def _check_rows(q_rows: Mapping[Any, Any], vocab: int) -> dict[int, FloatArray]:
             raise ValueError(f"q_rows[{k}] has shape {arr.shape}; expected ({vocab},)")
     if not arrs:
         return {}
-    try:
-        table = check_prob_rows("q_rows", np.stack(arrs))
+    dtypes = [getattr(v, "dtype", None) for v in q_rows.values()]
+    try:  # rows given in mixed precisions: the tolerance of the least precise
+        table = check_prob_rows("q_rows", np.stack(arrs), dtype=max(dtypes, key=row_sum_tol))
     except ValueError:
-        for k, arr in zip(keys, arrs):  # name the offending node's row
-            check_prob_rows(f"q_rows[{k}]", arr[None, :])
+        for k, arr, dtype in zip(keys, arrs, dtypes):  # name the offending node's row
+            check_prob_rows(f"q_rows[{k}]", arr[None, :], dtype=dtype)
         raise
     table.setflags(write=False)
     return dict(zip(keys, table))

@@ -12,10 +12,13 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from tmc.validate import as_real_array
+
 
 def check_uniforms(name: str, u: ArrayLike, size: int) -> NDArray[np.float64]:
-    """Return ``u`` as a float64 ``(size,)`` array of values in ``[0, 1)`` or raise."""
-    arr = np.asarray(u, dtype=np.float64)
+    """Return ``u`` as a float64 ``(size,)`` array of values in ``[0, 1)`` or raise (also for complex, bool
+    or text entries: :func:`tmc.validate.as_real_array`)."""
+    arr = as_real_array(name, u)
     if arr.shape != (size,):
         raise ValueError(f"{name} must have shape ({size},), got {arr.shape}")
     if not np.all((arr >= 0.0) & (arr < 1.0)):

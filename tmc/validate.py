@@ -9,8 +9,10 @@ single place those rules live.
 Rules (``ROW_SUM_TOL`` is the stated tolerance):
 
 * arrays are 2-D, finite (no NaN or ±inf) and non-negative;
-* each row sums to 1 within ``ROW_SUM_TOL``; rows are then renormalised in
-  float64 so the exact algebra of the kernels holds to rounding;
+* each row sums to 1 within ``ROW_SUM_TOL`` (rows given in float32, float16
+  or bfloat16: within ``ROW_SUM_TOLS`` of that precision, :func:`row_sum_tol`);
+  rows are then renormalised in float64 so the exact algebra of the kernels
+  holds to rounding;
 * ``q_rows`` has shape ``(n, V)`` and ``p_rows`` ``(n + 1, V)``;
 * draft tokens are integers in ``[0, V)`` and were possible under the law they
   were drawn from: ``q_rows[i, ref[i]] > 0``;
@@ -30,9 +32,25 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-#: Largest allowed |row sum - 1| for a probability row.  Rows from a float32
-#: softmax over a 32k vocabulary sum to 1 within ~1e-6 once cast to float64.
+#: Largest allowed |row sum - 1| for a probability row given in float64 (or as integers or Python numbers).
 ROW_SUM_TOL = 1e-6
+#: The same for rows given in a lower precision, by dtype name.  A softmax row computed in that precision,
+#: or a float64 one rounded to it, sums to 1 only within that precision's rounding: the worst |sum - 1|
+#: (summed in float64) over 64 rows each of logit scales 0.5-30 and V = 4096-256000, both ways, was
+#: 2.1e-5 for float32 (growing with V: 1.0e-6 at 4096, 1.3e-5 at 128256), 7.0e-4 for float16 and 3.0e-3
+#: for bfloat16 (torch 2.13 CPU).  Each tolerance leaves a margin of 5x or more over that, and an
+#: unnormalised row (logits, weights, a top-p cut not renormalised) is still off by far more.
+ROW_SUM_TOLS = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 2e-2}
+
+
+def row_sum_tol(dtype: object) -> float:
+    """The row-sum tolerance for rows given in ``dtype`` (a numpy or torch dtype, or its name):
+    ``ROW_SUM_TOLS``' entry for float32 / float16 / bfloat16, else ``ROW_SUM_TOL``."""
+    try:
+        name = np.dtype(dtype).name  # numpy dtypes, scalar types and names (None: float64)
+    except TypeError:
+        name = str(dtype).removeprefix("torch.")  # torch dtypes, and "bfloat16", which numpy lacks
+    return ROW_SUM_TOLS.get(name, ROW_SUM_TOL)
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
@@ -45,7 +63,7 @@ def as_real_array(name: str, values: object) -> FloatArray:
     raw = np.asarray(values)
     if raw.dtype == np.bool_ or raw.dtype.kind not in "fiu":
         if raw.dtype.kind == "c":
-            raise ValueError(f"{name} has complex entries; probabilities must be real numbers")
+            raise ValueError(f"{name} has complex entries; expected real numbers")
         if raw.dtype.kind != "O" or raw.size == 0:
             if raw.size == 0 and raw.dtype.kind in "OU":
                 return np.asarray(raw, dtype=np.float64)
@@ -95,11 +113,13 @@ def as_rng(rng: object, name: str = "rng") -> np.random.Generator:
     return np.random.default_rng(check_int(name, rng, minimum=0))
 
 
-def check_prob_rows(name: str, rows: ArrayLike) -> FloatArray:
+def check_prob_rows(name: str, rows: ArrayLike, *, dtype: object = None) -> FloatArray:
     """Return ``rows`` as a renormalised float64 ``(m, V)`` array or raise.
 
-    ``name`` is the argument name used in error messages.
+    ``name`` is the argument name used in error messages.  ``dtype``: the precision the caller gave the
+    rows in, which sets the row-sum tolerance (:func:`row_sum_tol`); by default ``rows``' own.
     """
+    tol = row_sum_tol(getattr(rows, "dtype", None) if dtype is None else dtype)
     arr = as_real_array(name, rows)
     if arr.ndim != 2:
         raise ValueError(f"{name} must be a 2-D array of probability rows, got shape {arr.shape}")
@@ -109,7 +129,7 @@ def check_prob_rows(name: str, rows: ArrayLike) -> FloatArray:
     # minimum is negative (or NaN) if it holds a negative entry; the checks below only name the fault
     with np.errstate(invalid="ignore", over="ignore"):  # inf - inf is NaN here on purpose
         sums = arr.sum(axis=1)
-        ok = np.isfinite(sums) & (np.abs(sums - 1.0) <= ROW_SUM_TOL) & (arr.min(axis=1) >= 0.0)
+        ok = np.isfinite(sums) & (np.abs(sums - 1.0) <= tol) & (arr.min(axis=1) >= 0.0)
     if ok.all():
         good: FloatArray = arr / sums[:, None]
         return good
@@ -120,8 +140,8 @@ def check_prob_rows(name: str, rows: ArrayLike) -> FloatArray:
     if (arr < 0).any():
         row, col = (int(i) for i in np.argwhere(arr < 0)[0])
         raise ValueError(f"{name} row {row} has a negative entry {float(arr[row, col])!r} at token {col}")
-    row = int(np.argmax(np.abs(sums - 1.0) > ROW_SUM_TOL))
-    raise ValueError(f"{name} row {row} sums to {float(sums[row])!r}, not 1 (tolerance {ROW_SUM_TOL})")
+    row = int(np.argmax(np.abs(sums - 1.0) > tol))
+    raise ValueError(f"{name} row {row} sums to {float(sums[row])!r}, not 1 (tolerance {tol})")
 
 
 def check_tokens(name: str, tokens: ArrayLike | Sequence[int], vocab: int) -> IntArray:
@@ -161,7 +181,7 @@ def check_chain(
     if q_arr.ndim == 2 and q_arr.shape[0] == 0:
         q: FloatArray = np.zeros((0, q_arr.shape[1]), dtype=np.float64)
     else:
-        q = check_prob_rows("q_rows", q_arr)
+        q = check_prob_rows("q_rows", q_arr, dtype=getattr(q_rows, "dtype", None))
     toks = check_tokens("ref", ref, vocab)
     n = toks.shape[0]
     if q.shape != (n, vocab):

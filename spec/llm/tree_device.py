@@ -95,6 +95,7 @@ from spec.llm.verify import (
     Verified,
     _check_method,
     _float_tensor,
+    _prob_tensor,
     _long_tensor,
     _mass_after_rows,
     _normalised_rows,
@@ -630,7 +631,7 @@ def tree_head(method: str, plan: TreePlan, draft_tokens: Tensor, draft_probs: Te
     """
     walk = _WALKS[_check_method(method, DEVICE_TREE_METHODS)]
     n = plan.size
-    p_raw = _float_tensor("target_probs", target_probs, plan.device)
+    p_raw = _prob_tensor("target_probs", target_probs, plan.device)
     tok_raw = _long_tensor("draft_tokens", draft_tokens, plan.device)
     u = _float_tensor("uniforms", uniforms, plan.device)
     if p_raw.ndim != 2 or p_raw.shape[1] == 0:
@@ -646,17 +647,17 @@ def tree_head(method: str, plan: TreePlan, draft_tokens: Tensor, draft_probs: Te
             node = plan.sampled_nodes[0]
             kind = plan.draws[plan.parents.index(node)].value
             raise ValueError(f"draft_probs is None but node {node} has children drawn '{kind}'")
-        q = torch.zeros_like(p_raw)
+        q = torch.zeros_like(p_raw, dtype=F64)
     else:
-        q_raw = _float_tensor("draft_probs", draft_probs, plan.device)
+        q_raw = _prob_tensor("draft_probs", draft_probs, plan.device)
         if tuple(q_raw.shape) != (n + 1, vocab):
             raise ValueError(f"draft_probs has shape {tuple(q_raw.shape)}; expected (N + 1, V) = {(n + 1, vocab)}")
-        q = _normalised_rows(q_raw)
+        q = _normalised_rows(q_raw.to(F64))
     if trusted:
         bad, tok = torch.zeros((), dtype=torch.bool, device=plan.device), tok_raw
     else:
         bad, tok = _flags(plan, tok_raw, q_raw, p_raw, u), tok_raw.clamp(0, vocab - 1)
-    at, row = walk(plan, tok, q, _normalised_rows(p_raw), u)
+    at, row = walk(plan, tok, q, _normalised_rows(p_raw.to(F64)), u)
     y = categorical_draw(row, u[n])
     return torch.cat([bad.to(torch.int64).reshape(1), plan.lengths.index_select(0, at.reshape(1)), y.reshape(1),
                       plan.paths.index_select(0, at.reshape(1))[0]])
@@ -676,8 +677,8 @@ def verify_tree_on_device(method: str, plan: TreePlan, draft_tokens: TensorLike,
     back as a host tensor.  Inputs off ``plan.device`` are moved there first."""
     dev = plan.device
     args = (_long_tensor("draft_tokens", draft_tokens, dev),
-            None if draft_probs is None else _float_tensor("draft_probs", draft_probs, dev),
-            _float_tensor("target_probs", target_probs, dev), _float_tensor("uniforms", uniforms, dev))
+            None if draft_probs is None else _prob_tensor("draft_probs", draft_probs, dev),
+            _prob_tensor("target_probs", target_probs, dev), _float_tensor("uniforms", uniforms, dev))
     head = tree_head(method, plan, *args, trusted=trusted)
     got = torch.cat([head, args[0].to(torch.int64)]).tolist()
     if got[0]:

@@ -51,7 +51,9 @@ Arrays (shapes as in DESIGN.md §3; any float dtype, upcast to float64):
 
 Validation (DESIGN.md §3): ``ValueError`` naming the argument (and row) for a
 wrong shape, a non-integer id, NaN / ±inf, a negative entry, a row that does
-not sum to 1 within :data:`tmc.validate.ROW_SUM_TOL`, a token outside
+not sum to 1 within the tolerance of the precision it came in
+(:func:`tmc.validate.row_sum_tol`: 1e-6 for float64, 1e-4 for float32, more
+for float16 / bfloat16; rows are summed in float64), a token outside
 ``[0, V)``, a drafted token with ``q = 0`` under the law it was drawn from, a
 uniform outside ``[0, 1)``, a malformed tree or an unknown method.  Rows are
 then renormalised, as :mod:`tmc` does.
@@ -101,13 +103,14 @@ from itertools import permutations
 from types import MappingProxyType
 from typing import Any, NamedTuple, Protocol
 
+import numpy as np
 import torch
 from numpy.typing import ArrayLike
 
 from spec.llm.sampling import categorical_draw as _categorical, point_rows
 from tmc.multidraft import ROOT, Draw
 from tmc.ordered_traversal import MAX_SWOR_TUPLES, mass_left
-from tmc.validate import ROW_SUM_TOL
+from tmc.validate import as_real_array, row_sum_tol
 
 __all__ = [
     "CHAIN_METHODS",
@@ -208,16 +211,34 @@ def _device_of(x: object) -> torch.device:
 
 
 def _float_tensor(name: str, x: object, device: torch.device) -> Tensor:
-    """``x`` as a float64 tensor on ``device``; ``ValueError`` for non-real data."""
+    """``x`` as a float64 tensor on ``device``; ``ValueError`` for non-real data (bool and complex included)."""
+    return _prob_tensor(name, x, device).to(F64)
+
+
+#: Floating dtypes probability rows keep until they are checked: their precision sets the row-sum tolerance.
+_KEPT = (torch.float32, torch.float16, torch.bfloat16, F64)
+
+
+def _prob_tensor(name: str, x: object, device: torch.device) -> Tensor:
+    """``x`` as a tensor on ``device``, in its own precision if float32 / float16 / bfloat16 (a tensor's or a
+    numpy array's: :func:`tmc.validate.row_sum_tol` then checks the rows at that precision's tolerance),
+    else float64; ``ValueError`` for non-real data (bool and complex included)."""
     if x is None:
         raise ValueError(f"{name} is None; expected a tensor of real numbers")
     if isinstance(x, Tensor):
         if x.dtype == torch.bool or x.is_complex():
             raise ValueError(f"{name} must hold real numbers, got dtype {x.dtype}")
-        return x.to(device=device, dtype=F64)
+        return x.to(device=device, dtype=x.dtype if x.dtype in _KEPT else F64)
     try:
-        return torch.as_tensor(x, dtype=F64, device=device)
-    except (TypeError, ValueError, RuntimeError) as err:
+        raw = np.asarray(x)
+        if raw.dtype in (np.float32, np.float16):
+            return torch.as_tensor(raw, device=device)
+        return torch.as_tensor(as_real_array(name, raw), device=device)
+    except (TypeError, RuntimeError) as err:
+        raise ValueError(f"{name} must hold real numbers ({err})") from None
+    except ValueError as err:
+        if str(err).startswith(name):  # as_real_array's own message
+            raise
         raise ValueError(f"{name} must hold real numbers ({err})") from None
 
 
@@ -254,7 +275,8 @@ def _check_vector(name: str, x: Tensor, sizes: tuple[int, ...]) -> None:
 
 
 def _rows_bad(rows: Tensor) -> Tensor:
-    """Device-side flag (0-d bool): some row is non-finite, negative or does not sum to 1."""
+    """Device-side flag (0-d bool): some row is non-finite, negative or does not sum to 1 (within its
+    precision's tolerance, :func:`tmc.validate.row_sum_tol`)."""
     if rows.numel() == 0:
         return torch.zeros((), dtype=torch.bool, device=rows.device)
     return ~_rows_ok(rows)
@@ -267,8 +289,8 @@ def _rows_ok(rows: Tensor) -> Tensor:
     minimum is negative if it holds a negative entry (``-inf`` included), so
     ``sum`` and ``amin`` decide what three full passes would.
     """
-    sums, mins = rows.sum(dim=1), rows.amin(dim=1)
-    return (torch.isfinite(sums) & ((sums - 1.0).abs() <= ROW_SUM_TOL) & (mins >= 0.0)).all()
+    sums, mins = rows.sum(dim=1, dtype=F64), rows.amin(dim=1)
+    return (torch.isfinite(sums) & ((sums - 1.0).abs() <= row_sum_tol(rows.dtype)) & (mins >= 0.0)).all()
 
 
 def _check_rows(name: str, rows: Tensor, labels: Sequence[int] | None = None) -> None:
@@ -286,11 +308,12 @@ def _check_rows(name: str, rows: Tensor, labels: Sequence[int] | None = None) ->
     if bool((rows < 0).any()):
         row, col = (int(i) for i in torch.nonzero(rows < 0)[0])
         raise ValueError(f"{name} row {label[row]} has a negative entry {float(rows[row, col])!r} at token {col}")
-    sums = rows.sum(dim=1)
-    off = (sums - 1.0).abs() > ROW_SUM_TOL
+    sums, tol = rows.sum(dim=1, dtype=F64), row_sum_tol(rows.dtype)
+    off = (sums - 1.0).abs() > tol
     if bool(off.any()):
         row = int(torch.nonzero(off)[0, 0])
-        raise ValueError(f"{name} row {label[row]} sums to {float(sums[row])!r}, not 1 (tolerance {ROW_SUM_TOL})")
+        raise ValueError(f"{name} row {label[row]} sums to {float(sums[row])!r}, not 1 (tolerance {tol} for "
+                         f"{str(rows.dtype).removeprefix('torch.')} rows)")
 
 
 def _check_token_range(name: str, tok: Tensor, vocab: int) -> None:
@@ -400,7 +423,7 @@ def _prepare_chain(
     """Shapes checked on the host (no sync); values flagged on the device, unless ``trusted``
     (:func:`verify_chain_on_device`): then ``bad`` is a constant False and no value is checked."""
     device = _device_of(target_probs)
-    p_raw = _float_tensor("target_probs", target_probs, device)
+    p_raw = _prob_tensor("target_probs", target_probs, device)
     tok_raw = _long_tensor("draft_tokens", draft_tokens, device)
     n = int(tok_raw.shape[0])
     if p_raw.ndim != 2 or p_raw.shape[1] == 0:
@@ -418,12 +441,12 @@ def _prepare_chain(
     if draft_probs is None:
         q = point_rows(tok[:, None], vocab)
     else:
-        q_raw = _float_tensor("draft_probs", draft_probs, device)
+        q_raw = _prob_tensor("draft_probs", draft_probs, device)
         _check_matrix("draft_probs", q_raw, (n, vocab), "(n, V)")
         if not trusted:
             bad = bad | _rows_bad(q_raw) | (q_raw.gather(1, tok[:, None]) <= 0.0).any()
-        q = _normalised_rows(q_raw)
-    return _Chain(tok, q, _normalised_rows(p_raw), u, bad, (tok_raw, q_raw, p_raw, u))
+        q = _normalised_rows(q_raw.to(F64))
+    return _Chain(tok, q, _normalised_rows(p_raw.to(F64)), u, bad, (tok_raw, q_raw, p_raw, u))
 
 
 def _raise_chain_errors(chain: _Chain) -> None:
@@ -659,18 +682,19 @@ def _parse_draws(draws: object, n: int) -> tuple[Draw, ...]:
 
 
 def _to_host(parts: Sequence[Tensor]) -> list[Tensor]:
-    """Every part as float64 on the CPU, in one device-to-host copy (the tree step's one synchronisation)."""
+    """Every part on the CPU in its own dtype, in one device-to-host copy (the tree step's one synchronisation;
+    packed as float64, which holds float32 / float16 / bfloat16 values and ids below 2**53 exactly)."""
     on_device = [t for t in parts if t.device.type != "cpu"]
     if not on_device:
-        return [t.to(F64) for t in parts]
+        return list(parts)
     packed = torch.cat([t.reshape(-1).to(F64) for t in on_device]).cpu()
     out: list[Tensor] = []
     offset = 0
     for t in parts:
         if t.device.type == "cpu":
-            out.append(t.to(F64))
+            out.append(t)
             continue
-        out.append(packed[offset : offset + t.numel()].reshape(t.shape))
+        out.append(packed[offset : offset + t.numel()].reshape(t.shape).to(t.dtype))
         offset += t.numel()
     return out
 
@@ -705,7 +729,7 @@ def _prepare_tree(
     """Shapes checked, everything copied to the host at once, then rows, tree and uniforms validated there."""
     # each input stays where it is: _to_host copies what is on a device in one transfer
     device = _device_of(target_probs)
-    p_dev = _float_tensor("target_probs", target_probs, device)
+    p_dev = _prob_tensor("target_probs", target_probs, device)
     tok_dev = _long_tensor("draft_tokens", draft_tokens, _device_of(draft_tokens))
     par_dev = _long_tensor("parents", parents, _device_of(parents))
     u_dev = _float_tensor("uniforms", uniforms, _device_of(uniforms))
@@ -719,7 +743,7 @@ def _prepare_tree(
     kinds = _parse_draws(draws, n)
     parts = [p_dev, tok_dev, par_dev, u_dev]
     if draft_probs is not None:
-        q_dev = _float_tensor("draft_probs", draft_probs, device)
+        q_dev = _prob_tensor("draft_probs", draft_probs, device)
         _check_matrix("draft_probs", q_dev, (n + 1, vocab), "(N + 1, V)")
         parts.append(q_dev)
     host = _to_host(parts)
@@ -729,7 +753,8 @@ def _prepare_tree(
     kids = _tree_structure(parent_list, tokens, kinds, vocab)
     _check_uniforms(u)
     q_rows = _sampled_rows(host[4] if draft_probs is not None else None, kids, kinds, tokens)
-    return _Tree(tuple(parent_list), tuple(tokens), kinds, kids, q_rows, _normalised_rows(p_raw), tuple(u.tolist()))
+    return _Tree(tuple(parent_list), tuple(tokens), kinds, kids, q_rows, _normalised_rows(p_raw.to(F64)),
+                 tuple(u.tolist()))
 
 
 def _sampled_rows(
@@ -744,7 +769,7 @@ def _sampled_rows(
         raise ValueError(f"draft_probs is None but node {sampled[0]} has children drawn '{kind}'")
     rows = [node + 1 for node in sampled]
     _check_rows("draft_probs", q_raw[rows], rows)
-    q_rows = dict(zip(sampled, _normalised_rows(q_raw[rows])))
+    q_rows = dict(zip(sampled, _normalised_rows(q_raw[rows].to(F64))))
     for node in sampled:
         for kid in kids[node + 1]:
             if float(q_rows[node][tokens[kid]]) <= 0.0:

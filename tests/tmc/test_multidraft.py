@@ -15,6 +15,7 @@ from tmc.multidraft import (
     multidraft_kernel,
     multidraft_sample,
     multidraft_sample_from_uniforms,
+    proposal_laws,
     tree_kernel_outputs,
 )
 from tmc.toy import ToyModel
@@ -202,3 +203,14 @@ def test_swor_draft_weights_sum_to_one_with_tiny_leftover_mass():
     trees = list(enumerate_draft_trees(model, [3], "swor"))
     assert sum(w for w, _ in trees) == pytest.approx(1.0, abs=1e-14)
     assert tree_output_law(model, [3], "swor").completion_error <= 1e-12
+
+
+def test_a_node_the_tree_lacks_is_refused_not_wrapped_around():
+    """``children(-3)`` used to wrap around to node 1's children (a negative tuple index)."""
+    tree = DraftTree((-1, -1, 1), (0, 1, 2), ("topk", "topk", "topk"), {}, 3)
+    assert tree.children(1) == (2,) and tree.children(-1) == (0, 1)
+    for node in (-3, -2, 3):
+        with pytest.raises(ValueError, match=rf"node {node} is not a node of this tree of 3 nodes"):
+            tree.children(node)
+        with pytest.raises(ValueError, match=rf"node {node} is not a node"):
+            proposal_laws(tree, node)

@@ -8,8 +8,10 @@ import pytest
 from tmc import (
     asps_kernel,
     asps_sample,
+    asps_sample_from_uniforms,
     block_kernel,
     block_sample,
+    block_sample_from_uniforms,
     sps_kernel,
     sps_sample,
     sps_sample_from_uniforms,
@@ -260,3 +262,57 @@ def test_check_prob_rows_names_faults_its_two_reductions_flag(row, match):
         check_prob_rows("rows", np.array([good, row, good]))
     out = check_prob_rows("rows", np.array([good, [0.0, 1.0, 0.0], [1 / 3] * 3]))
     np.testing.assert_allclose(out.sum(axis=1), 1.0, rtol=0, atol=1e-15)
+
+
+# ------------------------------------------------------- row sums at the caller's precision
+
+
+def _off_by(vocab: int, excess: float, dtype) -> np.ndarray:
+    """One row of ``vocab`` equal entries whose float64 sum is ``1 + excess`` (within rounding), in ``dtype``."""
+    return np.full((1, vocab), (1.0 + excess) / vocab).astype(dtype)
+
+
+def test_row_sum_tolerance_follows_the_precision_the_rows_came_in():
+    from tmc.validate import ROW_SUM_TOL, ROW_SUM_TOLS, check_prob_rows, row_sum_tol
+
+    assert row_sum_tol(np.float64) == row_sum_tol("float64") == row_sum_tol(None) == ROW_SUM_TOL
+    assert row_sum_tol(np.dtype(np.float32)) == row_sum_tol("torch.float32") == ROW_SUM_TOLS["float32"]
+    assert row_sum_tol("torch.bfloat16") == ROW_SUM_TOLS["bfloat16"]
+    # 2e-5 off: what a float32 softmax over a 256k vocabulary gives (tmc.validate), accepted in float32 only
+    f32 = _off_by(4096, 2e-5, np.float32)
+    assert abs(float(f32.astype(np.float64).sum()) - 1.0 - 2e-5) < 1e-6
+    got = check_prob_rows("p_rows", f32)
+    assert abs(got.sum() - 1.0) < 1e-12  # renormalised in float64
+    with pytest.raises(ValueError, match=r"p_rows row 0 sums to .*tolerance 1e-06"):
+        check_prob_rows("p_rows", f32.astype(np.float64))
+    with pytest.raises(ValueError, match=r"p_rows row 0 sums to .*tolerance 0.0001"):
+        check_prob_rows("p_rows", _off_by(4096, 1e-3, np.float32))  # not a rounding: refused in float32 too
+    with pytest.raises(ValueError, match=r"tolerance 0.01"):
+        check_prob_rows("p_rows", _off_by(8, 0.05, np.float16))
+    # the caller's precision passed on by a function that converted the rows first
+    check_prob_rows("p_rows", f32.astype(np.float64), dtype=np.float32)
+
+
+def test_float32_rows_off_by_their_rounding_are_accepted_by_every_chain_sampler():
+    """Rows whose float64 sums are 1 + 1.2e-5 in float32 (a float32 softmax over 128k tokens is off by about
+    that much, :data:`tmc.validate.ROW_SUM_TOLS`): every sampler gives the tokens of the same rows renormalised
+    in float64."""
+    rng = np.random.default_rng(0)
+    for fn in (sps_sample_from_uniforms, asps_sample_from_uniforms, block_sample_from_uniforms):
+        for _ in range(20):
+            vocab = int(rng.integers(2, 40))
+            q = rng.dirichlet(np.ones(vocab), size=3)
+            p = rng.dirichlet(np.ones(vocab), size=4)
+            ref = [int(rng.choice(vocab, p=row)) for row in q]
+            q32, p32 = (q * (1 + 1.2e-5)).astype(np.float32), (p * (1 + 1.2e-5)).astype(np.float32)
+            assert np.abs(p32.astype(np.float64).sum(axis=1) - 1.0).min() > 1e-6
+            q64 = q32.astype(np.float64) / q32.astype(np.float64).sum(axis=1, keepdims=True)
+            p64 = p32.astype(np.float64) / p32.astype(np.float64).sum(axis=1, keepdims=True)
+            u = rng.random(1 if fn is asps_sample_from_uniforms else 4)
+            assert fn(ref, q32, p32, u) == fn(ref, q64, p64, u)
+
+
+@pytest.mark.parametrize("u", [np.array([0.1, 0.2j, 0.3]), [True, False, True], ["0.1", "0.2", "0.3"], [0.1, None, 0.3]])
+def test_uniforms_must_be_real_numbers(u):
+    with pytest.raises(ValueError, match=r"^u "):
+        sps_sample_from_uniforms(REF, Q, P, u)

@@ -324,6 +324,25 @@ def test_float32_rows_give_the_float64_walk():
             assert verify_tree_on_device(method, plan, list(tree.tokens), q, p32, u).tokens.tolist() == want
 
 
+def test_rows_are_checked_at_the_precision_they_came_in():
+    """Float32 / bfloat16 rows off by their rounding (1.2e-5 / 3e-3) pass the device flag and walk as the
+    host walk does; a float32 row off by 1e-3 is flagged, and the host checks then name it at float32's
+    tolerance (the rows reach them in their own dtype)."""
+    rng = np.random.default_rng(8)
+    for dtype, excess in ((torch.float32, 1.2e-5), (torch.bfloat16, 3e-3)):
+        for _ in range(10):
+            q, p = rng.dirichlet(np.ones(6), size=3), rng.dirichlet(np.ones(6), size=3)
+            q_lo, p_lo = (torch.tensor(x * (1 + excess)).to(dtype) for x in (q, p))
+            tok, u = [int(rng.choice(6, p=q[0])), int(rng.choice(6, p=q[0]))], rng.random(3)
+            for method in DEVICE_TREE_METHODS:
+                want = verify_tree(method, tok, [-1, -1], "iid", q_lo, p_lo, u).tokens.tolist()
+                got = verify_tree_on_device(method, TreePlan.of([-1, -1], "iid"), tok, q_lo, p_lo, u)
+                assert got.tokens.tolist() == want
+    p_bad = torch.tensor(np.full((3, 2), 0.5) * (1 + 1e-3), dtype=torch.float32)
+    with pytest.raises(ValueError, match=r"target_probs row 0 sums to .*tolerance 0.0001 for float32 rows"):
+        verify_tree_on_device("traversal", TreePlan.of([-1, -1], "iid"), [0, 1], np.full((3, 2), 0.5), p_bad, [0.1] * 3)
+
+
 # ------------------------------------------------------------------ in the decode loop
 
 

@@ -445,6 +445,71 @@ def test_float32_rows_are_upcast():
         assert verify_chain(method, torch.tensor([1]), q, p, torch.tensor([0.6, 0.2])).tokens.tolist() == want
 
 
+def _rounded(rows: np.ndarray, excess: float, dtype: torch.dtype) -> torch.Tensor:
+    """``rows`` scaled to sum to ``1 + excess`` and rounded to ``dtype``, as a lower-precision softmax leaves them."""
+    return torch.tensor(rows * (1.0 + excess)).to(dtype)
+
+
+def _renormalised(rows: torch.Tensor) -> np.ndarray:
+    out = rows.double().numpy()
+    return out / out.sum(axis=1, keepdims=True)
+
+
+@pytest.mark.parametrize(("dtype", "excess"), [(torch.float32, 1.2e-5), (torch.float16, 5e-4), (torch.bfloat16, 3e-3)])
+def test_lower_precision_rows_are_checked_at_their_precision(dtype, excess):
+    """Rows off by what their precision's softmax leaves (tmc.validate.ROW_SUM_TOLS; 1.2e-5 is a float32
+    softmax over 128k tokens) pass and give numpy's tokens on the rows renormalised in float64; float32 rows
+    off by 1.2e-5 are refused when given in float64, and a float32 row off by 1e-3 (not a rounding) is refused."""
+    rng = np.random.default_rng(5)
+    for _ in range(30):
+        vocab = int(rng.integers(2, 12))
+        q, p = rng.dirichlet(np.ones(vocab), size=2), rng.dirichlet(np.ones(vocab), size=3)
+        ref = [int(rng.choice(vocab, p=row)) for row in q]
+        q_lo, p_lo = _rounded(q, excess, dtype), _rounded(p, excess, dtype)
+        u = rng.random(3)
+        for method in CHAIN_METHODS:
+            want = NUMPY_CHAIN[method](ref, _renormalised(q_lo), _renormalised(p_lo), u)
+            assert verify_chain(method, ref, q_lo, p_lo, u).tokens.tolist() == want
+        tree_q = torch.cat([q_lo[:1], q_lo[:1], q_lo[1:]])  # two root children drawn iid, rows (N + 1, V)
+        tree_tok = [ref[0], int(rng.choice(vocab, p=q[0]))]
+        for method in TREE_METHODS:
+            tree = DraftTree((-1, -1), tuple(tree_tok), ("iid", "iid"), {-1: _renormalised(q_lo)[0]}, vocab)
+            want = NUMPY_TREE[method](tree, _renormalised(p_lo), u)
+            assert verify_tree(method, tree_tok, [-1, -1], "iid", tree_q, p_lo, u).tokens.tolist() == want
+    with pytest.raises(ValueError, match=r"target_probs row 0 sums to .*tolerance 1e-06 for float64 rows"):
+        verify_chain("sps", [0], [[0.5, 0.5]], _rounded(np.full((2, 2), 0.5), 1.2e-5, torch.float32).double(), [0.1, 0.2])
+    with pytest.raises(ValueError, match=r"draft_probs row 0 sums to .*tolerance 0.0001 for float32 rows"):
+        verify_chain("sps", [0], _rounded(np.full((1, 2), 0.5), 1e-3, torch.float32), np.full((2, 2), 0.5), [0.1, 0.2])
+
+
+def test_a_float32_softmax_over_a_llama3_vocabulary_is_accepted():
+    """torch's float32 softmax over 128256 tokens: rows off by more than 1e-6 (they were refused), verified
+    as numpy verifies the same rows renormalised in float64."""
+    gen = torch.Generator().manual_seed(0)
+    p = torch.softmax(torch.randn(2, 128256, generator=gen) * 4.0, dim=-1)
+    assert float((p.double().sum(dim=1) - 1.0).abs().max()) > 1e-6
+    q = p[:1]
+    u = np.array([0.4, 0.9])
+    want = sps_sample_from_uniforms([int(q.argmax())], _renormalised(q), _renormalised(p), u)
+    assert verify_chain("sps", [int(q.argmax())], q, p, u).tokens.tolist() == want
+
+
+@pytest.mark.parametrize(("where", "bad"), [
+    ("target_probs", np.full((2, 2), 0.5) + 0j), ("target_probs", [[True, False], [False, True]]),
+    ("draft_probs", np.full((1, 2), 0.5) + 0j), ("uniforms", np.array([0.1, 0.2]) + 0j), ("uniforms", [True, False]),
+])
+def test_non_real_arrays_are_refused_by_name(where, bad):
+    """Complex and bool data given as numpy arrays or lists (not only as tensors) are refused, not cast."""
+    args = {"draft_probs": np.full((1, 2), 0.5), "target_probs": np.full((2, 2), 0.5), "uniforms": [0.1, 0.2]}
+    args[where] = bad
+    with pytest.raises(ValueError, match=rf"^{where} (must hold real numbers|has complex entries)"):
+        verify_chain("sps", [0], args["draft_probs"], args["target_probs"], args["uniforms"])
+    tree_args = dict(args, draft_probs=np.full((2, 2), 0.5) if where != "draft_probs" else np.full((2, 2), 0.5) + 0j)
+    with pytest.raises(ValueError, match=rf"^{where} (must hold real numbers|has complex entries)"):
+        verify_tree("traversal", [0], [-1], "iid", tree_args["draft_probs"], tree_args["target_probs"],
+                    tree_args["uniforms"])
+
+
 def test_registry_names_every_method_once():
     assert set(TORCH_VERIFIERS) == set(CHAIN_METHODS) | set(TREE_METHODS)
     assert not set(CHAIN_METHODS) & set(TREE_METHODS)
