@@ -37,8 +37,10 @@ from spec.tree import accepted_nodes
 from tmc.chain import asps_sample_from_uniforms, block_sample_from_uniforms, chain_sample_trusted, sps_sample_from_uniforms
 from tmc.kseq import kseq_sample_from_uniforms
 from tmc.multidraft import DraftTree, multidraft_sample_from_uniforms
+from tmc.noise import check_uniforms
 from tmc.ordered_traversal import ordered_traversal_sample_from_uniforms
 from tmc.traversal import traversal_sample_from_uniforms
+from tmc.validate import check_tokens
 
 __all__ = ["NUMPY_CHAIN_SAMPLERS", "NUMPY_TREE_SAMPLERS", "verify_chain_numpy", "verify_tree_numpy"]
 
@@ -76,6 +78,8 @@ def verify_chain_numpy(
     sampler = NUMPY_CHAIN_SAMPLERS[_check_method(method, CHAIN_METHODS)]
     tokens = list(draft_tokens)
     if method == "asps" and np.shape(uniforms) == (len(tokens) + 1,):
+        if not trusted:  # all of them checked, as the torch port does, before the first is read
+            check_uniforms("uniforms", uniforms, len(tokens) + 1)
         uniforms = np.asarray(uniforms)[:1]
     if trusted:  # None: point masses, which the trusted sampler forms only where it reads them
         out = chain_sample_trusted(method, np.asarray(tokens, dtype=np.int64),
@@ -86,11 +90,9 @@ def verify_chain_numpy(
             p = np.asarray(target_probs)
             if p.ndim != 2:
                 raise ValueError(f"target_probs must be a 2-D (n + 1, V) array, got shape {p.shape}")
-            draft_probs = np.zeros((len(tokens), p.shape[1]))
-            for i, tok in enumerate(tokens):
-                if not 0 <= tok < p.shape[1]:
-                    raise ValueError(f"draft_tokens[{i}] = {tok} is outside the vocabulary [0, {p.shape[1]})")
-                draft_probs[i, tok] = 1.0
+            ids = check_tokens("draft_tokens", tokens, p.shape[1])
+            draft_probs = np.zeros((len(ids), p.shape[1]))
+            draft_probs[np.arange(len(ids)), ids] = 1.0
         out = sampler(tokens, draft_probs, target_probs, uniforms)
     n_acc = len(out) - 1
     return Verified(torch.tensor(out, dtype=torch.int64), n_acc, tuple(range(n_acc)))

@@ -83,6 +83,15 @@ def test_bad_input_is_refused() -> None:
         verify_tree_numpy("traversal", DraftTree((-1,), (1,), (Draw.TOPK,), {}, 4), bad[:2], u[:2])
     with pytest.raises(ValueError, match="u"):
         verify_chain_numpy("sps", [1, 2], None, p, np.array([0.5, 1.0, 0.5]))
+    for ids in (["a", 0], [0.5, 0], np.array([1.5, 0.0])):  # a deterministic draft's ids, checked by name
+        with pytest.raises(ValueError, match=r"^draft_tokens"):
+            verify_chain_numpy("sps", ids, None, p, u)
+    q = np.full((2, 4), 0.25)
+    for bad_u in (math.nan, 1.0, -5.0):  # ASpS reads the first of n + 1 uniforms; all are checked, as in torch
+        with pytest.raises(ValueError, match=r"uniforms\[1\] = .* is not a uniform draw"):
+            verify_chain_numpy("asps", [1, 2], q, p, np.array([0.1, bad_u, 0.3]))
+        with pytest.raises(ValueError, match=r"uniforms\[1\] = .* is not a uniform draw"):
+            verify_chain("asps", [1, 2], q, p, np.array([0.1, bad_u, 0.3]))
 
 
 def test_ordered_traversal_refuses_a_huge_swor_enumeration_before_walking() -> None:
