@@ -116,12 +116,14 @@ __all__ = [
     "attention_window",
     "cache_length",
     "check_attention",
+    "check_positions",
     "check_span",
     "chunked",
     "exact_tree_nodes",
     "forward_masked",
     "forward_unchecked",
     "full_attention_span",
+    "learned_positions",
     "query_scale_floor",
     "select_beam_torch",
     "select_cache",
@@ -232,6 +234,35 @@ def full_attention_span(config: Any) -> int | None:
     """
     limits = _span_limits(config)
     return min(limits)[0] if limits else None
+
+
+#: Module names of learned absolute position tables: GPT-2's and GPTBigCode's ``wpe``, OPT's ``embed_positions``
+#: (an embedding with an ``offset`` of 2), and the ``position_embeddings`` of other families.
+_POSITION_TABLES = ("wpe", "embed_positions", "position_embeddings")
+
+
+def learned_positions(model: Any) -> int | None:
+    """How many positions ``model``'s learned absolute position table holds (positions ``0 .. n - 1``), or
+    ``None`` when it has none (rotary, ALiBi or no positions: nothing then stops a position from being fed)."""
+    modules = getattr(model, "named_modules", None)
+    for name, module in modules() if modules is not None else ():
+        if isinstance(module, torch.nn.Embedding) and name.rsplit(".", 1)[-1] in _POSITION_TABLES:
+            return int(module.num_embeddings) - int(getattr(module, "offset", 0))
+    return None
+
+
+def check_positions(model: Any, name: str, positions: int) -> None:
+    """``ValueError`` if a decode that feeds ``model`` its first ``positions`` positions (``0 .. positions - 1``)
+    runs past its learned position table (:func:`learned_positions`), which would fail deep in its forward
+    with an index error.  A tree step feeds its nodes at ``root position + depth``, so a speculative decode
+    can reach ``budget`` positions further than plain decoding does."""
+    table = learned_positions(model)
+    if table is not None and positions > table:
+        raise ValueError(
+            f"{name} has learned position embeddings for {table} positions, and this decode may feed it "
+            f"{positions} (prompt + max_new_tokens - 1, plus budget for a speculative decode): shorten the prompt, "
+            f"max_new_tokens or budget"
+        )
 
 
 def check_span(model: Any, name: str, positions: int, *, steps_capped: bool = False) -> None:

@@ -53,7 +53,7 @@ from spec.builders import (
     make_builder,
 )
 from spec.llm.adapter import (
-    LLMDraft, check_attention, check_span, exact_tree_nodes, forward_masked, forward_unchecked, query_scale_floor,
+    LLMDraft, check_attention, check_positions, check_span, exact_tree_nodes, forward_masked, forward_unchecked, query_scale_floor,
     select_cache, sync, tree_logits, trim_cache,
 )
 from spec.llm.host_verify import verify_chain_numpy, verify_tree_numpy
@@ -104,7 +104,7 @@ class StepStats:
     """One decode step."""
 
     tree_size: int  # draft nodes built
-    accepted: int  # draft tokens accepted
+    accepted: int  # draft tokens accepted and emitted (a step cut by EOS / max_new_tokens counts those kept)
     emitted: int  # tokens this step added to the output (after EOS / length cuts)
     draft_forwards: int  # draft LM forward passes (one per tree layer)
     build_s: float  # builder time, draft forwards included
@@ -756,6 +756,8 @@ def generate(
     # (exact_tree_nodes; the static cache refuses such a model)
     floor = query_scale_floor(getattr(target, "config", None))
     check_span(target, "target", len(prompt) + max_new_tokens + budget, steps_capped=True)
+    for model, role in ((target, "target"), (draft, "draft")):  # a step's nodes sit up to `budget` past its root
+        check_positions(model, role, len(prompt) + max_new_tokens - 1 + budget)
     sampling = Sampling(temperature, top_k, top_p)
     d_sampling = sampling if draft_temperature is None else _draft_sampling(draft_temperature, top_k, top_p)
     fixed_shape = _device_shape(b, verifier, budget, d_sampling, min(vocab, d_vocab)) if chain_on_device else None
@@ -816,8 +818,8 @@ def generate(
                 t3 = time.perf_counter()
                 kept, stopped = _cut_at_stop(one.tokens[: max_new_tokens - len(out)], stops)
                 out.extend(kept)
-                steps.append(StepStats(fused.size, one.n_accepted, len(kept), fused.forwards, 0.0, 0.0, 0.0, 0.0,
-                                       t3 - t0))
+                steps.append(StepStats(fused.size, min(one.n_accepted, len(kept)), len(kept), fused.forwards, 0.0,
+                                       0.0, 0.0, 0.0, t3 - t0))
                 if stopped or len(kept) < len(one.tokens):
                     break
                 t_past, root, d_state = one.t_past, one.tokens[-1], (one.d_past, one.pending)
@@ -853,8 +855,8 @@ def generate(
         t3 = time.perf_counter()
         kept, stopped = _cut_at_stop(tokens[: max_new_tokens - len(out)], stops)
         out.extend(kept)
-        steps.append(StepStats(size, res.n_accepted, len(kept), d_step.forwards, t1 - t0, t2 - t1, t3 - t2,
-                               d_step.forward_s))
+        steps.append(StepStats(size, min(res.n_accepted, len(kept)), len(kept), d_step.forwards, t1 - t0, t2 - t1,
+                               t3 - t2, d_step.forward_s))
         if stopped or len(kept) < len(tokens):
             break
         select_cache(t_cache, keep)
@@ -900,6 +902,7 @@ def ar_generate(
     sampling = Sampling(temperature, top_k, top_p)
     rng = np.random.default_rng(check_int("seed", seed, minimum=0))
     max_new_tokens = check_int("max_new_tokens", max_new_tokens, minimum=0)
+    check_positions(target, "target", len(prompt) + max_new_tokens - 1)
     cache = resolve_cache(target, cache)
     if cache == "static":  # its forwards pass a 4D mask (a token a step: a chain); the dynamic loop, the model's own
         check_attention(target, "target", trees=False)

@@ -78,7 +78,9 @@ def _process(logits: torch.Tensor, temperature: float, top_k: int | None, top_p:
         # float64 is exact and keeps the order, so the argmax is taken on the logits as they are.
         return point_rows(logits.argmax(dim=-1, keepdim=True), logits.shape[-1])
     x = logits.to(torch.float64)
-    if temperature != 1.0:
+    if temperature < 1.0:  # shifted first, so a tiny T cannot overflow x / T to inf (and softmax to NaN)
+        x = (x - x.amax(dim=-1, keepdim=True)) / temperature
+    elif temperature != 1.0:
         x = x / temperature
     k = x.shape[-1] if top_k is None else min(top_k, x.shape[-1])
     if k == x.shape[-1] and (top_p is None or top_p == 1.0):

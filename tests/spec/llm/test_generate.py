@@ -196,15 +196,45 @@ def test_one_draft_forward_per_layer(pair: tuple[object, object]) -> None:
         assert s.draft_forwards <= 3 + 1  # layers (+ the pending tokens of the step)
 
 
+def assert_steps_count_the_tokens(out: Any) -> None:
+    """Per-step statistics consistent with the tokens returned: each step emits its accepted draft tokens
+    and one more, except a last step cut by EOS / ``max_new_tokens``, which counts only the tokens it kept."""
+    assert sum(s.emitted for s in out.steps) == len(out.tokens)
+    assert all(s.accepted == s.emitted - 1 for s in out.steps[:-1])
+    assert not out.steps or out.steps[-1].emitted - 1 <= out.steps[-1].accepted <= out.steps[-1].emitted
+
+
+def test_a_subnormal_temperature_decodes_greedily(pair: tuple[object, object]) -> None:
+    """T = 1e-320 passed validation and overflowed logits / T (NaN rows: an AssertionError deep in the
+    sampler, or token 0 every step with the torch verifier); it is greedy decoding on every path."""
+    target, draft = pair
+    ref = greedy_decode(target, [5, 6], 6)
+    for builder, verifier, kw in (("chain", "sps", {}), ("chain", "sps", {"verify_backend": "torch"}),
+                                  ("fixed", "traversal", {}), ("dyspec", "traversal", {})):
+        out = generate(target, draft, [5, 6], builder, verifier, temperature=1e-320, max_new_tokens=6, **kw)
+        assert out.tokens == ref, (builder, verifier, kw)
+    assert ar_generate(target, [5, 6], temperature=1e-320, max_new_tokens=6).tokens == ref
+
+
 def test_eos_and_length_cuts(pair: tuple[object, object]) -> None:
     target, draft = pair
     ref = greedy_decode(target, [5, 6], 12)
     out = generate(target, draft, [5, 6], "dyspec", "multidraft", temperature=0, max_new_tokens=7, budget=8)
     assert out.tokens == ref[:7]
+    assert_steps_count_the_tokens(out)
     eos = ref[3]
     out = generate(target, draft, [5, 6], "dyspec", "multidraft", temperature=0, max_new_tokens=12, budget=8, eos_token_id=eos)
     assert out.tokens == ref[: ref.index(eos) + 1]
+    assert_steps_count_the_tokens(out)
     assert generate(target, draft, [5, 6], max_new_tokens=0).tokens == []
+    # the target drafting for itself: every draft token accepted, so a step cut to n < 5 tokens keeps n of
+    # its 4 accepted ones (it used to report all 4), eagerly and fused
+    for kw in ({}, {"step_graph": True, "cache": "static"}):
+        for n in (1, 2, 7):
+            out = generate(target, target, [5, 6], "chain", "sps", temperature=0, budget=4, max_new_tokens=n, **kw)
+            assert out.tokens == ref[:n]
+            assert_steps_count_the_tokens(out)
+            assert out.steps[0].accepted == min(n, 4)
 
 
 def _cut(tokens: list[int], stops: set[int]) -> list[int]:
@@ -239,6 +269,7 @@ def test_several_stop_tokens_end_generation_at_the_first_of_any(
         for stops in ([late, free[k]], (free[k], late), np.array([late, free[k]]), torch.tensor([free[k], late])):
             out = generate(target, draft, prompt, builder, verifier, max_new_tokens=24, eos_token_id=stops, **kw)
             assert out.tokens == free[: k + 1] == _cut(free, {late, free[k]})
+            assert_steps_count_the_tokens(out)
         plain = ar_generate(target, prompt, temperature=temperature, seed=3, max_new_tokens=24).tokens
         j = max(i for i in range(len(plain)) if plain[i] not in plain[:i])  # the last new token
         other = next(t for t in range(13) if t not in plain[: j + 1])
@@ -412,6 +443,36 @@ def test_other_architectures_decode_greedily_through_the_tree_pass(arch: str) ->
         assert max(s.tree_size for s in out.steps) > 1
 
 
+@pytest.mark.parametrize("arch", ["gpt2", "opt", "gpt_bigcode"])
+def test_learned_position_tables_bound_the_decode_by_name(arch: str, pair: tuple[object, object]) -> None:
+    """A learned absolute position table of 24 positions (OPT's with its offset of 2): a decode that stays
+    within it gives greedy decoding; one that could feed position 24 is refused by name before it starts
+    (it failed with an index error deep in the forward: a tree's nodes sit up to ``budget`` past its root)."""
+    import spec.llm.adapter as adapter
+
+    key = {"gpt2": "n_positions", "gpt_bigcode": "n_positions"}.get(arch, "max_position_embeddings")
+    model_cls, config_cls, extra = ARCHITECTURES[arch]
+    models = []
+    for seed, layers in ((0, 2), (1, 1)):
+        torch.manual_seed(seed)
+        config = getattr(transformers, config_cls)(vocab_size=13, bos_token_id=None, eos_token_id=None,
+                                                   **dict(extra, **{key: 24}),
+                                                   **{_DEPTH_KEY.get(arch, "num_hidden_layers"): layers})
+        models.append(getattr(transformers, model_cls)(config).eval())
+    target, draft = models
+    assert adapter.learned_positions(target) == 24 and adapter.learned_positions(pair[0]) is None  # Llama: rotary
+    prompt = [3, 1, 4, 1, 5]
+    ref = greedy_decode(target, prompt, 20)
+    assert ar_generate(target, prompt, temperature=0, max_new_tokens=20).tokens == ref  # feeds positions 0 .. 23
+    with pytest.raises(ValueError, match="target has learned position embeddings for 24 positions.*may feed it 25"):
+        ar_generate(target, prompt, temperature=0, max_new_tokens=21)
+    for builder, verifier in (("chain", "sps"), ("dyspec", "traversal")):
+        out = generate(target, draft, prompt, builder, verifier, temperature=0, max_new_tokens=14, budget=6)
+        assert out.tokens == ref[:14]
+        with pytest.raises(ValueError, match="learned position embeddings for 24 positions.*may feed it 25"):
+            generate(target, draft, prompt, builder, verifier, temperature=0, max_new_tokens=15, budget=6)
+
+
 def test_auto_backend_is_torch_only_for_a_chain_verifier_on_a_gpu_drafted_chain_with_large_rows(
         pair: tuple[object, object], monkeypatch: pytest.MonkeyPatch) -> None:
     """``verify_backend="auto"``: the torch port for SpS / ASpS / block on a chain drafted on a GPU whose
@@ -467,7 +528,8 @@ def test_one_token_vocabulary() -> None:
             continue
         assert out.tokens == [0] * 11, (name, verifier)
         if name == "chain":
-            assert [s.accepted for s in out.steps] == [4, 4, 4], (verifier, backend)
+            # 5 + 5 + 1: the last step, cut to the one token left, counts that one of its 4 accepted
+            assert [s.accepted for s in out.steps] == [4, 4, 1], (verifier, backend)
         ran += 1
     assert ran >= 40
     for verifier, backend, on_device in itertools.product(TREE_METHODS, ("torch", "numpy"), (True, False)):

@@ -90,6 +90,16 @@ def test_process_logits_equals_numpy_reference_on_random_rows(temperature, top_k
     np.testing.assert_allclose(got.sum(axis=-1), 1.0, rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("temperature", [1e-300, 1e-307, 5e-324])
+def test_a_tiny_temperature_gives_the_greedy_row_not_nan(temperature):
+    """Logits / T overflowed float64 below T ~ 1e-307 (then softmax gave NaN rows, which the chain sampler
+    turned into token 0); the rows are shifted by their maximum first, so a tiny T is greedy decoding."""
+    logits = torch.tensor([[20.0, 19.5, -3.0], [-1.0, 4.0, 3.9]], dtype=torch.float64)
+    for top_k, top_p in ((None, None), (2, None), (None, 0.9)):
+        got = process_logits(logits, temperature, top_k, top_p)
+        assert torch.equal(got, process_logits(logits, 0.0)), (top_k, top_p)
+
+
 def test_process_logits_greedy_is_one_hot_at_the_argmax():
     logits = torch.randn(5, 30, generator=torch.Generator().manual_seed(0))
     got = process_logits(logits, 0.0, 3, 0.5)
