@@ -150,8 +150,9 @@ def load_pair(
 def parse_device(name: str | torch.device | None) -> torch.device:
     """A ``--device`` value as a torch device: ``None`` is cuda when torch sees one, else cpu.
 
-    A one-line ``ValueError`` for a name torch does not know (``gpu``) and for cuda where torch
-    sees no CUDA device, instead of torch's own error from deep inside a load or a forward.
+    A one-line ``ValueError`` for a name torch does not know (``gpu``), for cuda where torch sees no
+    CUDA device (or not that many), for ``meta`` (shapes without data) and for any device this torch build
+    cannot allocate on (``mps`` off a Mac), instead of torch's own error from deep inside a load or a forward.
     """
     if name is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -161,6 +162,15 @@ def parse_device(name: str | torch.device | None) -> torch.device:
         raise ValueError(f"device {str(name)!r} is not a torch device (cpu, cuda, cuda:1, ...)") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {str(name)!r}: torch sees no CUDA device")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(f"device {str(name)!r}: torch sees {torch.cuda.device_count()} CUDA device(s)")
+    if device.type == "meta":
+        raise ValueError(f"device {str(name)!r} holds shapes without data: decode on cpu or cuda")
+    try:
+        torch.empty(1, device=device)
+    except (RuntimeError, AssertionError, NotImplementedError):  # e.g. mps off a Mac: no backend for its ops
+        raise ValueError(f"device {str(name)!r} cannot be used by this torch ({torch.__version__}): it allocates "
+                         f"nothing on {device.type}") from None
     return device
 
 

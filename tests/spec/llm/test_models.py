@@ -108,9 +108,16 @@ def test_parse_device_names_what_torch_cannot_use():
             parse_device(bad)
     if torch.cuda.is_available():
         assert parse_device("cuda").type == "cuda"
+        with pytest.raises(ValueError, match=r"device 'cuda:99': torch sees \d+ CUDA device"):
+            parse_device("cuda:99")
     else:
         with pytest.raises(ValueError, match="device 'cuda': torch sees no CUDA device"):
             parse_device("cuda")
+    with pytest.raises(ValueError, match="device 'meta' holds shapes without data"):
+        parse_device("meta")
+    if not torch.backends.mps.is_available():  # every machine but a Mac with a torch built for it
+        with pytest.raises(ValueError, match="device 'mps' cannot be used by this torch"):
+            parse_device("mps")
 
 
 def test_learning_rate_warms_up_then_decays_to_a_tenth():
