@@ -32,6 +32,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import numpy as np
+
 from spec.builders.base import Growing, TreeBuilder, check_prob
 from spec.randomness import Sampler
 from tmc.multidraft import ROOT, DraftTree, Draw
@@ -92,6 +94,9 @@ class DynaTreeBuilder(TreeBuilder):
         check_prob("prune", self.prune, low_open=False, high_closed=False)
         check_int("window", self.window, minimum=1)
         check_prob("target_acceptance", self.target_acceptance, high_closed=False)
+        for name in ("root_top1", "adapt"):  # `--param adapt=maybe` was taken as true
+            if not isinstance(getattr(self, name), bool | np.bool_):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         for name in ("eta_depth", "eta_conf"):
             value = float(getattr(self, name))
             if not (math.isfinite(value) and value >= 0.0):

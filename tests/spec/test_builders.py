@@ -286,6 +286,8 @@ def test_bad_draft_rows_are_refused(row: list[float], message: str) -> None:
         ("dynatree", {"rho_stop": 0.5, "rho_deep": 0.1}, "rho_stop < rho_deep"),
         ("dynatree", {"b_min": 3, "b_max": 1}, "b_min <= b_mid <= b_max"),
         ("dynatree", {"base_depth": 9}, "base_depth"),
+        ("dynatree", {"adapt": "maybe"}, "adapt must be true or false, got 'maybe'"),
+        ("dynatree", {"root_top1": 1}, "root_top1 must be true or false"),
         ("wetap", {"w_min": 9, "w_max": 4}, "w_min <= w_max"),
         ("wetap", {"alpha": 1.5}, "alpha"),
         ("wetap", {"gamma": -1}, "gamma"),
