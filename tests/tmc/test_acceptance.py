@@ -51,6 +51,18 @@ def test_table_lists_percent_of_lp(capsys):
     assert "100.00%" in asps_line
 
 
+def test_a_chain_too_long_to_enumerate_is_refused_before_it_starts(capsys):
+    """``--random 2 --chain 100000`` built a model of 2**100000 prefixes until the memory ran out."""
+    from tmc.commands import MAX_CHAIN_SEQUENCES
+
+    assert MAX_CHAIN_SEQUENCES == 10**6
+    assert main(["acceptance", "--random", "2", "--chain", "100000"]) == 2
+    assert "2**100000 token sequences" in capsys.readouterr().err
+    assert main(["acceptance", str(PAPER_TOY_FILE), "--chain", "13"]) == 2  # 3**13 > 10**6, read from the file
+    assert "V = 3" in capsys.readouterr().err
+    assert main(["acceptance", "--random", "1", "--chain", "50"]) == 0  # V = 1: one sequence
+
+
 def test_random_model_is_reproducible(capsys):
     a = _json(capsys, ["acceptance", "--random", "3", "--seed", "5", "--tree", "2,1", "--draws", "swor", "--json"])
     b = _json(capsys, ["acceptance", "--random", "3", "--seed", "5", "--tree", "2,1", "--draws", "swor", "--json"])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from importlib.metadata import entry_points
 from typing import Any
@@ -84,6 +85,18 @@ def _register_acceptance(sub: argparse._SubParsersAction[argparse.ArgumentParser
     acc.set_defaults(func=_cmd_acceptance, acceptance_hooks=hooks)
 
 
+#: The most draft chains ``tmc acceptance --chain N`` enumerates: all ``V ** N`` token sequences are visited
+#: (and ``--random V`` builds rows for as many prefixes), so beyond this the command would run for hours or
+#: exhaust the memory instead of answering.
+MAX_CHAIN_SEQUENCES = 10**6
+
+
+def _check_chain_count(vocab: int, n: int) -> None:
+    if vocab > 1 and n * math.log10(vocab) > math.log10(MAX_CHAIN_SEQUENCES):
+        fail(f"--chain {n} with V = {vocab} enumerates V ** N = {vocab}**{n} token sequences; exact enumeration "
+             f"takes at most {MAX_CHAIN_SEQUENCES:,} (shorten the chain)")
+
+
 def _cmd_acceptance(args: argparse.Namespace) -> int:
     from tmc.commands.acceptance import chain_report, random_model, render, tree_report
     from tmc.toy import load_model
@@ -95,7 +108,11 @@ def _cmd_acceptance(args: argparse.Namespace) -> int:
     if (args.model is None) == (args.random is None):
         fail("give either MODEL.json or --random V")
     depth = args.chain if args.chain is not None else len(args.tree)
+    if args.chain is not None and args.random is not None:  # a model file's vocabulary is checked once it is read
+        _check_chain_count(args.random, args.chain)
     model = load_model(args.model) if args.model else random_model(args.random, depth, args.seed)
+    if args.chain is not None:
+        _check_chain_count(model.vocab, args.chain)
     if args.chain is not None:
         report = chain_report(model, args.chain)
         shape = f"chain of {args.chain}"
