@@ -110,7 +110,7 @@ from numpy.typing import ArrayLike
 from spec.llm.sampling import categorical_draw as _categorical, point_rows
 from tmc.multidraft import ROOT, Draw
 from tmc.ordered_traversal import MAX_SWOR_TUPLES, mass_left
-from tmc.validate import as_real_array, row_sum_tol
+from tmc.validate import ROW_SUM_TOL, ROW_SUM_TOLS, as_real_array
 
 __all__ = [
     "CHAIN_METHODS",
@@ -217,11 +217,18 @@ def _float_tensor(name: str, x: object, device: torch.device) -> Tensor:
 
 #: Floating dtypes probability rows keep until they are checked: their precision sets the row-sum tolerance.
 _KEPT = (torch.float32, torch.float16, torch.bfloat16, F64)
+#: :data:`tmc.validate.ROW_SUM_TOLS` by torch dtype: a dict lookup, which traces under ``torch.compile``
+#: (:func:`tmc.validate.row_sum_tol` asks numpy first).
+_ROW_SUM_TOLS = {getattr(torch, name): tol for name, tol in ROW_SUM_TOLS.items()}
+
+
+def _row_sum_tol(dtype: torch.dtype) -> float:
+    return _ROW_SUM_TOLS.get(dtype, ROW_SUM_TOL)
 
 
 def _prob_tensor(name: str, x: object, device: torch.device) -> Tensor:
     """``x`` as a tensor on ``device``, in its own precision if float32 / float16 / bfloat16 (a tensor's or a
-    numpy array's: :func:`tmc.validate.row_sum_tol` then checks the rows at that precision's tolerance),
+    numpy array's: :data:`tmc.validate.ROW_SUM_TOLS` then checks the rows at that precision's tolerance),
     else float64; ``ValueError`` for non-real data (bool and complex included)."""
     if x is None:
         raise ValueError(f"{name} is None; expected a tensor of real numbers")
@@ -276,7 +283,7 @@ def _check_vector(name: str, x: Tensor, sizes: tuple[int, ...]) -> None:
 
 def _rows_bad(rows: Tensor) -> Tensor:
     """Device-side flag (0-d bool): some row is non-finite, negative or does not sum to 1 (within its
-    precision's tolerance, :func:`tmc.validate.row_sum_tol`)."""
+    precision's tolerance, :data:`tmc.validate.ROW_SUM_TOLS`)."""
     if rows.numel() == 0:
         return torch.zeros((), dtype=torch.bool, device=rows.device)
     return ~_rows_ok(rows)
@@ -290,7 +297,7 @@ def _rows_ok(rows: Tensor) -> Tensor:
     ``sum`` and ``amin`` decide what three full passes would.
     """
     sums, mins = rows.sum(dim=1, dtype=F64), rows.amin(dim=1)
-    return (torch.isfinite(sums) & ((sums - 1.0).abs() <= row_sum_tol(rows.dtype)) & (mins >= 0.0)).all()
+    return (torch.isfinite(sums) & ((sums - 1.0).abs() <= _row_sum_tol(rows.dtype)) & (mins >= 0.0)).all()
 
 
 def _check_rows(name: str, rows: Tensor, labels: Sequence[int] | None = None) -> None:
@@ -308,7 +315,7 @@ def _check_rows(name: str, rows: Tensor, labels: Sequence[int] | None = None) ->
     if bool((rows < 0).any()):
         row, col = (int(i) for i in torch.nonzero(rows < 0)[0])
         raise ValueError(f"{name} row {label[row]} has a negative entry {float(rows[row, col])!r} at token {col}")
-    sums, tol = rows.sum(dim=1, dtype=F64), row_sum_tol(rows.dtype)
+    sums, tol = rows.sum(dim=1, dtype=F64), _row_sum_tol(rows.dtype)
     off = (sums - 1.0).abs() > tol
     if bool(off.any()):
         row = int(torch.nonzero(off)[0, 0])

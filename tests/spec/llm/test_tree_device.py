@@ -202,18 +202,21 @@ def head_tokens(head: torch.Tensor, tree: DraftTree) -> list[int]:
 
 
 @pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # torch's own code
-@pytest.mark.parametrize(("kind", "backend"), [(kind, "eager") for kind in ALL_DRAWS] + [(Draw.IID, "inductor")])
-def test_device_walk_compiles_as_one_graph(kind, backend):
+@pytest.mark.parametrize(("kind", "backend", "trusted"),
+                         [(kind, "eager", True) for kind in ALL_DRAWS] + [(Draw.IID, "eager", False),
+                                                                          (Draw.IID, "inductor", True)])
+def test_device_walk_compiles_as_one_graph(kind, backend, trusted):
     """``torch.compile(..., fullgraph=True)`` traces the whole walk (a host read or a data-dependent branch
     would break the graph, an error here) and the compiled walk gives the references' tokens; ``eager``
-    traces only, ``inductor`` generates the fused code a GPU would run (once, on the CPU: ~10-20 s)."""
+    traces only, ``inductor`` generates the fused code a GPU would run (once, on the CPU: ~10-20 s).
+    Untrusted, the value checks trace too (their tolerance looked up by dtype without numpy)."""
     import functools
 
     parents = SHAPES["fixed 2 wide"]
     plan = TreePlan.of(parents, kind)
     rng = np.random.default_rng(13)
     for method in DEVICE_TREE_METHODS:
-        compiled = torch.compile(functools.partial(tree_head, method, plan, trusted=True), fullgraph=True,
+        compiled = torch.compile(functools.partial(tree_head, method, plan, trusted=trusted), fullgraph=True,
                                  dynamic=False, backend=backend)
         for _ in range(3):
             tree, p, q = decode_tree(rng, parents, kind, 64, 3.0)
