@@ -47,7 +47,7 @@ def row_sum_tol(dtype: object) -> float:
     """The row-sum tolerance for rows given in ``dtype`` (a numpy or torch dtype, or its name):
     ``ROW_SUM_TOLS``' entry for float32 / float16 / bfloat16, else ``ROW_SUM_TOL``."""
     try:
-        name = np.dtype(dtype).name  # numpy dtypes, scalar types and names (None: float64)
+        name = np.dtype(dtype).name  # type: ignore[call-overload]  # numpy dtypes, scalar types, names (None: float64)
     except TypeError:
         name = str(dtype).removeprefix("torch.")  # torch dtypes, and "bfloat16", which numpy lacks
     return ROW_SUM_TOLS.get(name, ROW_SUM_TOL)
