@@ -712,6 +712,11 @@ def bench(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         methods = [parse_method(m, args.budget, args.chain_budget) for m in args.methods.split(",") if m.strip()]
     except ValueError as err:
         fail(str(err))
+    if args.save:  # made before the run, so a path that cannot be a folder fails now, not after it
+        try:
+            Path(args.save).mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            fail(f"--save {args.save}: {err.strerror or err}")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     from spec.llm.models import load_for_decoding, parse_device
@@ -741,7 +746,6 @@ def bench(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     text = render(report)
     if args.save:
         out = Path(args.save)
-        out.mkdir(parents=True, exist_ok=True)
         (out / "decode.json").write_text(json.dumps(report, indent=2))
         try:
             plot(report, out / "decode.png")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from tmc.cli import add_json, add_seed, fail, probability, tv_distance
 
@@ -51,6 +52,9 @@ def _cmd_suite(args: argparse.Namespace) -> int:
             import matplotlib  # noqa: F401
         except ImportError:
             fail("--plot needs matplotlib: pip install 'tmc-spec[plot]'")
+        folder = Path(args.plot).parent  # checked before the run, not after it
+        if not folder.is_dir() or Path(args.plot).is_dir():
+            fail(f"--plot {args.plot}: {'is a folder' if Path(args.plot).is_dir() else f'no folder {str(folder)!r}'}")
     config = SuiteConfig(args.false_fail, args.tv, args.seed, args.include_biased, args.quick)
     rows = run_suite(config, progress=lambda m: print(m, file=sys.stderr))
     print(json.dumps(to_json(rows, config), indent=2) if args.json else render(rows, config))

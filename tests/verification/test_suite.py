@@ -165,6 +165,17 @@ def test_cli_prints_the_table_and_writes_png(canned, tmp_path, capsys):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_cli_refuses_a_plot_path_it_cannot_write_before_the_run(canned, tmp_path, capsys, monkeypatch):
+    """A missing folder or a folder for ``--plot`` is refused before the suite runs (it failed at the end)."""
+    import verification.suite
+
+    monkeypatch.setattr(verification.suite, "run_suite", lambda *a, **k: pytest.fail("the suite ran"))
+    for path, says in ((tmp_path / "missing" / "x.png", "no folder"), (tmp_path, "is a folder")):
+        assert main(["suite", "--quick", "--plot", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and says in err
+
+
 def test_cli_without_matplotlib_says_so_in_one_line(canned, monkeypatch, tmp_path, capsys):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` now fails
     assert main(["suite", "--quick", "--plot", str(tmp_path / "x.png")]) == 2

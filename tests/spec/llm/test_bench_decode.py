@@ -375,10 +375,14 @@ def test_command_on_a_saved_pair(saved_pair: SavedPair, tmp_path: Path, capsys: 
         (["--pair", "P", "--threads", "0"], "--threads must be a positive integer"),
         (["--pair", "P", "--rounds", "0"], "--rounds must be a positive integer"),
         (["--pair", "P", "--device", "gpu"], "device 'gpu' is not a torch device"),
+        (["--pair", "P", "--device", "meta"], "device 'meta' holds shapes without data"),
+        (["--pair", "{tmp}/missing", "--save", "{tmp}/a_file"], "--save {tmp}/a_file: File exists"),  # before loading
     ],
 )
 def test_command_errors_are_one_line(argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "a_file").write_text("")
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    message = message.replace("{tmp}", str(tmp_path))
     assert main(argv) == 2  # the same function as `tmc bench decode` (test_command_on_a_saved_pair runs both)
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
