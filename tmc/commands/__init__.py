@@ -113,7 +113,6 @@ def _cmd_acceptance(args: argparse.Namespace) -> int:
     model = load_model(args.model) if args.model else random_model(args.random, depth, args.seed)
     if args.chain is not None:
         _check_chain_count(model.vocab, args.chain)
-    if args.chain is not None:
         report = chain_report(model, args.chain)
         shape = f"chain of {args.chain}"
     else:
