@@ -53,8 +53,8 @@ from spec.builders import (
     make_builder,
 )
 from spec.llm.adapter import (
-    LLMDraft, check_attention, check_positions, check_span, exact_tree_nodes, forward_masked, forward_unchecked, query_scale_floor,
-    select_cache, sync, tree_logits, trim_cache,
+    LLMDraft, check_attention, check_positions, check_span, exact_tree_nodes, forward_masked, forward_unchecked,
+    query_scale_floor, select_cache, sync, tree_logits, trim_cache,
 )
 from spec.llm.host_verify import verify_chain_numpy, verify_tree_numpy
 from spec.llm.sampling import Sampling, step_fault
