@@ -324,6 +324,9 @@ def test_plot_writes_a_png(pair: tuple[object, object], tmp_path: Path) -> None:
         ({"rounds": 1.5}, "rounds must be a positive integer"),
         ({"rounds": True}, "rounds must be a positive integer"),
         ({"order": "random"}, "order must be one of"),
+        # a repeat overwrote a row keyed by (temperature, label): `ar` was compared with itself (0.89x)
+        ({"temperatures": (0.0, 0.0)}, "temperatures repeat 0.0"),
+        ({"methods": _methods(("ar", "chain:sps", "chain:sps@3"))}, "methods repeat chain[+]sps@3"),
     ],
 )
 def test_bad_arguments(pair: tuple[object, object], kwargs: dict[str, object], message: str) -> None:
