@@ -302,7 +302,7 @@ def _run_one(method: Method, target: Any, draft: Any, prompt: list[int], tempera
         s = out.summary()
         return {"tokens": out.tokens, "seconds": out.total_s, "steps": len(out.steps), "tree": s["mean_tree_size"],
                 "build_s": s["build_s"], "draft_s": s["draft_s"], "target_s": s["target_s"], "verify_s": s["verify_s"],
-                "graph_s": s["graph_s"]}
+                "graph_s": s["graph_s"], "loop_s": s["loop_s"]}
     ids = torch.tensor([prompt], device=device)
     kw = _hf_kwargs(temperature, new_tokens, pad=0)
     if method.name == "ar-static":
@@ -400,10 +400,12 @@ def _row(method: Method, temp: float, runs: Sequence[dict[str, Any]]) -> dict[st
         "tokens_per_step": n_tok / steps if steps else 0.0,
     }
     if method.builder is not None:
-        tot = {k: sum(r[k] for r in runs) for k in ("build_s", "draft_s", "target_s", "verify_s")}
+        tot = {k: sum(r[k] for r in runs) for k in ("build_s", "draft_s", "target_s", "verify_s", "graph_s", "loop_s")}
         row.update(mean_tree=sum(r["tree"] for r in runs) / len(runs), **tot,
                    builder_pct=_pct(tot["build_s"] - tot["draft_s"], tot["target_s"]),
                    verify_pct=_pct(tot["verify_s"], tot["target_s"]),
+                   loop_pct=_pct(tot["loop_s"], tot["target_s"]),
+                   called_pct=_pct(tot["build_s"] - tot["draft_s"] + tot["verify_s"] + tot["loop_s"], tot["target_s"]),
                    draft_pct=_pct(tot["draft_s"], tot["target_s"]),
                    overhead_pct=_pct(tot["build_s"] - tot["draft_s"] + tot["verify_s"], tot["target_s"]))
     return row
@@ -532,7 +534,8 @@ def run_decode_bench(
                 if method.step_graph:  # its fused steps are one graph: the split comes from a profile
                     prof = _step_profile(method, target, draft, list(prompts[0]), temp, "static")
                     row.update({f"step_{k}": v for k, v in prof.items()}, overhead_pct=prof["overhead_pct"],
-                               builder_pct=None, verify_pct=None,
+                               builder_pct=None, verify_pct=None, loop_pct=None,
+                               called_pct=prof["call_overhead_pct"],
                                draft_pct=100.0 * (prof["forwards_ms"] - prof["target_ms"]) / prof["target_ms"])
                 if count_ops and method.ours and not method.compile_step:  # a dispatch mode stops torch.compile
                     row["ops_per_step"], row["kernels_per_step"] = _ops_per_step(
@@ -593,13 +596,14 @@ def render(report: dict[str, Any]) -> str:
                           _fmt(r["speedup_ar"], ".2f"), _fmt(r["speedup_ar_static"], ".2f"),
                           _fmt(r["speedup_assisted"], ".2f"), *spread, _fmt(r.get("overhead_pct"), ".1f"),
                           _fmt(r.get("builder_pct"), ".1f"), _fmt(r.get("verify_pct"), ".1f"),
+                          _fmt(r.get("loop_pct"), ".1f"), _fmt(r.get("called_pct"), ".1f"),
                           _fmt(r.get("draft_pct"), ".1f"), _fmt(r.get("agree_ar"), ".2f") if temp == 0 else "-",
                           *([_fmt(r.get("ops_per_step"), ".0f"), _fmt(r.get("kernels_per_step"), ".0f")]
                             if ops else [])])
         ranges = ["×ar per round", "×assisted per round"] if rounds > 1 else []
         out.append(format_table(
             ["method", "tok/step", "tok/s", "×ar", "×ar-static", "×assisted", *ranges, "bld+ver %", "builder %",
-             "verifier %", "draft fwd %", "=ar", *(["ops/step", "kernels/step"] if ops else [])], table,
+             "verifier %", "loop %", "as called %", "draft fwd %", "=ar", *(["ops/step", "kernels/step"] if ops else [])], table,
             title=f"T = {temp:g}: {report['prompts']} prompts × {report['new_tokens']} new tokens"
                   f"{f', {rounds} rounds' if rounds > 1 else ''}, methods {report.get('order', 'sequential')}, {env['device']}, "
                   f"{env['dtype']}, our cache {env.get('cache', 'dynamic')}, torch {env['torch']} ({env['threads']} CPU threads"

@@ -112,6 +112,8 @@ class StepStats:
     verify_s: float  # the verifier
     draft_s: float = 0.0  # the draft forwards (part of build_s)
     graph_s: float = 0.0  # a fused step (step_graph): all of it, not split into the parts above
+    loop_s: float = 0.0  # after the verifier: the target cache kept to the accepted path, the draft's step ended
+    # (host time: on a GPU the moves' device time falls in the next step's build_s, whose draft forward waits)
 
 @dataclass(frozen=True)
 class GenerateOutput:
@@ -138,6 +140,7 @@ class GenerateOutput:
             "target_s": float(sum(x.target_s for x in s)),
             "verify_s": float(sum(x.verify_s for x in s)),
             "graph_s": float(sum(x.graph_s for x in s)),
+            "loop_s": float(sum(x.loop_s for x in s)),
             "total_s": self.total_s,
             "tokens_per_s": len(self.tokens) / self.total_s if self.total_s > 0 else 0.0,
         }
@@ -855,13 +858,16 @@ def generate(
         t3 = time.perf_counter()
         kept, stopped = _cut_at_stop(tokens[: max_new_tokens - len(out)], stops)
         out.extend(kept)
-        steps.append(StepStats(size, min(res.n_accepted, len(kept)), len(kept), d_step.forwards, t1 - t0, t2 - t1,
-                               t3 - t2, d_step.forward_s))
-        if stopped or len(kept) < len(tokens):
+        done = stopped or len(kept) < len(tokens)
+        forwards, forward_s = d_step.forwards, d_step.forward_s
+        if not done:
+            select_cache(t_cache, keep)
+            t_past, root = t_past + 1 + len(res.nodes), tokens[-1]
+            d_step = d_step.end_step(tokens)
+        steps.append(StepStats(size, min(res.n_accepted, len(kept)), len(kept), forwards, t1 - t0, t2 - t1,
+                               t3 - t2, forward_s, loop_s=time.perf_counter() - t3))
+        if done:
             break
-        select_cache(t_cache, keep)
-        t_past, root = t_past + 1 + len(res.nodes), tokens[-1]
-        d_step = d_step.end_step(tokens)
     sync(device)
     return GenerateOutput(out, steps, prefill_s, time.perf_counter() - t_start)
 

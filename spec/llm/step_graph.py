@@ -352,33 +352,35 @@ class FusedStep:
             fn()
         return graph
 
-    def _time_in_turns(self, step: Any, forwards: Any, target: Any, reps: int) -> dict[str, float]:
+    def _time_in_turns(self, step: Any, forwards: Any, target: Any, reps: int, call: Any) -> dict[str, float]:
         """:meth:`ChainStepGraph.profile`'s figures from the step (run or replayed by the caller first), its
-        forwards alone and the target forward alone: each the median of ``reps`` runs, device synchronised
-        around each, the three taking turns (order rotated) after two warm-up rounds.  With the whole step
-        compiled the forwards are compiled alike, so the difference is what the draws, the verifier and the
-        cache moves add to compiled forwards."""
+        forwards alone, the target forward alone and ``call``, the step as the decode calls it (the upload of
+        its integers and uniforms, the run or replay, the one transfer back and the host's checks and
+        bookkeeping): each the median of ``reps`` runs, device synchronised around each, the four taking turns
+        (order rotated) after two warm-up rounds.  With the whole step compiled the forwards are compiled
+        alike, so the difference is what the draws, the verifier and the cache moves add to compiled forwards."""
         if self.compile_backend is not None and self.compile_scope == "whole":
             forwards, target = _compiled(forwards, self.compile_backend), _compiled(target, self.compile_backend)
         if self.graphs:
             assert self._graph is not None
             runs = {"step": self._graph.replay, "forwards": self._captured(forwards).replay,
-                    "target": self._captured(target).replay}
+                    "target": self._captured(target).replay, "call": call}
         else:
-            runs = {"step": step, "forwards": forwards, "target": target}
+            runs = {"step": step, "forwards": forwards, "target": target, "call": call}
         names = list(runs)
         times: dict[str, list[float]] = {name: [] for name in names}
-        for r in range(-2, reps):  # two warm-up rounds, then the three take turns, the order rotated
-            for name in names[r % 3 :] + names[: r % 3]:
+        for r in range(-2, reps):  # two warm-up rounds, then the four take turns, the order rotated
+            for name in names[r % 4 :] + names[: r % 4]:
                 sync(self.device)
                 t0 = time.perf_counter()
                 runs[name]()
                 sync(self.device)
                 if r >= 0:
                     times[name].append(time.perf_counter() - t0)
-        step_ms, forwards_ms, target_ms = (1e3 * float(np.median(times[name])) for name in names)
+        step_ms, forwards_ms, target_ms, call_ms = (1e3 * float(np.median(times[name])) for name in names)
         return {"step_ms": step_ms, "forwards_ms": forwards_ms, "target_ms": target_ms,
-                "overhead_pct": 100.0 * (step_ms - forwards_ms) / target_ms}
+                "overhead_pct": 100.0 * (step_ms - forwards_ms) / target_ms,
+                "call_ms": call_ms, "call_overhead_pct": 100.0 * (call_ms - forwards_ms) / target_ms}
 
 
 class ChainStepGraph(FusedStep):
@@ -501,14 +503,21 @@ class ChainStepGraph(FusedStep):
         ``forwards_ms``: the same ``k`` draft forwards and target forward with no draws and no verifier
         (tokens = the root); ``target_ms``: the target forward alone.  So ``step_ms - forwards_ms`` is what
         the builder and the verifier add, ``overhead_pct`` that as a share of ``target_ms`` (the 5% bound of
-        DESIGN.md §10).  Each is the median of ``reps`` runs, device synchronised around each; the three take
-        turns (order rotated), after two warm-up rounds, so a slow spell of the machine falls on all three.
+        DESIGN.md §10).  ``call_ms``: :meth:`step` as the decode calls it, which adds the upload, the one
+        transfer back and the host's checks to the replay; ``call_overhead_pct`` = (call - forwards) / target.
+        Each is the median of ``reps`` runs, device synchronised around each; the four take turns (order
+        rotated), after two warm-up rounds, so a slow spell of the machine falls on all four.
         """
         reps = check_int("reps", reps, minimum=1)
         k = self.k
         u_draft = np.full(k, 0.5) if self.iid else None
-        self.step(t_past, root, d_past, pending, u_draft, np.full(self.noise, 0.5))  # stage and capture
-        self.t_cache.length, self.d_cache.length = t_past, d_past
+        u_verify = np.full(self.noise, 0.5)
+
+        def call() -> None:
+            self.step(t_past, root, d_past, pending, u_draft, u_verify)
+            self.t_cache.length, self.d_cache.length = t_past, d_past
+
+        call()  # stage and capture
 
         def forwards() -> torch.Tensor:
             ints = self._ints
@@ -522,7 +531,7 @@ class ChainStepGraph(FusedStep):
             ints = self._ints
             return self._forward(self.t_cache, self._verify, self._t_cols, ints[2].expand(k + 1).contiguous(), ints[0])
 
-        return self._time_in_turns(self._run, forwards, target, reps)
+        return self._time_in_turns(self._run, forwards, target, reps, call)
 
 
 def shared_chain_step(target: Any, draft: Any, t_cache: StaticTreeCache, d_cache: StaticTreeCache, *, k: int,

@@ -351,13 +351,19 @@ class TreeStepGraph(FusedStep):
     def profile(self, t_past: int, root: int, d_past: int, pending: Sequence[int], reps: int = 50) -> dict[str, float]:
         """:meth:`spec.llm.step_graph.ChainStepGraph.profile` for the tree step: the whole step, its forwards
         alone (the pending rows, each fed layer and the target, every token the root) and the target forward
-        alone, in milliseconds, and ``overhead_pct`` = (step - forwards) / target.  The caches' lengths do not
+        alone, in milliseconds, and ``overhead_pct`` = (step - forwards) / target; ``call_ms`` and
+        ``call_overhead_pct`` the same for :meth:`step` as the decode calls it.  The caches' lengths do not
         change."""
         reps = check_int("reps", reps, minimum=1)
         n = self.size
         u_draft = np.full(n, 0.5) if self.draft_uniforms else None
-        self.step(t_past, root, d_past, pending, u_draft, np.full(n + 1, 0.5))  # stage and capture
-        self.t_cache.length, self.d_cache.length = t_past, d_past
+        u_verify = np.full(n + 1, 0.5)
+
+        def call() -> None:
+            self.step(t_past, root, d_past, pending, u_draft, u_verify)
+            self.t_cache.length, self.d_cache.length = t_past, d_past
+
+        call()  # stage and capture
 
         def forwards() -> torch.Tensor:
             ints = self._ints
@@ -370,7 +376,7 @@ class TreeStepGraph(FusedStep):
         def target() -> torch.Tensor:
             return self._target_logits(self._ints[2].expand(n + 1), self._ints[0])
 
-        return self._time_in_turns(self._run, forwards, target, reps)
+        return self._time_in_turns(self._run, forwards, target, reps, call)
 
     def step(self, t_past: int, root: int, d_past: int, pending: Sequence[int],
              u_draft: NDArray[np.float64] | None, u_verify: NDArray[np.float64]) -> ChainStepResult | None:

@@ -153,6 +153,10 @@ def test_graph_rows_run_beside_device_chain_rows(pair: tuple[object, object]) ->
         assert fused["builder_pct"] is None and fused["verify_pct"] is None and "step_overhead_pct" in fused
         assert min(fused["step_step_ms"], fused["step_forwards_ms"], fused["step_target_ms"]) > 0
         assert "step_ms" not in plain
+        # "as called": the fused row's whole step() call; the unfused row's parts plus what follows the verifier
+        assert fused["called_pct"] == fused["step_call_overhead_pct"] and fused["loop_pct"] is None
+        assert plain["loop_s"] > 0 and plain["loop_pct"] == pytest.approx(100 * plain["loop_s"] / plain["target_s"])
+        assert plain["called_pct"] == pytest.approx(plain["overhead_pct"] + plain["loop_pct"])
     assert rows[(0.0, "chain+asps@3/graph")]["agree_ar"] == 1.0
 
 

@@ -288,15 +288,18 @@ def test_chain_step_graph_refuses_bad_arguments(pair: tuple[Any, Any]) -> None:
 
 
 def test_profile_times_the_step_and_its_forwards(pair: tuple[Any, Any]) -> None:
-    """``profile`` (the benchmark's source for a fused row's overhead) leaves the caches' lengths as they were."""
+    """``profile`` (the benchmark's source for a fused row's overhead) leaves the caches' lengths as they were,
+    and times the step as the decode calls it too (``call_ms``: the replay or run plus the upload, the
+    transfer back and the host's checks, so never much below the run alone)."""
     target, draft = pair
     tc, dc = StaticTreeCache(target, 64), StaticTreeCache(draft, 64)
     tc.length = dc.length = 0
     step = ChainStepGraph(target, draft, tc, dc, k=3, verifier="block", iid=True, sampling=Sampling(),
                           d_sampling=Sampling(), vocab=29)
     got = step.profile(0, 4, 0, [4], reps=2)
-    assert set(got) == {"step_ms", "forwards_ms", "target_ms", "overhead_pct"}
+    assert set(got) == {"step_ms", "forwards_ms", "target_ms", "overhead_pct", "call_ms", "call_overhead_pct"}
     assert all(np.isfinite(v) for v in got.values()) and min(got["step_ms"], got["forwards_ms"], got["target_ms"]) > 0
+    assert got["call_overhead_pct"] == pytest.approx(100 * (got["call_ms"] - got["forwards_ms"]) / got["target_ms"])
     assert (tc.length, dc.length) == (0, 0)
 
 

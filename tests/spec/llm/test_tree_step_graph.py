@@ -397,7 +397,7 @@ def test_tree_profile_times_the_step_and_its_forwards(pair: tuple[Any, Any]) -> 
     step = TreeStepGraph(target, draft, tc, dc, parents=(-1, -1, 0, 0, 1), order=(0, 2, 3, 1, 4),
                          verifier="multidraft", sampling=Sampling(1.0), d_sampling=Sampling(1.0), vocab=29)
     got = step.profile(0, 4, 0, [4], reps=2)
-    assert set(got) == {"step_ms", "forwards_ms", "target_ms", "overhead_pct"}
+    assert set(got) == {"step_ms", "forwards_ms", "target_ms", "overhead_pct", "call_ms", "call_overhead_pct"}
     assert all(np.isfinite(v) for v in got.values()) and min(got["step_ms"], got["forwards_ms"], got["target_ms"]) > 0
     assert (tc.length, dc.length) == (0, 0)
 
