@@ -495,9 +495,8 @@ def run_decode_bench(
     if not methods:
         raise ValueError("methods must name at least one method")
     # rows are keyed by (temperature, label): a repeat would overwrite a row and compare it with itself
-    labels = [m.label for m in methods]
-    for what, values in (("methods", labels), ("temperatures", [float(t) for t in temperatures])):
-        repeated = sorted({str(v) for v in values if values.count(v) > 1})
+    for what, values in (("methods", [m.label for m in methods]), ("temperatures", [str(float(t)) for t in temperatures])):
+        repeated = sorted({v for v in values if values.count(v) > 1})
         if repeated:
             raise ValueError(f"{what} repeat {', '.join(repeated)}: each may appear once (rows are keyed by it)")
     if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 1:
