@@ -401,7 +401,8 @@ def _row(method: Method, temp: float, runs: Sequence[dict[str, Any]]) -> dict[st
     }
     if method.builder is not None:
         tot = {k: sum(r[k] for r in runs) for k in ("build_s", "draft_s", "target_s", "verify_s", "graph_s", "loop_s")}
-        row.update(mean_tree=sum(r["tree"] for r in runs) / len(runs), **tot,
+        # draft nodes per step over every step of every run (not a mean of the runs' means)
+        row.update(mean_tree=sum(r["tree"] * r["steps"] for r in runs) / steps if steps else 0.0, **tot,
                    builder_pct=_pct(tot["build_s"] - tot["draft_s"], tot["target_s"]),
                    verify_pct=_pct(tot["verify_s"], tot["target_s"]),
                    loop_pct=_pct(tot["loop_s"], tot["target_s"]),

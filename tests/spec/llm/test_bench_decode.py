@@ -126,6 +126,17 @@ def test_builder_parameters_reach_the_builder(pair: tuple[object, object]) -> No
     assert shallow["mean_tree"] <= 2.0  # one layer of at most 2 children
 
 
+def test_mean_tree_is_per_step_over_every_run() -> None:
+    """One run of 1 step with 2 nodes and one of 3 steps with 6: 20 nodes over 4 steps is 5 a step (the mean of
+    the runs' means, 4, weighed a short run like a long one)."""
+    from spec.bench_decode import _row
+
+    parts = dict.fromkeys(("build_s", "draft_s", "target_s", "verify_s", "graph_s", "loop_s"), 1.0)
+    runs = [dict(parts, tokens=[1, 2], seconds=1.0, steps=1, tree=2.0), dict(parts, tokens=[1] * 6, seconds=1.0, steps=3, tree=6.0)]
+    row = _row(parse_method("fixed:traversal", 6, 3), 1.0, runs)
+    assert row["mean_tree"] == 5.0 and row["tokens_per_step"] == 2.0
+
+
 def test_host_chain_rows_run_beside_device_chain_rows(pair: tuple[object, object]) -> None:
     target, draft = pair
     methods = [parse_method(m, budget=6, chain_budget=3) for m in ("ar", "chain:block", "chain:block:host")]
