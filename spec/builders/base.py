@@ -29,6 +29,8 @@ Notation: ``q`` draft, ``p`` target (DESIGN.md §3).
 
 from __future__ import annotations
 
+import math
+import numbers
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -231,12 +233,24 @@ def check_draw(name: str, value: object, allowed: Sequence[Draw]) -> Draw:
     return kind
 
 
+def _number(name: str, value: object) -> float:
+    """``value`` as a ``float``: a real number, not ``True`` / ``False`` or text (``ValueError`` naming it)."""
+    if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    return float(value)
+
+
+def check_positive(name: str, value: object, *, zero: bool = False) -> float:
+    """A finite number ``> 0`` (``>= 0`` with ``zero``), as a ``float``; ``ValueError`` naming the parameter."""
+    x = _number(name, value)
+    if not (math.isfinite(x) and (x >= 0.0 if zero else x > 0.0)):
+        raise ValueError(f"{name} must be a finite number {'>=' if zero else '>'} 0, got {value!r}")
+    return x
+
+
 def check_prob(name: str, value: object, *, low_open: bool = True, high_closed: bool = True) -> float:
-    """A number in ``(0, 1]`` (or as the flags say), ``ValueError`` naming the parameter."""
-    try:
-        x = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number, got {value!r}") from None
+    """A number in ``(0, 1]`` (or as the flags say), as a ``float``; ``ValueError`` naming the parameter."""
+    x = _number(name, value)
     ok_low = x > 0.0 if low_open else x >= 0.0
     ok_high = x <= 1.0 if high_closed else x < 1.0
     if not (np.isfinite(x) and ok_low and ok_high):

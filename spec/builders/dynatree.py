@@ -28,13 +28,13 @@ cannot bias the step it shapes — the tests check whole step sequences.
 
 from __future__ import annotations
 
-import math
+import functools
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 
-from spec.builders.base import Growing, TreeBuilder, check_prob
+from spec.builders.base import Growing, TreeBuilder, check_positive, check_prob
 from spec.randomness import Sampler
 from tmc.multidraft import ROOT, DraftTree, Draw
 from tmc.validate import check_int
@@ -75,32 +75,28 @@ class DynaTreeBuilder(TreeBuilder):
     name: ClassVar[str] = "dynatree"
 
     def __post_init__(self) -> None:
-        check_int("max_depth", self.max_depth, minimum=2)
-        bmin = check_int("b_min", self.b_min, minimum=1)
-        bmid = check_int("b_mid", self.b_mid, minimum=1)
-        bmax = check_int("b_max", self.b_max, minimum=1)
-        if not bmin <= bmid <= bmax:
-            raise ValueError(f"need b_min <= b_mid <= b_max, got {bmin}, {bmid}, {bmax}")
-        if not 1.0 <= float(self.base_depth) <= self.max_depth - 1:
+        # the checked values are kept: an integral float (`--param b_max=3.0`) becomes an int
+        set_ = functools.partial(object.__setattr__, self)
+        for name, minimum in (("max_depth", 2), ("b_min", 1), ("b_mid", 1), ("b_max", 1), ("window", 1)):
+            set_(name, check_int(name, getattr(self, name), minimum=minimum))
+        if not self.b_min <= self.b_mid <= self.b_max:
+            raise ValueError(f"need b_min <= b_mid <= b_max, got {self.b_min}, {self.b_mid}, {self.b_max}")
+        set_("base_depth", check_positive("base_depth", self.base_depth))
+        if not 1.0 <= self.base_depth <= self.max_depth - 1:
             raise ValueError(f"base_depth must be in [1, max_depth - 1] = [1, {self.max_depth - 1}], got {self.base_depth}")
-        lo = check_prob("tau_low", self.tau_low, high_closed=False)
-        hi = check_prob("tau_high", self.tau_high, high_closed=False)
-        if lo >= hi:
-            raise ValueError(f"need tau_low < tau_high, got {lo} and {hi}")
-        stop = check_prob("rho_stop", self.rho_stop, high_closed=False)
-        deep = check_prob("rho_deep", self.rho_deep, high_closed=False)
-        if stop >= deep:
-            raise ValueError(f"need rho_stop < rho_deep, got {stop} and {deep}")
-        check_prob("prune", self.prune, low_open=False, high_closed=False)
-        check_int("window", self.window, minimum=1)
-        check_prob("target_acceptance", self.target_acceptance, high_closed=False)
+        for name in ("tau_low", "tau_high", "rho_stop", "rho_deep", "target_acceptance"):
+            set_(name, check_prob(name, getattr(self, name), high_closed=False))
+        set_("prune", check_prob("prune", self.prune, low_open=False, high_closed=False))
+        if self.tau_low >= self.tau_high:
+            raise ValueError(f"need tau_low < tau_high, got {self.tau_low} and {self.tau_high}")
+        if self.rho_stop >= self.rho_deep:
+            raise ValueError(f"need rho_stop < rho_deep, got {self.rho_stop} and {self.rho_deep}")
         for name in ("root_top1", "adapt"):  # `--param adapt=maybe` was taken as true
             if not isinstance(getattr(self, name), bool | np.bool_):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
+            set_(name, bool(getattr(self, name)))
         for name in ("eta_depth", "eta_conf"):
-            value = float(getattr(self, name))
-            if not (math.isfinite(value) and value >= 0.0):
-                raise ValueError(f"{name} must be a finite number >= 0, got {getattr(self, name)!r}")
+            set_(name, check_positive(name, getattr(self, name), zero=True))
 
     def initial_state(self) -> DynaTreeState:
         return DynaTreeState(float(self.base_depth), float(self.tau_high))
@@ -110,6 +106,8 @@ class DynaTreeBuilder(TreeBuilder):
         if not self.adapt or tree.size == 0:
             return st
         accepted = check_int("accepted", accepted, minimum=0)
+        if accepted > tree.size:
+            raise ValueError(f"accepted = {accepted} exceeds the tree's {tree.size} draft nodes")
         history = (st.history + (accepted / tree.size,))[-self.window :]
         err = sum(history) / len(history) - self.target_acceptance
         depth = min(max(st.base_depth + self.eta_depth * err, 1.0), float(self.max_depth - 1))

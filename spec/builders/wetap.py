@@ -23,13 +23,14 @@ applies with the point-mass rule.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 
-from spec.builders.base import Growing, TreeBuilder, check_prob
+from spec.builders.base import Growing, TreeBuilder, check_positive, check_prob
 from spec.randomness import Sampler
 from tmc.multidraft import ROOT, Draw
 from tmc.validate import check_int
@@ -50,16 +51,16 @@ class WetapBuilder(TreeBuilder):
     name: ClassVar[str] = "wetap"
 
     def __post_init__(self) -> None:
-        check_int("length", self.length, minimum=1)
-        lo = check_int("w_min", self.w_min, minimum=1)
-        hi = check_int("w_max", self.w_max, minimum=1)
-        if lo > hi:
-            raise ValueError(f"need w_min <= w_max, got {lo} and {hi}")
-        if not (math.isfinite(float(self.gamma)) and float(self.gamma) > 0.0):
-            raise ValueError(f"gamma must be a positive number, got {self.gamma!r}")
-        check_prob("alpha", self.alpha, low_open=False)
-        if not (math.isfinite(float(self.eps)) and float(self.eps) > 0.0):
-            raise ValueError(f"eps must be a positive number, got {self.eps!r}")
+        # the checked values are kept: an integral float (`--param length=3.0`) becomes an int
+        set_ = functools.partial(object.__setattr__, self)
+        set_("length", check_int("length", self.length, minimum=1))
+        set_("w_min", check_int("w_min", self.w_min, minimum=1))
+        set_("w_max", check_int("w_max", self.w_max, minimum=1))
+        if self.w_min > self.w_max:
+            raise ValueError(f"need w_min <= w_max, got {self.w_min} and {self.w_max}")
+        set_("gamma", check_positive("gamma", self.gamma))
+        set_("alpha", check_prob("alpha", self.alpha, low_open=False))
+        set_("eps", check_positive("eps", self.eps))
 
     def next_width(self, layer_probs: list[float]) -> int:
         """``W_{t+1}`` from the cumulative probabilities of layer ``t`` (eqs. 3–6)."""

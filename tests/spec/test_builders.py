@@ -291,11 +291,51 @@ def test_bad_draft_rows_are_refused(row: list[float], message: str) -> None:
         ("wetap", {"w_min": 9, "w_max": 4}, "w_min <= w_max"),
         ("wetap", {"alpha": 1.5}, "alpha"),
         ("wetap", {"gamma": -1}, "gamma"),
+        ("wetap", {"gamma": None}, "gamma must be a number, got None"),
+        ("wetap", {"eps": "1e-8"}, "eps must be a number"),
+        ("dynatree", {"eta_depth": None}, "eta_depth must be a number, got None"),
+        ("dynatree", {"eta_conf": -0.5}, "eta_conf must be a finite number >= 0"),
+        ("dynatree", {"rho_stop": "0.01"}, "rho_stop must be a number"),
+        ("dyspec-threshold", {"threshold": True}, "threshold must be a number, got True"),
+        ("chain", {"confidence": True}, "confidence must be a number, got True"),
     ],
 )
 def test_bad_parameters(name: str, params: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         make_builder(name, **params)
+
+
+@pytest.mark.parametrize(
+    ("name", "params"),
+    [
+        ("wetap", {"length": 3, "w_min": 2, "w_max": 4}),
+        ("dynatree", {"b_max": 2, "b_mid": 2, "window": 2, "max_depth": 4, "base_depth": 2}),
+        ("fixed", {"width": 2}),
+        ("dyspec", {"max_depth": 2}),
+    ],
+)
+def test_integral_float_parameters_build_the_same_trees(name: str, params: dict[str, int]) -> None:
+    """``--param length=3.0`` reaches a builder as a float: it is taken as the integer (check_int's rule) and
+    kept as one, so the builder grows the trees of the integer value (WETAP and DynaTree kept the raw float
+    and failed with a TypeError in the first build)."""
+    m = models(5, range(3, 4), concentration=0.5)[0]
+    as_int, as_float = make_builder(name, **params), make_builder(name, **{k: float(v) for k, v in params.items()})
+    assert as_int == as_float
+    state_i, state_f = as_int.initial_state(), as_float.initial_state()
+    for seed in range(3):
+        a, b = as_int.build(ToyDraft(m), 6, seed, state_i), as_float.build(ToyDraft(m), 6, seed, state_f)
+        assert (a.parents, a.tokens) == (b.parents, b.tokens)
+        state_i, state_f = as_int.next_state(state_i, a, 1), as_float.next_state(state_f, b, 1)
+    assert state_i == state_f
+
+
+def test_dynatree_refuses_more_accepted_tokens_than_nodes() -> None:
+    """The acceptance statistic is accepted / nodes, in [0, 1] (DynaTree §3.3)."""
+    m, b = models(3, range(1))[0], make_builder("dynatree")
+    tree = b.build(ToyDraft(m), 2, 0)
+    assert b.next_state(b.initial_state(), tree, tree.size).history == (1.0,)
+    with pytest.raises(ValueError, match="exceeds the tree's"):
+        b.next_state(b.initial_state(), tree, tree.size + 1)
 
 
 def test_bad_budget_and_rng() -> None:
