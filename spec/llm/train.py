@@ -14,7 +14,8 @@ Pipeline (one function per stage; ``python -m spec.llm.train --help`` lists ever
    files that are not UTF-8 are skipped; ``--max-chars`` caps the total (whole files, in
    order, skipping those that would pass the cap).  Every 50th file (``--val-every``) is held
    out for validation: the held-out files sample the whole tree, not the alphabetically last
-   packages (a corpus of fewer files holds out its largest).
+   packages (a corpus of fewer files holds out its largest); a training file with the exact
+   text of a held-out one (a vendored copy) is dropped, so validation text is unseen.
 2. ``train_tokenizer``: byte-level BPE (``tokenizers``) on the training files, ``--vocab``
    entries at most (fewer on a tiny corpus), special tokens ``<|bos|>`` (id 0) and ``<|eos|>``
    (id 1; also the pad token); encoding prepends ``<|bos|>``.  Wrapped as a
@@ -73,7 +74,9 @@ standard library only, 1,758 files (1,723 train + 35 validation), 31.5 M charact
 target ``small`` 1,199 steps (2.46 M tokens, 2,700 tokens/s, 912 s), draft ``nano`` 993 steps
 (2.03 M tokens, 8,900 tokens/s, 227 s); evaluation on 65,536 positions 12 s; 1,187 s in all.
 Validation loss: target 3.95, draft 4.10 nats/token; greedy agreement 0.58; SpS acceptance at
-T = 1: 0.68.  The test suite's smoke run (``--max-chars 200000 --minutes 0.3 --vocab 300``)
+T = 1: 0.68 (before the copies of held-out files were dropped from training: 2 tiny files,
+105 characters, in the standard library; 7 of the 274 held-out files, 1.1% of validation
+characters, with ``--site-packages``).  The test suite's smoke run (``--max-chars 200000 --minutes 0.3 --vocab 300``)
 takes ~15 s.
 """
 
@@ -140,7 +143,7 @@ SIZES: dict[str, ModelSize] = {
     "small": ModelSize(hidden=128, layers=6, heads=4, intermediate=344, lr=2e-3),
     "base": ModelSize(hidden=768, layers=12, heads=12, intermediate=2048, lr=6e-4),
 }
-ORDER = ("pico", "nano", "micro", "small", "base")  # increasing size; a draft comes before its target
+ORDER = ("pico", "nano", "small", "micro", "base")  # increasing parameter count at every vocabulary size
 DEFAULT_DRAFT = {"micro": "nano", "small": "nano", "base": "micro"}
 
 
@@ -229,10 +232,14 @@ def collect_corpus(roots: Sequence[str], max_chars: int | None = None) -> list[D
 
 
 def split_corpus(docs: Sequence[Document], val_every: int) -> tuple[list[Document], list[Document]]:
-    """(train, validation): every ``val_every``-th file held out.
+    """(train, validation): every ``val_every``-th file held out, and no training file with the text of a
+    held-out one.
 
     A corpus of fewer than ``val_every`` files (a small ``max_chars``) holds out its largest
-    file instead, the one most likely to give a few validation windows.
+    file instead, the one most likely to give a few validation windows.  Copies of a held-out
+    file elsewhere in the tree (``site-packages`` vendors packages: pip's and setuptools' copies
+    of ``packaging`` and ``rich``) are dropped from training, so validation measures text the
+    models did not train on (files that differ in a line are kept).
     """
     if val_every < 2:
         raise ValueError(f"val_every must be at least 2, got {val_every}")
@@ -240,8 +247,9 @@ def split_corpus(docs: Sequence[Document], val_every: int) -> tuple[list[Documen
         raise ValueError(f"the corpus needs at least 2 files, got {len(docs)} (raise max_chars)")
     largest = max(range(len(docs)), key=lambda i: len(docs[i].text))
     held = {i for i in range(len(docs)) if i % val_every == val_every - 1} or {largest}
-    train = [d for i, d in enumerate(docs) if i not in held]
     val = [d for i, d in enumerate(docs) if i in held]
+    held_texts = {d.text for d in val}
+    train = [d for i, d in enumerate(docs) if i not in held and d.text not in held_texts]
     return train, val
 
 
@@ -371,7 +379,7 @@ def forward_seconds_per_token(model: torch.nn.Module, cfg: TrainConfig, vocab: i
 
 @dataclass(frozen=True)
 class Plan:
-    """How long one model trains: a time budget, or an exact step count (replays)."""
+    """How long one model trains: a time budget, or an exact step count (a deterministic run)."""
 
     seconds: float  # wall-clock budget (ignored when steps is set)
     steps: int | None = None  # exact number of steps; None: as many as fit in seconds
@@ -394,8 +402,10 @@ def train_model(
 
     With a time budget the schedule runs on elapsed time, so it completes its decay whatever
     the machine's speed (and whatever else shares the CPU); the step count reached is
-    reported, and passing it back as ``plan.steps`` replays the run exactly on the same
-    hardware and thread count.  At least one step is always taken.
+    reported.  Passing it back as ``plan.steps`` does *not* replay that run: with a step count
+    the schedule runs on steps, so the learning rates differ; a step-count run is the
+    deterministic one (the same weights on the same hardware and thread count).  At least one
+    step is always taken.
     """
     if plan.steps is not None and plan.steps < 1:
         raise ValueError(f"plan.steps must be positive, got {plan.steps}")
@@ -525,11 +535,28 @@ def _saved_target(cfg: TrainConfig, log: Callable[[str], None]) -> tuple[Any, Pr
     return target, tokenizer
 
 
+def check_out_folder(out: str) -> None:
+    """``ValueError`` unless ``out`` is a writable folder or can be made as one (nothing is made here):
+    its nearest existing ancestor, or itself, must be a folder this process may write in."""
+    path = Path(out).absolute()
+    here = path
+    while not here.exists():
+        here = here.parent
+    if not here.is_dir():
+        what = "is a file" if here == path else f"lies under {here}, a file"
+        raise ValueError(f"--out {out}: {what}, not a folder")
+    if not os.access(here, os.W_OK | os.X_OK):
+        raise ValueError(f"--out {out}: {here} is not writable")
+
+
 def run(cfg: TrainConfig) -> dict[str, Any]:
     """The whole pipeline (module docstring); returns the report it writes to ``cfg.out/report.json``."""
     start = time.perf_counter()
     budget_end = start + 60.0 * cfg.minutes
     log = _logger(start)
+    if cfg.threads is not None:
+        torch.set_num_threads(cfg.threads)
+    check_out_folder(cfg.out)  # before any training: a bad --out found after 20 minutes loses them
     times: dict[str, float] = {}
 
     def lap(key: str, since: float) -> float:
@@ -542,7 +569,9 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     docs = collect_corpus(cfg.roots, cfg.max_chars)
     train_docs, val_docs = split_corpus(docs, cfg.val_every)
     t = lap("corpus", t)
-    log(f"corpus: {len(train_docs)} + {len(val_docs)} files, {sum(len(d.text) for d in docs):,} characters")
+    dropped = len(docs) - len(train_docs) - len(val_docs)
+    log(f"corpus: {len(train_docs)} + {len(val_docs)} files ({dropped} copies of held-out files dropped), "
+        f"{sum(len(d.text) for d in docs):,} characters")
 
     if loaded is None:
         max_positions = max(512, cfg.seq_len)
@@ -602,6 +631,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
             "roots": list(cfg.roots),
             "files_train": len(train_docs),
             "files_val": len(val_docs),
+            "files_dropped": len(docs) - len(train_docs) - len(val_docs),  # copies of held-out files
             "chars_train": sum(len(d.text) for d in train_docs),
             "chars_val": sum(len(d.text) for d in val_docs),
             "tokens_train": train_stream.numel(),
@@ -637,7 +667,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--target-size", choices=ORDER[2:], default=None, help="default: small on cpu, base on cuda")
-    p.add_argument("--draft-size", choices=ORDER[:-1], default=None, help="default: nano for small, micro for base")
+    p.add_argument("--draft-size", choices=ORDER[:-1], default=None,
+                   help="default: nano for small, micro for base; fewer parameters than the target")
     p.add_argument("--site-packages", action="store_true", help="add purelib's *.py files to the standard library's")
     p.add_argument("--max-chars", type=int, default=None, help="cap on corpus characters (whole files, in order)")
     p.add_argument("--val-every", type=int, default=50, help="hold out every N-th file (default 50: 2%%)")
@@ -666,8 +697,17 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         raise ValueError(f"--threads must be positive, got {args.threads}")
     if not 0.0 < args.warmup < 1.0:
         raise ValueError(f"--warmup must lie in (0, 1), got {args.warmup}")
-    if args.minutes <= 0:
-        raise ValueError(f"--minutes must be positive, got {args.minutes}")
+    if not (math.isfinite(args.minutes) and args.minutes > 0):  # inf trained forever, nan one step a model
+        raise ValueError(f"--minutes must be a positive number, got {args.minutes}")
+    for flag, value in (("--seq-len", args.seq_len), ("--batch", args.batch)):
+        if value is not None and value < 1:
+            raise ValueError(f"{flag} must be positive, got {value}")
+    seq_len = args.seq_len if args.seq_len is not None else (256 if cuda else 128)
+    if args.eval_tokens < seq_len:  # the evaluation takes whole windows of seq_len positions
+        raise ValueError(f"--eval-tokens must be at least --seq-len ({seq_len}: one validation window), "
+                         f"got {args.eval_tokens}")
+    if not math.isfinite(args.log_every) or args.log_every < 0:
+        raise ValueError(f"--log-every must be a number of seconds >= 0, got {args.log_every}")
     if args.target_from is not None:
         given = [flag for flag, value in (("--target-size", args.target_size), ("--target-steps", args.target_steps))
                  if value is not None]
@@ -690,8 +730,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         site_packages=args.site_packages,
         max_chars=args.max_chars,
         val_every=args.val_every,
-        seq_len=args.seq_len or (256 if cuda else 128),
-        batch=args.batch or (64 if cuda else 16),
+        seq_len=seq_len,
+        batch=args.batch if args.batch is not None else (64 if cuda else 16),
         target_share=args.target_share,
         warmup=args.warmup,
         eval_tokens=args.eval_tokens,
@@ -709,10 +749,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         cfg = config_from_args(args)
+        check_out_folder(cfg.out)
     except ValueError as err:
         parser.error(str(err))
-    if cfg.threads is not None:
-        torch.set_num_threads(cfg.threads)
     try:
         report = run(cfg)
     except ValueError as err:  # bad input found once files are read (e.g. --target-from's model): one line

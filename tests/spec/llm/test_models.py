@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import types
 
 import pytest
 
@@ -275,10 +276,65 @@ def test_tokenizer_is_deterministic_byte_level_with_bos():
     assert stream[0].item() == 0 and stream[-1].item() == 1
 
 
-def test_bad_options_are_reported_by_name(capsys):
-    with pytest.raises(SystemExit):
-        train.main(["--out", "unused", "--target-size", "micro", "--draft-size", "small"])
-    assert "--draft-size" in capsys.readouterr().err
+def test_bad_options_are_reported_by_name(capsys, tmp_path):
+    """Refused in one line before any training (the audit's cases: ``--minutes inf`` trained forever,
+    ``nan`` one step a model, ``--batch -1`` raised in torch, ``--seq-len 0`` / ``--batch 0`` became the
+    defaults, ``--eval-tokens 0`` evaluated a window all the same, an ``--out`` under a file failed after
+    the training, ``micro`` drafted for ``small`` although it has more parameters)."""
+    a_file = tmp_path / "afile"
+    a_file.write_text("x")
+    for argv, said in (
+        (["--target-size", "small", "--draft-size", "micro"], "--draft-size (micro) must be smaller"),
+        (["--minutes", "inf"], "--minutes must be a positive number, got inf"),
+        (["--minutes", "nan"], "--minutes must be a positive number, got nan"),
+        (["--minutes", "0"], "--minutes must be a positive number"),
+        (["--seq-len", "0"], "--seq-len must be positive, got 0"),
+        (["--batch", "0"], "--batch must be positive, got 0"),
+        (["--batch", "-1"], "--batch must be positive, got -1"),
+        (["--eval-tokens", "0"], "--eval-tokens must be at least --seq-len (128"),
+        (["--seq-len", "64", "--eval-tokens", "63"], "--eval-tokens must be at least --seq-len (64"),
+        (["--log-every", "-1"], "--log-every must be a number of seconds"),
+    ):
+        with pytest.raises(SystemExit):
+            train.main(["--out", str(tmp_path / "out"), *argv])
+        err = capsys.readouterr().err
+        assert said in err and "Traceback" not in err, argv
+    for out, said in ((a_file, "is a file, not a folder"), (a_file / "sub" / "x", "a file, not a folder")):
+        with pytest.raises(SystemExit):
+            train.main(["--out", str(out)])
+        assert said in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_presets_grow_in_parameters_at_every_vocabulary():
+    """``ORDER`` is what the draft-smaller-than-target check compares: it must be the parameter order."""
+    ids = types.SimpleNamespace(bos_token_id=0, eos_token_id=1)
+    for vocab in (300, 4096, 32000):
+        with torch.device("meta"):  # shapes only: no memory for the 91 M+ base
+            counts = [count_parameters(train.build_model(train.SIZES[name], vocab, 64, 0, ids)) for name in train.ORDER]
+        assert counts == sorted(counts) and len(set(counts)) == len(counts), (vocab, counts)
+
+
+def test_run_uses_the_configured_threads(tmp_path):
+    """``run`` (not only the command line) applies ``threads``; here the run stops at the empty corpus."""
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        with pytest.raises(ValueError, match="corpus"):
+            train.run(train.TrainConfig(out=str(tmp_path / "o"), threads=1, roots=(str(tmp_path),)))
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_split_drops_training_copies_of_held_out_files():
+    """A vendored copy of a held-out file elsewhere in the tree would be validation text seen in training."""
+    docs = [train.Document(f"f{i}", f"text {i}") for i in range(8)]
+    docs[1] = train.Document("vendored/f3", "text 3")  # the same text as f3, held out at val_every = 4
+    docs[5] = train.Document("other/f3", "text 3 ")  # one character more: kept
+    tr, val = train.split_corpus(docs, val_every=4)
+    assert [d.name for d in val] == ["f3", "f7"]
+    assert [d.name for d in tr] == ["f0", "f2", "f4", "other/f3", "f6"]
 
 
 def test_stop_token_ids_reads_the_generation_config_and_the_tokenizer() -> None:
