@@ -13,7 +13,10 @@ keep the ``B`` nodes of largest ``score = α · p̂ + (1 − α) · d / L`` with
 ``p̂ = (f − f_min) / (f_max − f_min + ε)`` over the tree; repair by adding back
 every ancestor of a kept node; while still over budget remove leaves from
 shallow to deep layers (the deepest layer excluded; ties: lower ``f`` first),
-then the leaves of lowest ``f``.
+then the leaves of lowest ``f``.  The leaves are found afresh after each
+removal, so a parent left childless in a shallower layer is removed before
+any leaf of the deepest layer, even one of lower ``f`` (§3.2.2 does not say
+which of the two readings it means; this one keeps the deep paths).
 
 Only the construction is used: WETAP's own beam-threshold verifier is *not*
 lossless (``verification.examples.WETAP_BEAM``).  Tokens are chosen, not
