@@ -106,7 +106,7 @@ class StepStats:
     tree_size: int  # draft nodes built
     accepted: int  # draft tokens accepted and emitted (a step cut by EOS / max_new_tokens counts those kept)
     emitted: int  # tokens this step added to the output (after EOS / length cuts)
-    draft_forwards: int  # draft LM forward passes (one per tree layer)
+    draft_forwards: int  # draft LM forward passes (one per tree layer; with a void fused step's, when one was redone)
     build_s: float  # builder time, draft forwards included
     target_s: float  # the one target forward over the tree
     verify_s: float  # the verifier
@@ -797,6 +797,7 @@ def generate(
     chain_shape = shape is not None and _is_chain(shape.skeleton)
     while len(out) < max_new_tokens:
         t0 = time.perf_counter()
+        void_forwards = 0  # draft forwards of a fused step that came out short (this step is then redone)
         # the nodes a tree may have this step (a chain builder's chains are exact at any length)
         cap = budget if floor is None or type(b) is ChainBuilder else min(budget, exact_tree_nodes(floor, t_past))
         if fuse and (d_state is not None or 1 <= len(d_step.pending) <= 2):
@@ -831,6 +832,7 @@ def generate(
             # tree comes out short too, so the host builder grows it), from a draft that has not fed its pending tokens
             assert before is not None
             rng.bit_generator.state = before
+            void_forwards = fused.forwards
             d_step = LLMDraft(draft, d_cache, d_state[0], pending=d_state[1], sampling=d_sampling, vocab=vocab)
             d_state = None
         if on_device:
@@ -859,7 +861,7 @@ def generate(
         kept, stopped = _cut_at_stop(tokens[: max_new_tokens - len(out)], stops)
         out.extend(kept)
         done = stopped or len(kept) < len(tokens)
-        forwards, forward_s = d_step.forwards, d_step.forward_s
+        forwards, forward_s = d_step.forwards + void_forwards, d_step.forward_s
         if not done:
             select_cache(t_cache, keep)
             t_past, root = t_past + 1 + len(res.nodes), tokens[-1]

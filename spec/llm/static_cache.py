@@ -51,9 +51,10 @@ from __future__ import annotations
 
 import functools
 import inspect
+import itertools
 import math
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -125,6 +126,14 @@ def _geometry(model: Any) -> tuple[int, int, int]:
     return int(cfg.num_hidden_layers), kv_heads, head_dim
 
 
+def weights_key(model: Any) -> tuple[tuple[int, tuple[int, ...]], ...]:
+    """Where each of ``model``'s parameters and buffers lives, and its shape.  A captured graph (and a fused
+    step's vocabulary sizes) are tied to those tensors: a model whose tensors were replaced
+    (``resize_token_embeddings``, a parameter assigned anew) gets a new key and so new graphs when its shared
+    cache or fused step is next asked for; updates in place (``load_state_dict``, an optimiser) keep it."""
+    return tuple((t.data_ptr(), tuple(t.shape)) for t in itertools.chain(model.parameters(), model.buffers()))
+
+
 def holds_layers(model: Any) -> bool:
     """Whether a :class:`StaticTreeCache` can hold ``model``'s layers (full or sliding-window attention only, and
     no query scaled by the cache length: Llama 4's temperature tuning)."""
@@ -187,7 +196,8 @@ class StaticTreeCache:
 
     def __init__(self, model: Any, capacity: int, *, graphs: bool | None = None, pad: bool | None = None,
                  max_graph_tokens: int = MAX_GRAPH_TOKENS) -> None:
-        self.model = model
+        self._model_ref: Callable[[], Any] = lambda: model  # weak for a shared cache (hold_weakly)
+        self.weights = weights_key(model)
         self._keyword = cache_keyword(model)
         self.layers, self.kv_heads, self.head_dim = _geometry(model)
         self.window = attention_window(model)
@@ -211,6 +221,19 @@ class StaticTreeCache:
         self._pool: Any = None
         self.step_graphs: dict[Any, Any] = {}  # fused steps over this cache (spec.llm.step_graph.shared_chain_step)
         self._allocate(_round_capacity(check_int("capacity", capacity, minimum=1)))
+
+    @property
+    def model(self) -> Any:
+        """The model this cache holds the keys and values of."""
+        model = self._model_ref()
+        if model is None:
+            raise RuntimeError("this StaticTreeCache's model has been freed")
+        return model
+
+    def hold_weakly(self) -> None:
+        """Keep only a weak reference to the model: a cache kept in a registry keyed by its model (the
+        shared caches) would otherwise keep that model, and itself, alive for ever."""
+        self._model_ref = weakref.ref(self.model)
 
     # --- the transformers cache protocol ---------------------------------------------------
 
@@ -407,13 +430,18 @@ def shared_static_cache(model: Any, role: str, capacity: int, *, graphs: bool | 
 
     Captured graphs stay with the cache, so only the first decode of a model
     pays for capture.  One cache per model, role and graph setting; it grows on demand when ``capacity`` is larger.  The same model in two
-    roles (self-speculation) gets two caches.
+    roles (self-speculation) gets two caches.  A model whose tensors were replaced since (:func:`weights_key`) gets a
+    new cache, so no graph captured over the old tensors replays.  The registry holds models weakly and each cache
+    holds its model weakly (:meth:`StaticTreeCache.hold_weakly`), so a model no one else holds is freed with its
+    caches and the fused steps kept on them.
     """
     per_model = _SHARED.setdefault(model, {})
     key = (role, model_device(model).type == "cuda" if graphs is None else bool(graphs))
     cache = per_model.get(key)
-    if cache is None or cache.device != model_device(model) or cache.dtype != model_dtype(model):
+    if (cache is None or cache.device != model_device(model) or cache.dtype != model_dtype(model)
+            or cache.weights != weights_key(model)):
         cache = StaticTreeCache(model, capacity, graphs=graphs)
+        cache.hold_weakly()
         per_model[key] = cache
     cache.reset()
     if cache.capacity < capacity:

@@ -71,7 +71,8 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Sequence
+import weakref
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -80,7 +81,7 @@ from numpy.typing import NDArray
 
 from spec.llm.adapter import fit_vocabulary, sync
 from spec.llm.sampling import Sampling, categorical_draw, step_fault
-from spec.llm.static_cache import StaticTreeCache, _round_capacity, _Size
+from spec.llm.static_cache import StaticTreeCache, _round_capacity, _Size, weights_key
 from spec.llm.verify import _CHAIN_STEPS, CHAIN_METHODS, _prepare_chain, noise_size
 from tmc.validate import check_int
 
@@ -185,7 +186,9 @@ class FusedStep:
         self.vocab = check_int("vocab", vocab, minimum=1)
         if _vocab_of(target) != self.vocab:
             raise ValueError(f"vocab {self.vocab} differs from the target's {_vocab_of(target)}")
-        self.target, self.draft, self.t_cache, self.d_cache = target, draft, t_cache, d_cache
+        self.t_cache = t_cache
+        self._d_cache_ref: Callable[[], StaticTreeCache | None] = lambda: d_cache  # weak when shared (hold_weakly)
+        self.weights = (weights_key(target), weights_key(draft))  # what the vocabularies and graphs were made for
         self._d_vocab = _vocab_of(draft)
         self.device = t_cache.device
         self.graphs = t_cache.graphs and d_cache.graphs
@@ -194,6 +197,34 @@ class FusedStep:
         self._layout: tuple[torch.Tensor, torch.Tensor] | None = None  # the caches' kv the buffers were made for
         self._graph: Any = None
         self._out: Any = None
+
+    @property
+    def target(self) -> Any:
+        return self.t_cache.model
+
+    @property
+    def draft(self) -> Any:
+        return self.d_cache.model
+
+    @property
+    def d_cache(self) -> StaticTreeCache:
+        cache = self._d_cache_ref()
+        if cache is None:
+            raise RuntimeError("the draft's cache of this fused step has been freed")
+        return cache
+
+    def hold_weakly(self) -> None:
+        """Keep only a weak reference to the draft's cache (a step kept on the target's cache, the shared
+        steps, would otherwise keep every draft's cache it was made with alive as long as the target's)."""
+        self._d_cache_ref = weakref.ref(self.d_cache)
+
+    def serves(self, target: Any, draft: Any, d_cache: StaticTreeCache) -> bool:
+        """Whether this step may run for these models and draft cache: the same objects, the draft's cache
+        alive, and their tensors those the step was made for (:func:`weights_key`; a resized vocabulary or
+        replaced weights need a new step)."""
+        cache = self._d_cache_ref()
+        return (cache is d_cache and cache.model is draft and self.t_cache.model is target
+                and self.weights == (weights_key(target), weights_key(draft)))
 
     def _grow(self, t_need: int, d_need: int) -> bool:
         """Grow the caches to hold ``t_need`` / ``d_need`` slots; ``True`` when their buffers are not those the
@@ -242,9 +273,12 @@ class FusedStep:
         if compile_backend is not None and compile_scope == "whole":
             self._run = _compiled(self._run, compile_backend)  # type: ignore[method-assign]
 
-    def _check_state(self, t_past: int, root: int, d_past: int, pending: Sequence[int]) -> None:
-        """``ValueError`` unless the caches hold ``t_past`` / ``d_past`` positions, ``pending`` is one or two
-        ids and the ids lie in the vocabulary (an id past the embedding would fault on the device, not raise)."""
+    def _check_state(self, t_past: int, root: int, d_past: int, pending: Sequence[int]) -> tuple[int, int]:
+        """``(t_past, d_past)`` as ints; ``ValueError`` unless the caches hold ``t_past`` / ``d_past``
+        positions, ``pending`` is one or two ids ending in ``root`` with ``d_past + len(pending) = t_past + 1``
+        (the draft's context is the target's) and the ids lie in the vocabulary (an id past the embedding would
+        fault on the device, not raise)."""
+        t_past, d_past = check_int("t_past", t_past, minimum=0), check_int("d_past", d_past, minimum=0)
         if self.t_cache.length != t_past or self.d_cache.length != d_past:
             raise ValueError(f"the caches hold {self.t_cache.length} / {self.d_cache.length} positions, "
                              f"not t_past {t_past} / d_past {d_past}")
@@ -253,6 +287,10 @@ class FusedStep:
         for name, tok in (("root", root), *((f"pending[{i}]", t) for i, t in enumerate(pending))):
             if check_int(name, tok, minimum=0) >= self.vocab:
                 raise ValueError(f"{name} = {tok} is outside the vocabulary [0, {self.vocab})")
+        if d_past + len(pending) != t_past + 1 or pending[-1] != root:  # one context: the target's plus its root
+            raise ValueError(f"the draft's context (d_past {d_past} + pending {list(pending)}) must be the target's "
+                             f"(t_past {t_past} + root {root}): as long, and ending in the root")
+        return t_past, d_past
 
     @staticmethod
     def _check_uniforms(**named: NDArray[np.float64] | None) -> None:
@@ -481,7 +519,7 @@ class ChainStepGraph(FusedStep):
         :class:`~spec.llm.sampling.Sampling` refuses raise its ``ValueError`` (the draft's first).
         """
         k = self.k
-        self._check_state(t_past, root, d_past, pending)
+        t_past, d_past = self._check_state(t_past, root, d_past, pending)
         if (u_draft is None) == self.iid or (u_draft is not None and len(u_draft) != k) or len(u_verify) != self.noise:
             raise ValueError(f"give {k} draft uniforms for an iid chain (None for topk) and {self.noise} "
                              f"verifier uniforms, got {None if u_draft is None else len(u_draft)} and {len(u_verify)}")
@@ -540,12 +578,21 @@ def shared_chain_step(target: Any, draft: Any, t_cache: StaticTreeCache, d_cache
     """The :class:`ChainStepGraph` of these caches and settings, made once and reused across decodes (as
     :func:`~spec.llm.static_cache.shared_static_cache` reuses the caches), so a decode replays the graph an
     earlier one captured: only a cache that grew since makes it capture again."""
-    per_cache = t_cache.step_graphs
+    per_cache = prune_steps(t_cache)
     key = (id(d_cache), k, verifier, bool(iid), sampling, d_sampling, vocab, compile_backend, compile_scope)
     step = per_cache.get(key)
-    if step is None or step.d_cache is not d_cache or step.target is not target or step.draft is not draft:
+    if not isinstance(step, ChainStepGraph) or not step.serves(target, draft, d_cache):
         step = ChainStepGraph(target, draft, t_cache, d_cache, k=k, verifier=verifier, iid=iid, sampling=sampling,
                               d_sampling=d_sampling, vocab=vocab, compile_backend=compile_backend,
                               compile_scope=compile_scope)
+        step.hold_weakly()
         per_cache[key] = step
     return step
+
+
+def prune_steps(t_cache: StaticTreeCache) -> dict[Any, Any]:
+    """``t_cache``'s shared fused steps, less those whose draft cache has been freed (with its draft)."""
+    per_cache = t_cache.step_graphs
+    for key in [key for key, step in per_cache.items() if step._d_cache_ref() is None]:
+        del per_cache[key]
+    return per_cache

@@ -80,7 +80,7 @@ from numpy.typing import NDArray
 from spec.llm.adapter import _tree_layout
 from spec.llm.sampling import Sampling, categorical_draw, ranked_tokens, swor_draws
 from spec.llm.static_cache import StaticTreeCache
-from spec.llm.step_graph import ChainStepResult, FusedStep, clamp_ids, target_rows_and_fault
+from spec.llm.step_graph import ChainStepResult, FusedStep, clamp_ids, prune_steps, target_rows_and_fault
 from spec.llm.tree_device import DEVICE_TREE_METHODS, TreePlan, tree_head, walks_on_device
 from tmc.multidraft import ROOT, Draw
 from tmc.validate import check_int
@@ -393,7 +393,7 @@ class TreeStepGraph(FusedStep):
         context's slots untouched), so the caller can run the step another way.
         """
         n, m = self.size, self.draft_uniforms
-        self._check_state(t_past, root, d_past, pending)
+        t_past, d_past = self._check_state(t_past, root, d_past, pending)
         if (u_draft is None) != (m == 0) or (u_draft is not None and len(u_draft) != m) or len(u_verify) != n + 1:
             raise ValueError(f"give {m or None} draft uniforms and {n + 1} verifier uniforms, "
                              f"got {None if u_draft is None else len(u_draft)} and {len(u_verify)}")
@@ -500,13 +500,14 @@ def shared_tree_step(target: Any, draft: Any, t_cache: StaticTreeCache, d_cache:
                      compile_backend: str | None = None, compile_scope: str = "parts") -> TreeStepGraph:
     """The :class:`TreeStepGraph` of these caches and settings, made once and reused across decodes
     (:func:`spec.llm.step_graph.shared_chain_step`'s rule)."""
-    per_cache = t_cache.step_graphs
+    per_cache = prune_steps(t_cache)
     key = ("tree", id(d_cache), tuple(parents), tuple(order), verifier, sampling, d_sampling, vocab,
            getattr(draw, "value", draw), compile_backend, compile_scope)
     step = per_cache.get(key)
-    if step is None or step.d_cache is not d_cache or step.target is not target or step.draft is not draft:
+    if not isinstance(step, TreeStepGraph) or not step.serves(target, draft, d_cache):
         step = TreeStepGraph(target, draft, t_cache, d_cache, parents=parents, order=order, verifier=verifier,
                              sampling=sampling, d_sampling=d_sampling, vocab=vocab, draw=draw,
                              compile_backend=compile_backend, compile_scope=compile_scope)
+        step.hold_weakly()
         per_cache[key] = step
     return step

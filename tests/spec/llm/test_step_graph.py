@@ -15,7 +15,9 @@ is tested in ``test_cuda.py``.
 from __future__ import annotations
 
 import copy
+import gc
 import itertools
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,7 +32,7 @@ from spec.llm.generate import generate, resolve_step_graph  # noqa: E402
 from spec.llm.models import tiny_pair  # noqa: E402
 from spec.llm.sampling import Sampling  # noqa: E402
 from spec.llm.static_cache import StaticTreeCache  # noqa: E402
-from spec.llm.step_graph import ChainStepGraph  # noqa: E402
+from spec.llm.step_graph import ChainStepGraph, shared_chain_step  # noqa: E402
 from spec.llm.verify import CHAIN_METHODS  # noqa: E402
 from tests.spec.llm.conftest import no_host_scalar_writes  # noqa: E402
 
@@ -280,11 +282,65 @@ def test_chain_step_graph_refuses_bad_arguments(pair: tuple[Any, Any]) -> None:
         step.step(0, 1, 0, [1, 30], u3, u4)
     with pytest.raises(ValueError, match=r"pending\[0\] must be"):
         step.step(0, 1, 0, [-1], u3, u4)
+    with pytest.raises(ValueError, match="t_past must be an integer, got 0.5"):
+        step.step(0.5, 1, 0, [1], u3, u4)  # type: ignore[arg-type]
+    for root, pending in ((2, [1]), (1, [2, 1])):  # not ending in the root; one token too many
+        with pytest.raises(ValueError, match="the draft's context .* must be the target's"):
+            step.step(0, root, 0, pending, u3, u4)
     with pytest.raises(ValueError, match=r"u_draft must lie in \[0, 1\)"):
         step.step(0, 1, 0, [1], np.array([0.5, 1.0, 0.5]), u4)
     with pytest.raises(ValueError, match=r"u_verify must lie in \[0, 1\)"):
         step.step(0, 1, 0, [1], u3, np.array([0.5, 0.5, np.nan, 0.5]))
     assert (tc.length, dc.length) == (0, 0)  # nothing ran
+    step.step(0.0, 1, 0.0, [1], u3, u4)  # type: ignore[arg-type]  # integral floats: taken as the integers
+    assert type(tc.length) is int and type(dc.length) is int
+
+
+@pytest.mark.parametrize(("before", "after"), [(11, 13), (13, 11)])
+def test_a_resized_draft_gets_a_new_fused_step(before: int, after: int) -> None:
+    """The shared step (and cache) of a draft whose embeddings were replaced since is not reused: it read the
+    draft's vocabulary when made, so grown from 11 to 13 ids its draws stayed clamped below 11 (token 10 made
+    56% of a fused decode's tokens against none unfused: another law), and shrunk from 13 to 11 it fed ids
+    11 and 12 to the smaller embedding (IndexError; on CUDA a device assert).  Now fused = unfused."""
+    target, draft = _tiny(13, 0, scale=40.0), _tiny(before, 1, layers=1, scale=40.0)
+    kw: dict[str, Any] = dict(temperature=1.0, max_new_tokens=24, budget=4, cache="static")
+    for builder, extra in (("chain", {}), ("fixed", {"builder_params": {"draw": "iid", "width": 2}})):
+        generate(target, draft, [12, 11, 2], builder, "traversal", step_graph=True, seed=0, **kw, **extra)
+    torch.manual_seed(7)
+    draft.resize_token_embeddings(after, mean_resizing=False)
+    with torch.no_grad():
+        draft.lm_head.weight[before:] = 40.0 * torch.randn(max(0, after - before), draft.lm_head.weight.shape[1])
+    for builder, extra in (("chain", {}), ("fixed", {"builder_params": {"draw": "iid", "width": 2}})):
+        for seed in range(3):
+            plain = generate(target, draft, [12, 11, 2], builder, "traversal", seed=seed, **kw, **extra)
+            fused = generate(target, draft, [12, 11, 2], builder, "traversal", step_graph=True, seed=seed, **kw,
+                             **extra)
+            assert fused.tokens == plain.tokens, (builder, seed)
+            assert sum(s.graph_s > 0 for s in fused.steps) == len(fused.steps) - 1
+
+
+def test_shared_caches_and_steps_do_not_keep_models_alive() -> None:
+    """The registry of shared caches is keyed weakly by model, but each cache held its model and the target's
+    cache held every fused step with its draft and the draft's cache: no model was ever freed (a draft tried
+    and dropped stayed in memory).  Now a dropped draft is freed, with its cache; the target too."""
+    target = _tiny(13, 0, scale=40.0)
+    for fused in (False, True):
+        draft = _tiny(13, 1, layers=1, scale=40.0)
+        generate(target, draft, [3, 1, 4], "chain", "sps", temperature=1.0, max_new_tokens=8, budget=3,
+                 cache="static", step_graph=fused)
+        d_ref, c_refs = weakref.ref(draft), [weakref.ref(c) for c in static_cache._SHARED[draft].values()]
+        del draft
+        gc.collect()
+        assert d_ref() is None and c_refs and all(c() is None for c in c_refs), fused
+    t_cache = static_cache.shared_static_cache(target, "target", 1)
+    assert len(static_cache.shared_static_cache(target, "target", 1).step_graphs) == 1  # the freed draft's step
+    shared_chain_step(target, target, t_cache, static_cache.shared_static_cache(target, "draft", 1), k=2,
+                      verifier="sps", iid=True, sampling=Sampling(), d_sampling=Sampling(), vocab=13)
+    assert len(t_cache.step_graphs) == 1  # dropped as another step was asked for: the new one only
+    t_ref = weakref.ref(target)
+    del target, t_cache
+    gc.collect()
+    assert t_ref() is None
 
 
 def test_profile_times_the_step_and_its_forwards(pair: tuple[Any, Any]) -> None:

@@ -120,8 +120,15 @@ def test_short_ranked_steps_are_void_and_redone_unfused(pair: tuple[Any, Any], v
                                   cache="static", **shape_kw("fixed", 2, None, 7, draw=draw))
         ref = generate(target, draft, [5, 3, 5], "fixed", verifier, **kw)
         before = len(voids)
-        got = generate(target, draft, [5, 3, 5], "fixed", verifier, step_graph=True, **kw)
+        ran = [0]
+        hook = draft.register_forward_hook(lambda *_: ran.__setitem__(0, ran[0] + 1))
+        try:
+            got = generate(target, draft, [5, 3, 5], "fixed", verifier, step_graph=True, **kw)
+        finally:
+            hook.remove()
         assert got.tokens == ref.tokens, seed
+        # the stats count every draft forward, a void step's too (they left those out)
+        assert sum(s.draft_forwards for s in got.steps) == ran[0], (seed, ran)
         assert [s.accepted for s in got.steps] == [s.accepted for s in ref.steps]
         fused = [s.graph_s > 0 for s in got.steps]
         assert fused.count(False) - 1 == sum(voids[before:])  # every step after the first: fused, or void and redone
