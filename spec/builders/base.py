@@ -234,7 +234,13 @@ def check_draw(name: str, value: object, allowed: Sequence[Draw]) -> Draw:
 
 
 def _number(name: str, value: object) -> float:
-    """``value`` as a ``float``: a real number, not ``True`` / ``False`` or text (``ValueError`` naming it)."""
+    """``value`` as a ``float``: a real number or its text (``"0.4"``, as a command line gives it), not
+    ``True`` / ``False`` or ``None`` (``ValueError`` naming it)."""
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            raise ValueError(f"{name} must be a number, got {value!r}") from None
     if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Real):
         raise ValueError(f"{name} must be a number, got {value!r}")
     return float(value)

@@ -292,10 +292,10 @@ def test_bad_draft_rows_are_refused(row: list[float], message: str) -> None:
         ("wetap", {"alpha": 1.5}, "alpha"),
         ("wetap", {"gamma": -1}, "gamma"),
         ("wetap", {"gamma": None}, "gamma must be a number, got None"),
-        ("wetap", {"eps": "1e-8"}, "eps must be a number"),
+        ("wetap", {"eps": "tiny"}, "eps must be a number, got 'tiny'"),
         ("dynatree", {"eta_depth": None}, "eta_depth must be a number, got None"),
         ("dynatree", {"eta_conf": -0.5}, "eta_conf must be a finite number >= 0"),
-        ("dynatree", {"rho_stop": "0.01"}, "rho_stop must be a number"),
+        ("dynatree", {"rho_stop": [0.01]}, "rho_stop must be a number"),
         ("dyspec-threshold", {"threshold": True}, "threshold must be a number, got True"),
         ("chain", {"confidence": True}, "confidence must be a number, got True"),
     ],
@@ -327,6 +327,15 @@ def test_integral_float_parameters_build_the_same_trees(name: str, params: dict[
         assert (a.parents, a.tokens) == (b.parents, b.tokens)
         state_i, state_f = as_int.next_state(state_i, a, 1), as_float.next_state(state_f, b, 1)
     assert state_i == state_f
+
+
+def test_number_parameters_given_as_text_are_kept_as_numbers() -> None:
+    """Text a command line gives (``"0.01"``) is parsed and kept as the number: DynaTree kept the text and
+    failed comparing it in its first build."""
+    b = make_builder("dynatree", rho_stop="0.01", eta_depth="2")
+    assert (b.rho_stop, b.eta_depth) == (0.01, 2.0)
+    m = models(3, range(1))[0]
+    assert b.build(ToyDraft(m), 4, 0).size >= 1
 
 
 def test_dynatree_refuses_more_accepted_tokens_than_nodes() -> None:
