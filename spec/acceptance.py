@@ -156,6 +156,7 @@ def builder_report(
     ``{"builder", "budget", "exact", "trees", "entries": [...], "lp": {...} | None}``.
     """
     b = make_builder(builder)
+    samples = check_int("samples", samples, minimum=2)  # a 95% interval needs a spread
     try:
         drafts = builder_drafts(model, b, budget, max_runs=max_runs)
         exact = True
@@ -170,7 +171,7 @@ def builder_report(
             entries.append({"verifier": name, "expected_length": law.expected_length, "completion_error": law.completion_error})
         else:
             lengths = np.array([_length_given_tree(d, kernel) for d in drafts])
-            half = 1.96 * float(lengths.std(ddof=1)) / math.sqrt(len(lengths)) if len(lengths) > 1 else math.inf
+            half = 1.96 * float(lengths.std(ddof=1)) / math.sqrt(len(lengths))
             mean = float(lengths.mean())
             entries.append({"verifier": name, "expected_length": mean, "ci95": [mean - half, mean + half]})
     lp: dict[str, Any] | None = None

@@ -64,6 +64,10 @@ def _positive_list(name: str, text: str, minimum: int = 1) -> list[int]:
     return vals
 
 
+#: The most probabilities (rows × V) one cell of the command's tables may hold: 2 GiB of float64.
+MAX_CELL_ENTRIES = 1 << 28
+
+
 def _check_cells(vocabs: Sequence[int], methods: Sequence[str], known: tuple[str, ...], calls: int) -> None:
     """``ValueError`` for the arguments both tables share."""
     if not vocabs or any(not isinstance(v, int) or v < 1 for v in vocabs):
@@ -313,6 +317,10 @@ def bench(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         if args.calls < 1:
             raise ValueError(f"--calls must be a positive integer, got {args.calls}")
         budgets = [] if args.budgets.strip() == "0" else _positive_list("--budgets", args.budgets)
+        largest = max(vocabs) * max([*rows, *(b + 1 for b in budgets)])
+        if largest > MAX_CELL_ENTRIES:  # a torch allocation failure would end in a traceback, or the OOM killer
+            raise ValueError(f"the largest cell holds {largest:,} probabilities (rows x V); at most "
+                             f"{MAX_CELL_ENTRIES:,} (2 GiB of float64): fewer --vocabs / --rows / --budgets")
         print(f"timing chain verification on {device} ...", file=sys.stderr)
 
         def progress(message: str) -> None:

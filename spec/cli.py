@@ -61,9 +61,11 @@ def extend_acceptance(
                         "ordered_traversal, kseq) or 'all' for every lossless one")
     parser.add_argument("--param", type=_param, action="append", default=[], metavar="KEY=VALUE",
                         help="--builder: a builder parameter (repeatable), e.g. --param width=3 --param draw=iid")
-    parser.add_argument("--samples", type=positive_int, default=2000,
-                        help="--builder: sampled trees when the exact enumeration is too large (default 2000)")
-    parser.add_argument("--max-runs", type=positive_int, default=20_000,
+    parser.add_argument("--samples", type=_samples, default=None,
+                        help=f"--builder: sampled trees when the exact enumeration is too large (default 2000, "
+                             f"at least {MIN_SAMPLES}: the 95%% interval is a normal approximation; drawn with "
+                             f"--seed, which also seeds a --random model)")
+    parser.add_argument("--max-runs", type=positive_int, default=None,
                         help="--builder: largest exact enumeration, in builder runs (default 20000)")
     if parser.description:
         parser.description += (" With --builder, the same for the trees a tree builder of spec draws "
@@ -71,16 +73,37 @@ def extend_acceptance(
     return _acceptance_hook
 
 
+#: Fewest Monte Carlo trees ``--samples`` takes: its 95% interval is mean ± 1.96 standard errors.
+MIN_SAMPLES = 30
+#: Largest ``--random V`` with ``--builder``: the model holds two rows of ``V`` for each of the
+#: ``1 + V + V²`` prefixes up to depth 2, some ``2 V³`` numbers (268 MB at 256; 16 GB at 1000).
+MAX_BUILDER_RANDOM_VOCAB = 256
+
+
+def _samples(text: str) -> int:
+    n = positive_int(text)
+    if n < MIN_SAMPLES:
+        raise argparse.ArgumentTypeError(f"--samples must be at least {MIN_SAMPLES} (a 95% interval from fewer "
+                                         f"trees is not one), got {n}")
+    return n
+
+
 def _acceptance_hook(args: argparse.Namespace) -> int | None:
     if args.builder is None:
-        if args.budget is not None or args.verifier is not None or args.param:
-            fail("--budget, --verifier and --param go with --builder")
+        if (args.budget is not None or args.verifier is not None or args.param or args.samples is not None
+                or args.max_runs is not None):
+            fail("--budget, --verifier, --param, --samples and --max-runs go with --builder")
         return None
     if args.budget is None:
         fail("--builder needs --budget B")
+    if args.draw is not None:
+        fail("--draw goes with --tree; a builder's draws are its parameter: --param draw=iid|swor|topk")
     if (args.model is None) == (args.random is None):
         fail("give either MODEL.json or --random V")
-    from spec.acceptance import builder_report, random_stationary_model, render_builder_report
+    if args.random is not None and args.random > MAX_BUILDER_RANDOM_VOCAB:
+        fail(f"--random {args.random} with --builder builds rows for every prefix up to depth 2 (2 V^3 numbers); "
+             f"at most V = {MAX_BUILDER_RANDOM_VOCAB}")
+    from spec.acceptance import DEFAULT_MAX_RUNS, builder_report, random_stationary_model, render_builder_report
     from spec.builders import make_builder
     from tmc.toy import load_model
 
@@ -88,7 +111,9 @@ def _acceptance_hook(args: argparse.Namespace) -> int | None:
     builder = make_builder(args.builder, **dict(args.param))
     verifier = args.verifier or "multidraft"
     print(f"{builder.name}, budget {args.budget}: enumerating the builder's trees ...", file=sys.stderr)
-    report = builder_report(model, builder, args.budget, verifier, max_runs=args.max_runs, samples=args.samples, seed=args.seed)
+    report = builder_report(model, builder, args.budget, verifier,
+                            max_runs=DEFAULT_MAX_RUNS if args.max_runs is None else args.max_runs,
+                            samples=2000 if args.samples is None else args.samples, seed=args.seed)
     entries = report["entries"]
     if args.json:
         out = {"model": model.name, "vocab": model.vocab, "budget": args.budget, "exact": report["exact"],

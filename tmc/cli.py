@@ -144,6 +144,9 @@ def _dispatch(argv: Sequence[str] | None) -> int:
     except (UsageError, ValueError, OSError) as err:
         print(f"tmc {args.command}: {_one_line(err)}", file=sys.stderr)
         return 2
+    except MemoryError:  # e.g. `bench kernels --vocab 10**12`: one line, not numpy's traceback
+        print(f"tmc {args.command}: out of memory: the options ask for more than this machine holds", file=sys.stderr)
+        return 2
 
 
 def _one_line(err: BaseException) -> str:

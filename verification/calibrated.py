@@ -69,21 +69,45 @@ def _critical(dof: int, alpha: float) -> float:
     return float(stats.chi2.isf(alpha, dof))
 
 
+#: The most samples one check may ask for: past it (a tiny ``tv``) the samples would not fit in memory
+#: or time (``tv = 0.001`` at the suite's rate asked for 37.7 M samples, ``1e-6`` for 824 TiB).
+MAX_CHECK_SAMPLES = 10**7
+
+
 def required_samples(n_bins: int, tv: float, alpha: float, beta: float = 1e-3) -> int:
-    """Least N that detects total variation ``tv`` with power ``1 − beta`` at level ``alpha``."""
+    """Least N that detects total variation ``tv`` with power ``1 − beta`` at level ``alpha``;
+    ``ValueError`` when that is more than :data:`MAX_CHECK_SAMPLES` or ``alpha`` has no critical value."""
+    n = _required(n_bins, tv, alpha, beta, MAX_CHECK_SAMPLES)
+    if n is None:
+        raise ValueError(f"detecting tv = {tv:g} at a false-fail rate of {alpha:.3g} per check needs more than "
+                         f"{MAX_CHECK_SAMPLES:,} samples per check; raise tv (--tv)")
+    return n
+
+
+def _required(n_bins: int, tv: float, alpha: float, beta: float, limit: int) -> int | None:
+    """:func:`required_samples`, or ``None`` above ``limit`` samples."""
     if not 0.0 < tv <= 1.0:
         raise ValueError(f"tv must be in (0, 1], got {tv}")
+    if not 0.0 < beta < 1.0:
+        raise ValueError(f"beta must be in (0, 1), got {beta}")
     dof = max(n_bins - 1, 1)
-    crit = _critical(dof, alpha)
+    crit = _critical(dof, alpha) if 0.0 < alpha < 1.0 else math.nan
+    if not math.isfinite(crit):  # a rate that rounds to 0 (5e-324 split over the checks): the search never ended
+        raise ValueError(f"the false-fail rate per check, {alpha!r}, has no chi-square critical value: give a larger "
+                         f"rate (at least about 1e-300)")
 
     def miss(lam: float) -> float:
         return float(stats.ncx2.cdf(crit, dof, lam)) - beta
 
+    top = 4.0 * tv * tv * (limit + 1)  # the non-centrality of limit + 1 samples
     hi = 1.0
     while miss(hi) > 0.0:
-        hi *= 2.0
+        if hi >= top:
+            return None
+        hi = min(2.0 * hi, top)
     lam = float(optimize.brentq(miss, 0.0, hi, xtol=1e-6))
-    return int(math.ceil(lam / (4.0 * tv * tv)))
+    n = int(math.ceil(lam / (4.0 * tv * tv)))
+    return n if n <= limit else None
 
 
 def detectable_tv(n_bins: int, samples: int, alpha: float, beta: float = 1e-3) -> float:
@@ -91,7 +115,8 @@ def detectable_tv(n_bins: int, samples: int, alpha: float, beta: float = 1e-3) -
     lo, hi = 1e-6, 1.0
     for _ in range(60):
         mid = math.sqrt(lo * hi)
-        if required_samples(n_bins, mid, alpha, beta) <= samples:
+        need = _required(n_bins, mid, alpha, beta, max(samples, 1))
+        if need is not None and need <= samples:
             hi = mid
         else:
             lo = mid

@@ -109,6 +109,12 @@ def test_monte_carlo_fallback_interval() -> None:
     assert 0 < se < 0.05
 
 
+def test_monte_carlo_needs_two_trees() -> None:
+    m = models(3, range(1))[0]
+    with pytest.raises(ValueError, match="samples must be >= 2"):
+        builder_report(m, "dyspec", 5, "traversal", max_runs=10, samples=1)
+
+
 def test_sampled_drafts_are_builder_trees() -> None:
     m = models(3, range(1))[0]
     law = {(d.tree.parents, d.tree.tokens) for d in builder_drafts(m, "dyspec", 3)}
@@ -169,6 +175,14 @@ def test_cli_builder_monte_carlo_and_table(capsys: pytest.CaptureFixture[str]) -
         (["--random", "3", "--builder", "nope", "--budget", "3"], "invalid choice"),
         (["--builder", "dyspec", "--budget", "3"], "MODEL.json or --random"),
         (["--random", "3", "--builder", "dyspec", "--budget", "0"], ">= 1"),
+        # silently ignored before: --draw with a builder, the Monte Carlo options without one
+        (["--random", "3", "--builder", "fixed", "--budget", "3", "--draw", "topk"], "--param draw="),
+        (["--random", "3", "--chain", "2", "--samples", "100"], "go with --builder"),
+        (["--random", "3", "--tree", "2", "--max-runs", "100"], "go with --builder"),
+        (["--random", "3", "--chain", "2", "--draw", "swor"], "--draw goes with --tree"),
+        # an interval from 1 tree was [-inf, inf] (JSON that strict parsers refuse), from 3 of width 0
+        (["--random", "3", "--builder", "dyspec", "--budget", "3", "--samples", "1"], "at least 30"),
+        (["--random", "1000", "--builder", "dyspec", "--budget", "3"], "at most V = 256"),
     ],
 )
 def test_cli_builder_misuse(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:

@@ -56,8 +56,8 @@ def test_a_chain_too_long_to_enumerate_is_refused_before_it_starts(capsys):
     from tmc.commands import MAX_CHAIN_SEQUENCES
 
     assert MAX_CHAIN_SEQUENCES == 10**6
-    assert main(["acceptance", "--random", "2", "--chain", "100000"]) == 2
-    assert "2**100000 token sequences" in capsys.readouterr().err
+    assert main(["acceptance", "--random", "2", "--chain", "60"]) == 2
+    assert "2**60 token sequences" in capsys.readouterr().err
     assert main(["acceptance", str(PAPER_TOY_FILE), "--chain", "13"]) == 2  # 3**13 > 10**6, read from the file
     assert "V = 3" in capsys.readouterr().err
     assert main(["acceptance", "--random", "1", "--chain", "50"]) == 0  # V = 1: one sequence
@@ -126,3 +126,44 @@ def test_bench_gap_table_and_json(capsys):
         assert -1e-4 <= gap["mean_pct_below_lp"] <= gap["max_pct_below_lp"] + 1e-12
         if row["draw"] == "topk":  # one deterministic draft: accepting with probability r(x) is optimal
             assert gap["max_pct_below_lp"] < 1e-4
+    assert report["model_seeds"] == [0, 1]
+
+
+def test_bench_gap_follows_the_seed(capsys):
+    """``--seed`` picks the models (seeds ``seed .. seed + models - 1``); it was ignored."""
+    outs = []
+    for seed in ("0", "7"):
+        assert main(["bench", "gap", "--models", "1", "--gap-vocab", "2", "--seed", seed, "--json"]) == 0
+        outs.append(json.loads(capsys.readouterr().out))
+    assert outs[1]["model_seeds"] == [7, 7]
+    assert [r["multidraft"] for r in outs[0]["results"]] != [r["multidraft"] for r in outs[1]["results"]]
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["--random", "100000", "--chain", "1"], "at most 100,000,000"),  # 2e10 probabilities: MemoryError
+    (["--random", "1", "--chain", "100000"], "at most 100 tokens"),  # V = 1 passed the sequence guard
+    (["--random", "3", "--tree", "10,10,10"], "draft trees"),  # RecursionError
+    (["--random", "3", "--tree", "4,4"], "10^9.5 draft trees"),  # 3.5e9 trees, no guard
+    (["--random", "2", "--tree", ",".join(["1"] * 101), "--draw", "topk"], "at most 100"),
+])
+def test_shapes_too_large_to_enumerate_are_refused(capsys, argv, said):
+    assert main(["acceptance", *argv]) == 2
+    err = capsys.readouterr().err
+    assert said in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_topk_tree_is_one_tree_at_any_vocabulary(capsys):
+    assert main(["acceptance", "--random", "40", "--tree", "3,2", "--draw", "topk", "--json"]) == 0
+    assert "lp" in json.loads(capsys.readouterr().out)
+
+
+def test_memory_errors_are_one_line(capsys, monkeypatch):
+    from tmc.commands import bench
+
+    def boom(*args, **kwargs):
+        raise MemoryError
+
+    monkeypatch.setattr(bench, "run_kernel_bench", boom)
+    assert main(["bench", "kernels", "--n", "1", "--vocab", "8"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == ("tmc bench: out of memory: the options ask for more "
+                                                                "than this machine holds")

@@ -52,6 +52,10 @@ BAD_INPUTS = [
     ("zero-q draft token", [2, 2], Q, P, r"ref\[0\] = 2 has q_rows\[0, 2\] = 0"),
     ("token out of range", [0, 3], Q, P, r"ref\[1\] = 3 is outside the vocabulary \[0, 3\)"),
     ("negative token", [-1, 0], Q, P, r"ref\[0\] = -1 is outside"),
+    # past int64: OverflowError before, and a uint64 2**64 - 1 was reported as -1
+    ("huge int token", [0, 2**70], Q, P, r"ref\[1\] = 1180591620717411303424 is outside"),
+    ("huge float token", [1e30, 0], Q, P, r"ref\[0\] = 1000000000000000019884624838656 is outside"),
+    ("uint64 token", np.array([0, 2**64 - 1], dtype=np.uint64), Q, P, r"ref\[1\] = 18446744073709551615 is outside"),
     ("non-integer token", [0.5, 1], Q, P, r"integer token ids"),
     ("q rows vs ref length", [0], Q, P[:2], r"q_rows has shape \(2, 3\); expected \(n, V\) = \(1, 3\)"),
     ("p rows too short", REF, Q, P[:2], r"p_rows has shape \(2, 3\); expected \(n \+ 1, V\) = \(3, 3\)"),

@@ -525,6 +525,7 @@ def test_an_invalid_output_is_a_finding():
         ((SPS, "forest"), {}, "kind"),
         ((SPS,), {"colour": 1}, "unknown audit option"),
         ((tmc.ToyModel.random, "chain"), {}, "convention"),
+        ((SPS, "chain"), {"alpha": 5e-324}, "no chi-square critical value"),  # looped for ever
     ],
 )
 def test_audit_usage_errors_raise_value_error(args, kwargs, match):
@@ -536,7 +537,8 @@ def test_audit_usage_errors_raise_value_error(args, kwargs, match):
     "field, value",
     [("budget", 0), ("seed", -1), ("max_vocab", 5), ("max_vocab", 0), ("tol", -1.0), ("tv", 0.0), ("tv", 1.5),
      ("alpha", 0.0), ("alpha", 1.0), ("beta", 2.0), ("mode", "fast"), ("draws", ("dfs",)), ("draws", ()),
-     ("shrink_cap", -1), ("sampler_tv", 0.0), ("check_sampler", "yes"), ("alpha", float("nan"))],
+     ("shrink_cap", -1), ("sampler_tv", 0.0), ("check_sampler", "yes"), ("alpha", float("nan")),
+     ("tv", 1e-6), ("sampler_tv", 1e-5)],  # tiny: a case drew for hours
 )
 def test_audit_config_names_the_bad_field(field, value):
     with pytest.raises(ValueError, match=field if field != "draws" or value == () else "draws\\[0\\]"):

@@ -14,6 +14,7 @@ from verification.calibrated import (
     merge_bins,
     required_samples,
 )
+from verification.calibrated import MAX_CHECK_SAMPLES
 
 LAW = np.array([0.4, 0.25, 0.15, 0.1, 0.06, 0.03, 0.01])
 
@@ -73,6 +74,18 @@ def test_required_samples_grows_as_tv_shrinks_and_alpha_tightens():
     assert required_samples(5, 0.05, 1e-3) < required_samples(5, 0.05, 1e-9)
     n = required_samples(8, 0.04, 1e-9)
     assert detectable_tv(8, n, 1e-9) <= 0.04 * 1.01
+
+
+def test_required_samples_is_bounded_and_needs_a_critical_value():
+    """A rate that rounds to 0 left the search for the non-centrality looping for ever; a tiny tv asked for
+    more samples than memory holds (824 TiB at 1e-6).  Both are refused; detectable_tv still answers."""
+    for alpha in (0.0, 5e-324 / 273):
+        with pytest.raises(ValueError, match="has no chi-square critical value"):
+            required_samples(10, 0.05, alpha)
+    with pytest.raises(ValueError, match="more than 10,000,000 samples per check; raise tv"):
+        required_samples(10, 1e-3, 1e-9 / 273)
+    assert required_samples(10, 0.01, 1e-9 / 273) <= MAX_CHECK_SAMPLES
+    assert detectable_tv(10, 100, 1e-9) > 0.1
 
 
 def test_holm_rejects_step_down_and_dominates_bonferroni():

@@ -11,6 +11,7 @@ import argparse
 import json
 import math
 import sys
+from collections.abc import Sequence
 from importlib.metadata import entry_points
 from typing import Any
 
@@ -71,8 +72,8 @@ def _register_acceptance(sub: argparse._SubParsersAction[argparse.ArgumentParser
     shape = acc.add_mutually_exclusive_group(required=True)
     shape.add_argument("--chain", type=nonnegative_int, metavar="N", help="a chain of N draft tokens")
     shape.add_argument("--tree", type=_parse_widths, metavar="W1,W2,..", help="fixed tree: children per node at each depth")
-    acc.add_argument("--draw", "--draws", dest="draw", choices=["iid", "swor", "topk"], default="iid",
-                     help="how tree children are drawn (default iid)")
+    acc.add_argument("--draw", "--draws", dest="draw", choices=["iid", "swor", "topk"], default=None,
+                     help="--tree: how tree children are drawn (default iid)")
     acc.add_argument("--random", type=positive_int, metavar="V", help="use a built-in random model with vocabulary V")
     add_seed(acc, "--random model")
     add_json(acc)
@@ -91,10 +92,42 @@ def _register_acceptance(sub: argparse._SubParsersAction[argparse.ArgumentParser
 MAX_CHAIN_SEQUENCES = 10**6
 
 
+#: The longest ``--chain`` and the deepest ``--tree`` (a V = 1 chain of 10**5 tokens ran out of memory,
+#: a tree enumeration recurses once per level).
+MAX_DEPTH = 100
+#: The most probabilities a ``--random V`` model may hold: two rows of ``V`` for every prefix up to the
+#: shape's depth, ``~2 V^(depth + 1)`` numbers (``--random 100000 --chain 1`` asked for 2e10).
+MAX_RANDOM_ENTRIES = 10**8
+
+
 def _check_chain_count(vocab: int, n: int) -> None:
+    if n > MAX_DEPTH:
+        fail(f"--chain {n}: at most {MAX_DEPTH} tokens")
     if vocab > 1 and n * math.log10(vocab) > math.log10(MAX_CHAIN_SEQUENCES):
         fail(f"--chain {n} with V = {vocab} enumerates V ** N = {vocab}**{n} token sequences; exact enumeration "
              f"takes at most {MAX_CHAIN_SEQUENCES:,} (shorten the chain)")
+
+
+def _check_tree_count(vocab: int, widths: Sequence[int], draw: str) -> None:
+    """``fail`` when the tree shape has more draft trees than :data:`MAX_CHAIN_SEQUENCES` (``--tree 4,4``: 3.5e9)."""
+    if len(widths) > MAX_DEPTH:
+        fail(f"--tree has {len(widths)} levels: at most {MAX_DEPTH}")
+    log_trees, parents = 0.0, 1
+    for w in widths:
+        per_node = {"iid": w * math.log10(vocab) if vocab > 1 else 0.0,
+                    "swor": math.log10(math.perm(vocab, w)) if 0 < w <= vocab else 0.0,
+                    "topk": 0.0}[draw]
+        log_trees += parents * per_node
+        parents *= w
+    if log_trees > math.log10(MAX_CHAIN_SEQUENCES):
+        fail(f"--tree {','.join(map(str, widths))} drawn {draw} with V = {vocab} has about 10^{log_trees:.1f} draft "
+             f"trees; exact enumeration takes at most {MAX_CHAIN_SEQUENCES:,} (a smaller tree or V)")
+
+
+def _check_random_size(vocab: int, depth: int) -> None:
+    if math.log10(2 * vocab) + depth * math.log10(vocab) > math.log10(MAX_RANDOM_ENTRIES):
+        fail(f"--random {vocab} at depth {depth} holds about 2 V^(depth + 1) probabilities; at most "
+             f"{MAX_RANDOM_ENTRIES:,} (a smaller V or shape)")
 
 
 def _cmd_acceptance(args: argparse.Namespace) -> int:
@@ -107,17 +140,25 @@ def _cmd_acceptance(args: argparse.Namespace) -> int:
             return int(status)
     if (args.model is None) == (args.random is None):
         fail("give either MODEL.json or --random V")
+    if args.chain is not None and args.draw is not None:
+        fail("--draw goes with --tree: a chain's tokens are drawn one per position")
     depth = args.chain if args.chain is not None else len(args.tree)
-    if args.chain is not None and args.random is not None:  # a model file's vocabulary is checked once it is read
-        _check_chain_count(args.random, args.chain)
+    draw = args.draw or "iid"
+    if args.random is not None:  # a model file's vocabulary is checked once it is read
+        if args.chain is not None:
+            _check_chain_count(args.random, args.chain)
+        else:
+            _check_tree_count(args.random, args.tree, draw)
+        _check_random_size(args.random, depth)
     model = load_model(args.model) if args.model else random_model(args.random, depth, args.seed)
     if args.chain is not None:
         _check_chain_count(model.vocab, args.chain)
         report = chain_report(model, args.chain)
         shape = f"chain of {args.chain}"
     else:
-        report = tree_report(model, args.tree, args.draw)
-        shape = f"tree widths {','.join(map(str, args.tree))}, draws {args.draw}"
+        _check_tree_count(model.vocab, args.tree, draw)
+        report = tree_report(model, args.tree, draw)
+        shape = f"tree widths {','.join(map(str, args.tree))}, draws {draw}"
     if args.json:
         print(json.dumps({"model": model.name, "shape": shape, **report}, indent=2))
     else:
@@ -172,7 +213,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     elif args.what == "gap":
         vocabs = _chain_lengths(args.gap_vocab, "--gap-vocab", minimum=1)
         print(f"exact E[len] of every tree verifier and the LP limit, V in {vocabs}, {args.models} models per row ...", file=sys.stderr)
-        report = bench.run_gap_bench(vocabs, args.models, progress=lambda m: print(m, file=sys.stderr))
+        report = bench.run_gap_bench(vocabs, args.models, progress=lambda m: print(m, file=sys.stderr), seed=args.seed)
         text = bench.render_gap(report)
     elif args.what == "exact":
         print("timing exact enumerations and LP solves ...", file=sys.stderr)

@@ -128,11 +128,12 @@ def run_gap_bench(
     models: int = GAP_MODELS,
     shapes: Sequence[tuple[int, ...]] = GAP_SHAPES,
     progress: Any = None,
+    seed: int = 0,
 ) -> dict[str, Any]:
     """Each tree verifier's expected length as % below the LP limit on a fixed set of toy models.
 
     Model ``s`` of vocabulary ``V`` is ``ToyModel.random(V, depth, seed=s)``
-    (exact zeros with probability 0.2, Dirichlet(1) rows), ``s = 0..models-1``;
+    (exact zeros with probability 0.2, Dirichlet(1) rows), ``s = seed..seed+models-1``;
     every draw kind, every verifier that applies to it.  Drafts are enumerated
     once per (model, shape, draw) and shared by the verifiers and the LP.
     """
@@ -149,8 +150,8 @@ def run_gap_bench(
             for draw in ALL_DRAWS:
                 start = timeit.default_timer()
                 gaps: dict[str, list[float]] = {name: [] for name in tree_verifiers(draw)}
-                for seed in range(models):
-                    model = ToyModel.random(vocab, len(shape), seed)
+                for s in range(seed, seed + models):
+                    model = ToyModel.random(vocab, len(shape), s)
                     drafts = tree_drafts(model, shape, draw)
                     limit = lp_limit(model, drafts).expected_length
                     for name, kernel in tree_verifiers(draw).items():
@@ -162,7 +163,7 @@ def run_gap_bench(
                 rows.append(row)
                 if progress is not None:
                     progress(f"V={vocab} {shape} {draw.value}: {timeit.default_timer() - start:.1f} s")
-    return {"hardware": hardware(), "models_per_shape": models, "results": rows}
+    return {"hardware": hardware(), "models_per_shape": models, "model_seeds": [seed, seed + models - 1], "results": rows}
 
 
 def _pct(x: float) -> str:

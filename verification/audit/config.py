@@ -71,6 +71,8 @@ class AuditConfig:
         _check_real("sampler_tv", self.sampler_tv, low=0.0, high=1.0, closed_low=False, closed_high=True)
         _check_real("alpha", self.alpha, low=0.0, high=1.0, closed_low=False, closed_high=False)
         _check_real("beta", self.beta, low=0.0, high=1.0, closed_low=False, closed_high=False)
+        for name in ("tv", "sampler_tv"):  # before any case: a tiny tv made a case draw for hours
+            _check_case_samples(name, getattr(self, name), self.alpha, self.beta)
         if self.shrink_cap is not None:
             object.__setattr__(self, "shrink_cap", check_int("shrink_cap", self.shrink_cap, minimum=0))
         if not isinstance(self.check_sampler, bool):
@@ -109,3 +111,20 @@ def _check_real(name: str, value: object, *, low: float, high: float, closed_low
     if not (above and below):
         interval = f"{'[' if closed_low else '('}{low:g}, {high:g}{']' if closed_high else ')'}"
         raise ValueError(f"{name} must be in {interval}, got {value!r}")
+
+
+#: The most samples one case of an audit may draw: its samplers run in Python (some 10-50 µs a sample), so
+#: past this a search would run for hours (``--sampling --tv 1e-6`` drew 6.9 M samples a case).
+MAX_CASE_SAMPLES = 10**6
+
+
+def _check_case_samples(name: str, tv: float, alpha: float, beta: float) -> None:
+    """``ValueError`` when a case's test at ``tv`` needs more than :data:`MAX_CASE_SAMPLES` samples: with one
+    possible output (the hard-failure size) or two (the chi-square size at ``alpha``, a lower bound for any
+    case, whose rate is ``alpha`` split further)."""
+    from verification.calibrated import _required
+
+    one = math.ceil(math.log(beta) / math.log1p(-tv)) if tv < 1.0 else 1
+    if one > MAX_CASE_SAMPLES or _required(2, tv, alpha, beta, MAX_CASE_SAMPLES) is None:
+        raise ValueError(f"{name} = {tv:g}: a case's test would draw more than {MAX_CASE_SAMPLES:,} samples "
+                         f"(alpha {alpha:g}, beta {beta:g}); raise {name} (--tv)")

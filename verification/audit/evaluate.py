@@ -34,7 +34,7 @@ from tmc.drafts import Draft, DraftChain, chain_drafts, tree_drafts
 from tmc.laws import averaged_law, completed_law, target_law, total_variation
 from tmc.toy import Path, ToyModel
 from verification.audit.cases import AuditCase
-from verification.calibrated import chi_square_check, required_samples
+from verification.calibrated import MAX_CHECK_SAMPLES, chi_square_check, required_samples
 from verification.examples import ChainVerifier, Verifier
 
 FloatArray = NDArray[np.float64]
@@ -96,7 +96,10 @@ def sample_size(bins: int, tv: float, alpha: float, beta: float) -> int:
     Otherwise the chi-square size of :func:`verification.calibrated.required_samples`.
     """
     if bins <= 1:
-        return max(1, math.ceil(math.log(beta) / math.log1p(-tv))) if tv < 1.0 else 1
+        n = max(1, math.ceil(math.log(beta) / math.log1p(-tv))) if tv < 1.0 else 1
+        if n > MAX_CHECK_SAMPLES:
+            raise ValueError(f"detecting tv = {tv:g} needs {n:,} samples; at most {MAX_CHECK_SAMPLES:,}: raise tv (--tv)")
+        return n
     return required_samples(bins, tv, alpha, beta)
 
 

@@ -96,7 +96,9 @@ def test_module_command(capsys: pytest.CaptureFixture[str]) -> None:
     assert "trees" not in json.loads(capsys.readouterr().out)
     for argv, match in ((["--vocabs", "x"], "--vocabs takes"), (["--rows", "1"], "--rows must"),
                         (["--budgets", "0,3"], "--budgets must"),
-                        (["--calls", "0"], "--calls must"), (["--device", "gpu"], "'gpu' is not a torch device")):
+                        (["--calls", "0"], "--calls must"), (["--device", "gpu"], "'gpu' is not a torch device"),
+                        (["--vocabs", "100000000000"], "at most 268,435,456"),  # was a torch allocation traceback
+                        (["--vocabs", "4096", "--rows", "3", "--budgets", "70000"], "largest cell holds")):
         assert main(["--device", "cpu", *argv]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and match in err[0], err
