@@ -215,8 +215,15 @@ class FusedStep:
 
     def hold_weakly(self) -> None:
         """Keep only a weak reference to the draft's cache (a step kept on the target's cache, the shared
-        steps, would otherwise keep every draft's cache it was made with alive as long as the target's)."""
-        self._d_cache_ref = weakref.ref(self.d_cache)
+        steps, would otherwise keep every draft's cache it was made with alive as long as the target's); when
+        that cache is freed the step leaves the target cache's ``step_graphs``, with its buffers and graph."""
+        steps = self.t_cache.step_graphs
+
+        def drop(ref: Any) -> None:
+            for key in [key for key, step in steps.items() if step._d_cache_ref is ref]:
+                del steps[key]
+
+        self._d_cache_ref = weakref.ref(self.d_cache, drop)
 
     def serves(self, target: Any, draft: Any, d_cache: StaticTreeCache) -> bool:
         """Whether this step may run for these models and draft cache: the same objects, the draft's cache
