@@ -65,6 +65,9 @@ def _rows_from_mapping(
         path = _parse_key(key, vocab, name)
         if path is None:
             default = arr
+        elif path in table:  # "0" and " 0" (int() reads both): one row would be dropped silently
+            first = next(k for k in rows if k != "*" and _parse_key(k, vocab, name) == path)
+            raise ValueError(f"{name}: prefix keys {first!r} and {key!r} name the same prefix {path}")
         else:
             table[path] = arr
     return table, default
@@ -211,6 +214,19 @@ def random_row(
 PAPER_TOY_FILE = Path_(__file__).with_name("models") / "paper_toy.json"
 
 
+class _RepeatedKey(Exception):
+    pass
+
+
+def _no_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _RepeatedKey(key)
+        out[key] = value
+    return out
+
+
 def load_model(path: str | Path_) -> ToyModel:
     """Read a toy model JSON file (format in the module doc); ``ValueError`` if unreadable or malformed."""
     where = str(path)
@@ -219,9 +235,11 @@ def load_model(path: str | Path_) -> ToyModel:
     except (OSError, UnicodeDecodeError) as err:
         raise ValueError(f"{where}: cannot read the model file ({err.strerror if isinstance(err, OSError) else err})") from None
     try:
-        obj = json.loads(text)
+        obj = json.loads(text, object_pairs_hook=_no_repeated_keys)
     except json.JSONDecodeError as err:
         raise ValueError(f"{where}: not valid JSON ({err})") from None
+    except _RepeatedKey as err:  # json keeps the last of two equal keys: a row given twice lost the first
+        raise ValueError(f"{where}: key {err.args[0]!r} appears twice in one object") from None
     if not isinstance(obj, dict):
         raise ValueError(f"{where}: expected a JSON object with 'vocab', 'draft' and 'target'")
     try:

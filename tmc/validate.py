@@ -60,7 +60,10 @@ def as_real_array(name: str, values: object) -> FloatArray:
     """``values`` as a float64 array; ``ValueError`` for complex, text, objects or ``None``."""
     if values is None:
         raise ValueError(f"{name} is None; expected an array of probabilities")
-    raw = np.asarray(values)
+    try:
+        raw = np.asarray(values)
+    except ValueError:  # numpy's "inhomogeneous shape" message names no argument
+        raise ValueError(f"{name} is ragged: its rows differ in length") from None
     if raw.dtype == np.bool_ or raw.dtype.kind not in "fiu":
         if raw.dtype.kind == "c":
             raise ValueError(f"{name} has complex entries; expected real numbers")

@@ -78,6 +78,11 @@ def test_random_model_is_reproducible(capsys):
         ('{"vocab": 2, "draft": {"*": [0.5, 0.5]}}', "needs a 'target' object"),
         ('{"vocab": 2, "draft": {"": [0.5, 0.5]}, "target": {"*": [1, 0]}}', r"no draft row for prefix \(0,\)"),
         ("[1, 2]", "expected a JSON object"),
+        # the later of two rows for one prefix was kept silently
+        ('{"vocab": 2, "draft": {"*": [0.5, 0.5], "0": [1, 0], " 0": [0, 1]}, "target": {"*": [1, 0]}}',
+         r"draft: prefix keys '0' and ' 0' name the same prefix \(0,\)"),
+        ('{"vocab": 2, "draft": {"*": [0.5, 0.5], "0": [1, 0], "0": [0, 1]}, "target": {"*": [1, 0]}}',
+         "key '0' appears twice in one object"),
     ],
 )
 def test_bad_model_file_exits_2_with_message(tmp_path, capsys, content, match):

@@ -61,6 +61,7 @@ BAD_INPUTS = [
     ("p rows too short", REF, Q, P[:2], r"p_rows has shape \(2, 3\); expected \(n \+ 1, V\) = \(3, 3\)"),
     ("vocab mismatch", REF, Q[:, :2] / Q[:, :2].sum(1, keepdims=True), P, r"q_rows has shape \(2, 2\)"),
     ("1-D p", [], np.zeros((0, 3)), P[0], r"p_rows must be a 2-D array"),
+    ("ragged p", REF, Q, [[0.2, 0.3, 0.5], [1.0], [0.5, 0.5, 0.0]], r"p_rows is ragged"),  # numpy's own message
     ("empty vocabulary", [], np.zeros((0, 0)), np.zeros((1, 0)), r"p_rows has vocabulary size 0"),
 ]
 

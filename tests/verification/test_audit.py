@@ -526,6 +526,7 @@ def test_an_invalid_output_is_a_finding():
         ((SPS,), {"colour": 1}, "unknown audit option"),
         ((tmc.ToyModel.random, "chain"), {}, "convention"),
         ((SPS, "chain"), {"alpha": 5e-324}, "no chi-square critical value"),  # looped for ever
+        ((SPS, "chain"), {"draws": ("swor",)}, "go with a tree verifier"),  # accepted, no effect
     ],
 )
 def test_audit_usage_errors_raise_value_error(args, kwargs, match):

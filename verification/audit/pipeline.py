@@ -52,6 +52,8 @@ def audit(verifier: object, kind: str | None = None, config: AuditConfig | None 
     cfg = _configure(config, options)
     start = time.perf_counter()
     subject = as_verifier(verifier, kind, cfg.draws)
+    if cfg.draws is not None and not isinstance(subject, TreeVerifier):  # it had no effect on a chain
+        raise ValueError("draws (--draw) go with a tree verifier; a chain's tokens are drawn one per position")
     mode = _choose_mode(subject, cfg)
     preflight(subject)
     budget = cfg.budget_for(mode)
