@@ -122,6 +122,12 @@ RHO_RTOL = 2.0**-50
 #: Relative slack of :func:`kseq_residual`'s check of a caller's ``rho`` (rounding only).
 FEASIBLE_RTOL = 1e-12
 
+#: Relative slack of the bisection's feasibility test ``c(β(ρ)) ≤ ρ`` (rounding only): where the condition
+#: holds with equality in the limit (large ``k``, ``β(ρ) = 1/ρ``), ``c = 1/fl(1/ρ)`` exceeds ``ρ`` by an ulp
+#: about half the time, and without slack the bisection climbed towards ``k`` (p = (.5, .5), q = (.3, .7):
+#: 1.98 at k = 1000, 1.6e7 at k = 1e9, where ρ* = 5/3).
+SEARCH_RTOL = 8 * 2.0**-52
+
 #: ``rho_rule(p_row, q_row, k)``: the division factor used at an i.i.d. node.
 RhoRule = Callable[[FloatArray, FloatArray, int], float]
 
@@ -168,8 +174,9 @@ def _beta_curve(p: FloatArray, q: FloatArray) -> Callable[[float], float]:
 
 
 def _feasible(beta: float, k: int, rho: float) -> bool:
-    """SpecTr's validity condition ``1 − (1 − β)^k ≤ ρ β``, i.e. ``c(ρ) ≤ ρ`` or ``β = 0``."""
-    return beta <= 0.0 or _geometric(beta, k) <= rho
+    """SpecTr's validity condition ``1 − (1 − β)^k ≤ ρ β``, i.e. ``c(ρ) ≤ ρ`` or ``β = 0`` (up to
+    :data:`SEARCH_RTOL`)."""
+    return beta <= 0.0 or _geometric(beta, k) <= rho * (1.0 + SEARCH_RTOL)
 
 
 def _rho(p: FloatArray, q: FloatArray, k: int) -> float:

@@ -108,6 +108,7 @@ from spec.llm.verify import (
     TensorLike,
 )
 from spec.llm.sampling import categorical_draw, point_rows
+from tmc.kseq import SEARCH_RTOL
 from tmc.multidraft import ROOT, Draw
 
 __all__ = ["DEVICE_TREE_METHODS", "TreePlan", "tree_head", "verify_tree_on_device", "walks_on_device"]
@@ -370,7 +371,7 @@ def _geometric(beta: Tensor, k: Tensor) -> Tensor:
 
 def _feasible(beta: Tensor, k: Tensor, rho: Tensor) -> Tensor:
     """SpecTr's validity condition ``β = 0`` or ``c(β) ≤ ρ`` (:func:`tmc.kseq._feasible`)."""
-    return (beta <= 0.0) | (_geometric(beta, k) <= rho)
+    return (beta <= 0.0) | (_geometric(beta, k) <= rho * (1.0 + SEARCH_RTOL))
 
 
 def _kseq_rho(p: Tensor, q: Tensor, k: Tensor, widest: int) -> Tensor:

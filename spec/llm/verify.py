@@ -108,6 +108,7 @@ import torch
 from numpy.typing import ArrayLike
 
 from spec.llm.sampling import categorical_draw as _categorical, point_rows
+from tmc.kseq import SEARCH_RTOL
 from tmc.multidraft import ROOT, Draw
 from tmc.ordered_traversal import MAX_SWOR_TUPLES, mass_left
 from tmc.validate import ROW_SUM_TOL, ROW_SUM_TOLS, as_real_array
@@ -1066,7 +1067,7 @@ def _beta_curve(p: Tensor, q: Tensor) -> Callable[[float], float]:
 
 
 def _feasible(beta: float, k: int, rho: float) -> bool:
-    return beta <= 0.0 or _geometric(beta, k) <= rho
+    return beta <= 0.0 or _geometric(beta, k) <= rho * (1.0 + SEARCH_RTOL)
 
 
 def _kseq_rho(p: Tensor, q: Tensor, k: int) -> float:

@@ -32,6 +32,7 @@ from tmc import (
 from tmc.drafts import child_options, one_level_draft_law
 from tmc.kseq import (
     RHO_RTOL,
+    SEARCH_RTOL,
     kseq_node_rule,
     _rho,
     kseq_acceptance,
@@ -220,7 +221,8 @@ def test_rho_is_the_smallest_factor_meeting_spectr_condition(rows):
     p, q, k = rows
     rho = kseq_rho(p, q, k)
     assert 1.0 <= rho <= k
-    assert _unnormalised_residual(p, q, k, rho).min() >= -1e-15  # p_res >= 0
+    # p_res >= 0 up to the search's slack (c(ρ) <= ρ (1 + SEARCH_RTOL): a violation of order ρ · slack · q)
+    assert _unnormalised_residual(p, q, k, rho).min() >= -4 * SEARCH_RTOL
     if rho > 1.0 + 1e-9:
         # Just below ρ the condition 1 − (1 − β)^k <= ρ β fails; the slack of
         # 1e-13 covers rounding where ρ − c(ρ) has a near-double root (β ≈ 1).
@@ -253,6 +255,21 @@ def test_rho_hand_computed():
     assert rho == pytest.approx(1.0 + math.sqrt(0.5), rel=4 * RHO_RTOL)
     assert kseq_acceptance([0.5, 0.5], [1.0, 0.0], 2) == pytest.approx(0.5, abs=1e-12)
     np.testing.assert_array_equal(kseq_residual([0.5, 0.5], [1.0, 0.0], 2), [0.0, 1.0])  # exact zero, not 1e-17
+
+
+@pytest.mark.parametrize("k", [1000, 10**6, 10**9])
+def test_rho_at_many_children_is_found_where_the_condition_is_tight(k):
+    """p = (1/2, 1/2), q = (0.3, 0.7): ρ* = 5/3 for large k (there β = 3/5 and c = (1 − 0.4^k)/0.6 < 5/3;
+    below, infeasible; above, β = 1/ρ and c = ρ (1 − (1 − 1/ρ)^k), within an ulp of ρ).  Rounding of
+    1/fl(1/ρ) failed the test above ρ* and the bisection climbed: 1.98 at k = 1000, 1.6e7 at k = 1e9."""
+    from fractions import Fraction
+
+    rho = kseq_rho([0.5, 0.5], [0.3, 0.7], k)
+    assert rho == pytest.approx(5 / 3, rel=1e-13)
+    beta = Fraction(3, 5)  # at rho = 5/3 exactly: feasible in exact arithmetic
+    assert 1 - (1 - beta) ** min(k, 2000) <= Fraction(5, 3) * beta
+    residual = kseq_residual([0.5, 0.5], [0.3, 0.7], k)
+    assert np.all(residual >= 0.0) and residual.sum() == pytest.approx(1.0)
 
 
 @pytest.mark.parametrize(
