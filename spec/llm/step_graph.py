@@ -73,7 +73,7 @@ import functools
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 import torch
@@ -585,21 +585,23 @@ def shared_chain_step(target: Any, draft: Any, t_cache: StaticTreeCache, d_cache
     """The :class:`ChainStepGraph` of these caches and settings, made once and reused across decodes (as
     :func:`~spec.llm.static_cache.shared_static_cache` reuses the caches), so a decode replays the graph an
     earlier one captured: only a cache that grew since makes it capture again."""
-    per_cache = prune_steps(t_cache)
     key = (id(d_cache), k, verifier, bool(iid), sampling, d_sampling, vocab, compile_backend, compile_scope)
-    step = per_cache.get(key)
-    if not isinstance(step, ChainStepGraph) or not step.serves(target, draft, d_cache):
-        step = ChainStepGraph(target, draft, t_cache, d_cache, k=k, verifier=verifier, iid=iid, sampling=sampling,
-                              d_sampling=d_sampling, vocab=vocab, compile_backend=compile_backend,
-                              compile_scope=compile_scope)
+    return shared_step(t_cache, key, ChainStepGraph, target, draft, d_cache, lambda: ChainStepGraph(
+        target, draft, t_cache, d_cache, k=k, verifier=verifier, iid=iid, sampling=sampling, d_sampling=d_sampling,
+        vocab=vocab, compile_backend=compile_backend, compile_scope=compile_scope))
+
+
+_Step = TypeVar("_Step", bound=FusedStep)
+
+
+def shared_step(t_cache: StaticTreeCache, key: Any, kind: type[_Step], target: Any, draft: Any,
+                d_cache: StaticTreeCache, make: Callable[[], _Step]) -> _Step:
+    """The step kept under ``key`` on ``t_cache`` when it is a ``kind`` that :meth:`FusedStep.serves` these
+    models and draft cache, else ``make()``'s, kept there with its draft cache held weakly (it leaves when
+    that cache is freed: :meth:`FusedStep.hold_weakly`)."""
+    step = t_cache.step_graphs.get(key)
+    if not isinstance(step, kind) or not step.serves(target, draft, d_cache):
+        step = make()
         step.hold_weakly()
-        per_cache[key] = step
+        t_cache.step_graphs[key] = step
     return step
-
-
-def prune_steps(t_cache: StaticTreeCache) -> dict[Any, Any]:
-    """``t_cache``'s shared fused steps, less those whose draft cache has been freed (with its draft)."""
-    per_cache = t_cache.step_graphs
-    for key in [key for key, step in per_cache.items() if step._d_cache_ref() is None]:
-        del per_cache[key]
-    return per_cache

@@ -80,7 +80,7 @@ from numpy.typing import NDArray
 from spec.llm.adapter import _tree_layout
 from spec.llm.sampling import Sampling, categorical_draw, ranked_tokens, swor_draws
 from spec.llm.static_cache import StaticTreeCache
-from spec.llm.step_graph import ChainStepResult, FusedStep, clamp_ids, prune_steps, target_rows_and_fault
+from spec.llm.step_graph import ChainStepResult, FusedStep, clamp_ids, shared_step, target_rows_and_fault
 from spec.llm.tree_device import DEVICE_TREE_METHODS, TreePlan, tree_head, walks_on_device
 from tmc.multidraft import ROOT, Draw
 from tmc.validate import check_int
@@ -500,14 +500,9 @@ def shared_tree_step(target: Any, draft: Any, t_cache: StaticTreeCache, d_cache:
                      compile_backend: str | None = None, compile_scope: str = "parts") -> TreeStepGraph:
     """The :class:`TreeStepGraph` of these caches and settings, made once and reused across decodes
     (:func:`spec.llm.step_graph.shared_chain_step`'s rule)."""
-    per_cache = prune_steps(t_cache)
     key = ("tree", id(d_cache), tuple(parents), tuple(order), verifier, sampling, d_sampling, vocab,
            getattr(draw, "value", draw), compile_backend, compile_scope)
-    step = per_cache.get(key)
-    if not isinstance(step, TreeStepGraph) or not step.serves(target, draft, d_cache):
-        step = TreeStepGraph(target, draft, t_cache, d_cache, parents=parents, order=order, verifier=verifier,
-                             sampling=sampling, d_sampling=d_sampling, vocab=vocab, draw=draw,
-                             compile_backend=compile_backend, compile_scope=compile_scope)
-        step.hold_weakly()
-        per_cache[key] = step
-    return step
+    return shared_step(t_cache, key, TreeStepGraph, target, draft, d_cache, lambda: TreeStepGraph(
+        target, draft, t_cache, d_cache, parents=parents, order=order, verifier=verifier, sampling=sampling,
+        d_sampling=d_sampling, vocab=vocab, draw=draw, compile_backend=compile_backend,
+        compile_scope=compile_scope))
