@@ -53,6 +53,7 @@ def _rows_from_mapping(
 ) -> tuple[dict[Path, FloatArray], FloatArray | None]:
     table: dict[Path, FloatArray] = {}
     default: FloatArray | None = None
+    keys: dict[Path, str] = {}  # the key each prefix was read from
     for key, row in rows.items():
         if not isinstance(key, str):
             raise ValueError(f"{name}: prefix key {key!r} is not a string")
@@ -65,11 +66,10 @@ def _rows_from_mapping(
         path = _parse_key(key, vocab, name)
         if path is None:
             default = arr
-        elif path in table:  # "0" and " 0" (int() reads both): one row would be dropped silently
-            first = next(k for k in rows if k != "*" and _parse_key(k, vocab, name) == path)
-            raise ValueError(f"{name}: prefix keys {first!r} and {key!r} name the same prefix {path}")
+        elif path in keys:  # "0" and " 0" (int() reads both): one row would be dropped silently
+            raise ValueError(f"{name}: prefix keys {keys[path]!r} and {key!r} name the same prefix {path}")
         else:
-            table[path] = arr
+            table[path], keys[path] = arr, key
     return table, default
 
 

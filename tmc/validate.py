@@ -161,19 +161,13 @@ def check_tokens(name: str, tokens: ArrayLike | Sequence[int], vocab: int) -> In
             ids = [check_int(f"{name}[{i}]", x) for i, x in enumerate(arr.tolist())]
         except ValueError as err:
             raise ValueError(f"{name} must contain integer token ids: {err}") from None
-        for i, x in enumerate(ids):  # before int64: 2**70 or 1e30 overflowed it (OverflowError)
-            if not 0 <= x < vocab:
-                raise ValueError(f"{name}[{i}] = {x} is outside the vocabulary [0, {vocab})")
-        arr = np.array(ids, dtype=np.int64)
-    elif arr.size and arr.dtype.kind == "u" and int(arr.max()) >= vocab:  # uint64 2**64 - 1 read as -1 in int64
-        i = int(np.argmax(arr >= vocab))
+        arr = np.array(ids, dtype=object)  # Python ints until checked: 2**70 or 1e30 overflowed int64
+    # the range is checked on the ids as given, before int64 (a uint64 2**64 - 1 would read as -1 there)
+    outside = np.flatnonzero(((arr < 0) | (arr >= vocab)).astype(bool))
+    if outside.size:
+        i = int(outside[0])
         raise ValueError(f"{name}[{i}] = {int(arr[i])} is outside the vocabulary [0, {vocab})")
-    out = arr.astype(np.int64)
-    outside = (out < 0) | (out >= vocab)
-    if outside.any():
-        i = int(np.argmax(outside))
-        raise ValueError(f"{name}[{i}] = {int(out[i])} is outside the vocabulary [0, {vocab})")
-    return out
+    return arr.astype(np.int64)
 
 
 def check_chain(

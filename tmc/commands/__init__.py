@@ -113,10 +113,13 @@ def _check_tree_count(vocab: int, widths: Sequence[int], draw: str) -> None:
     if len(widths) > MAX_DEPTH:
         fail(f"--tree has {len(widths)} levels: at most {MAX_DEPTH}")
     log_trees, parents = 0.0, 1
-    for w in widths:
-        per_node = {"iid": w * math.log10(vocab) if vocab > 1 else 0.0,
-                    "swor": math.log10(math.perm(vocab, w)) if 0 < w <= vocab else 0.0,
-                    "topk": 0.0}[draw]
+    for w in widths:  # log10 of the children's draws at one node, times the nodes of the level above
+        if draw == "iid":
+            per_node = w * math.log10(vocab)
+        elif draw == "swor":
+            per_node = math.log10(math.perm(vocab, w)) if w <= vocab else 0.0
+        else:  # topk: one way
+            per_node = 0.0
         log_trees += parents * per_node
         parents *= w
     if log_trees > math.log10(MAX_CHAIN_SEQUENCES):
