@@ -29,13 +29,16 @@ def _register_suite(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "suite",
         help="run the statistical correctness suite of every shipped verifier",
         description="For every shipped verifier over a fixed table of toy models and draft shapes: "
-        "an exact completion-identity check, and a calibrated chi-square test of sampled steps "
+        "an exact completion-identity check, and a calibrated test of sampled steps "
         "against the exact output law. Exit 0: every lossless verifier passes; 1: a failure.",
     )
     suite.add_argument("--false-fail", type=probability, default=1e-9, metavar="RATE",
                        help="family-wise false-fail rate, split over the statistical checks (default 1e-9)")
     suite.add_argument("--tv", type=tv_distance, default=0.05, metavar="TV",
                        help="total variation each statistical check must detect (default 0.05)")
+    suite.add_argument("--test", choices=("kl-bound", "chi2"), default="kl-bound",
+                       help="kl-bound (default): false-fail rate and power are finite-sample bounds (Agrawal's "
+                       "KL concentration; about twice the samples); chi2: Pearson's chi-square, rates asymptotic")
     add_seed(suite, "models table and of all sampling")
     suite.add_argument("--include-biased", action="store_true", help="also run the shipped BIASED examples (they must fail)")
     suite.add_argument("--quick", action="store_true", help="two models, one shape each (for tests)")
@@ -55,7 +58,7 @@ def _cmd_suite(args: argparse.Namespace) -> int:
         folder = Path(args.plot).parent  # checked before the run, not after it
         if not folder.is_dir() or Path(args.plot).is_dir():
             fail(f"--plot {args.plot}: {'is a folder' if Path(args.plot).is_dir() else f'no folder {str(folder)!r}'}")
-    config = SuiteConfig(args.false_fail, args.tv, args.seed, args.include_biased, args.quick)
+    config = SuiteConfig(args.false_fail, args.tv, args.seed, args.include_biased, args.quick, args.test)
     rows = run_suite(config, progress=lambda m: print(m, file=sys.stderr))
     print(json.dumps(to_json(rows, config), indent=2) if args.json else render(rows, config))
     if args.plot:

@@ -6,7 +6,10 @@ For every verifier × a fixed table of toy models and draft shapes it runs
   output law (exhaustive enumeration of the drafts), worst violation ≤ 1e-9;
 * a **statistical** check: full speculative steps (a draft drawn from ``q``,
   then verified) are sampled and their output strings compared with the
-  exact averaged law by a calibrated chi-square test.
+  exact averaged law by a calibrated test: by default the finite-sample
+  KL-bound test (:func:`verification.calibrated.kl_check`), whose false-fail
+  rate holds for every sample size, or (``test="chi2"``) Pearson's chi-square,
+  whose rate is the asymptotic approximation's.
 
 Each job enumerates its drafts once (:mod:`tmc.drafts`); the same list gives
 the exact law (:func:`tmc.laws.output_law`) and the rows of the sampled
@@ -37,7 +40,8 @@ What the statistical check compares ("check" column of the table):
 One false-fail budget (default 1e-9) is split evenly (Bonferroni) over the
 statistical checks; each check states the total variation it is guaranteed
 (with probability ≥ 1 − 1e-3) to detect, and its sample size is computed
-before sampling.  A suite run is reproducible from its seed.
+before sampling.  With the KL-bound test both figures are bounds that hold
+exactly (no asymptotics), and the TV is over the output strings themselves.  A suite run is reproducible from its seed.
 """
 
 from __future__ import annotations
@@ -68,7 +72,7 @@ from verification.batch import (
     traversal_batch,
 )
 from verification.broken_kseq import rho_one
-from verification.calibrated import chi_square_check, required_samples
+from verification.calibrated import chi_square_check, kl_check, kl_required_samples, required_samples
 from verification.examples import (
     ASPS,
     BIASED_EXAMPLES,
@@ -92,6 +96,10 @@ from verification.examples import (
 FloatArray = NDArray[np.float64]
 EXACT_TOL = 1e-9  # completion-identity tolerance of the exact check
 POWER_MISS = 1e-3  # probability of missing a discrepancy of the stated TV
+
+#: The suite's statistical tests: ``kl-bound`` (false-fail rate a finite-sample
+#: bound, about twice the samples) and ``chi2`` (the asymptotic chi-square).
+TESTS: tuple[str, ...] = ("kl-bound", "chi2")
 
 
 # ------------------------------------------------------------ the tables
@@ -176,8 +184,11 @@ class SuiteConfig:
     seed: int = 0  # seed of the models table and of all sampling
     include_biased: bool = False  # also run the shipped BIASED examples (they should fail)
     quick: bool = False  # fewer models and shapes (for tests)
+    test: str = "kl-bound"  # the statistical test, one of TESTS
 
     def __post_init__(self) -> None:
+        if self.test not in TESTS:
+            raise ValueError(f"test must be one of {', '.join(TESTS)}, got {self.test!r}")
         if not 0.0 < self.false_fail < 1.0:
             raise ValueError(f"false_fail must be in (0, 1), got {self.false_fail!r}")
         if not 0.0 < self.detect_tv <= 1.0:
@@ -340,23 +351,29 @@ def _tree_steps(job: Job, drafts: Sequence[TreeDraft], trials: int, rng: np.rand
 
 
 def statistical_check(
-    job: Job, drafts: Sequence[Draft], law: OutputLaw, alpha: float, tv: float, rng: np.random.Generator | int
+    job: Job, drafts: Sequence[Draft], law: OutputLaw, alpha: float, tv: float, rng: np.random.Generator | int,
+    test: str = "kl-bound",
 ) -> Row:
-    """Chi-square test of sampled steps on the job's drafts against the exact law ``law``.
+    """``test`` (one of :data:`TESTS`) of sampled steps on the job's drafts against the exact law ``law``.
 
     ``rng`` is a ``numpy.random.Generator`` or an integer seed.
     """
+    if test not in TESTS:
+        raise ValueError(f"test must be one of {', '.join(TESTS)}, got {test!r}")
     gen = as_rng(rng)
     cells = sorted(law.output_law)
     index = {s: i for i, s in enumerate(cells)}
     probs = np.array([law.output_law[s] for s in cells] + [0.0])  # last cell: any other output
-    trials = required_samples(len(cells), tv, alpha, POWER_MISS)
+    if test == "kl-bound":
+        trials = kl_required_samples(int((probs > 0.0).sum()), tv, alpha, POWER_MISS)
+    else:
+        trials = required_samples(len(cells), tv, alpha, POWER_MISS)
     if job.chain_n is not None:
         steps = _chain_steps(job, [d for d in drafts if isinstance(d, DraftChain)], trials, gen)
     else:
         steps = _tree_steps(job, [d for d in drafts if isinstance(d, TreeDraft)], trials, gen)
     counts = np.bincount([index.get(s, len(cells)) for s in steps], minlength=len(probs))
-    result = chi_square_check(counts, probs, alpha)
+    result = kl_check(counts, probs, alpha) if test == "kl-bound" else chi_square_check(counts, probs, alpha)
     top = np.argsort(-probs[:-1])[:12]
     plot = {
         "exact": [float(probs[i]) for i in top],
@@ -372,6 +389,9 @@ def run_suite(config: SuiteConfig, progress: Callable[[str], None] | None = None
     """Run every job; returns the table rows (exact check, then statistical check, per job)."""
     jobs = suite_jobs(config)
     alpha = config.false_fail / len(jobs)
+    if alpha <= 0.0:  # before any job runs, in the user's terms
+        raise ValueError(f"the false-fail rate {config.false_fail!r} split over {len(jobs)} checks rounds to 0: "
+                         f"give a larger rate (--false-fail)")
     rng = np.random.default_rng(config.seed)
     rows: list[Row] = []
     for i, job in enumerate(jobs):
@@ -386,7 +406,7 @@ def run_suite(config: SuiteConfig, progress: Callable[[str], None] | None = None
                 job.verifier.biased,
             )
         )
-        rows.append(statistical_check(job, drafts, law, alpha, config.detect_tv, rng))
+        rows.append(statistical_check(job, drafts, law, alpha, config.detect_tv, rng, config.test))
     return rows
 
 
@@ -423,7 +443,8 @@ def render(rows: Sequence[Row], config: SuiteConfig) -> str:
     summary = (
         f"{len(rows)} checks, {len(failures(rows))} failed (lossless verifiers); "
         f"false-fail budget {config.false_fail:g} split over {len(stat)} statistical checks; "
-        f"each detects TV >= {config.detect_tv:g} w.p. >= {1 - POWER_MISS:g}; seed {config.seed}"
+        f"each detects TV >= {config.detect_tv:g} w.p. >= {1 - POWER_MISS:g}; test {config.test}"
+        f"{' (rates are finite-sample bounds)' if config.test == 'kl-bound' else ' (rates are asymptotic)'}; seed {config.seed}"
     )
     missed = missed_biases(rows)
     if config.include_biased:

@@ -11,6 +11,10 @@ from verification.calibrated import (
     chi_square_check,
     detectable_tv,
     holm,
+    kl_check,
+    kl_detectable_tv,
+    kl_required_samples,
+    kl_threshold,
     merge_bins,
     required_samples,
 )
@@ -111,3 +115,115 @@ def test_bad_arguments(kwargs, match):
         chi_square_check(**kwargs)
     with pytest.raises(ValueError, match="tv"):
         required_samples(3, 0.0, 0.1)
+
+
+# ------------------------------------------------- the finite-sample KL-bound test
+
+
+def _compositions(n: int, k: int) -> np.ndarray:
+    """Every count vector of ``n`` samples on ``k`` cells (one per row)."""
+    if k == 1:
+        return np.array([[n]])
+    rows = [np.column_stack([np.full(len(rest), first), rest])
+            for first in range(n + 1) for rest in [_compositions(n - first, k - 1)]]
+    return np.vstack(rows)
+
+
+def _exact_fail_rate(check, law: np.ndarray, truth: np.ndarray, n: int) -> float:
+    """Probability, computed by enumerating every outcome of ``n`` samples of ``truth``, that ``check`` fails."""
+    counts = _compositions(n, len(truth))
+    pmf = stats.multinomial.pmf(counts, n, truth)
+    return float(sum(p for c, p in zip(counts, pmf) if p > 0.0 and not check(c, law).passed))
+
+
+@pytest.mark.parametrize(
+    "law",
+    [np.array([0.5, 0.5]), np.array([0.06, 0.94]), np.array([0.003, 0.997]),
+     np.array([0.2, 0.3, 0.5]), np.array([0.01, 0.04, 0.95]), np.array([1 / 3, 1 / 3, 1 / 3])],
+    ids=lambda law: "/".join(f"{x:.3g}" for x in law),
+)
+@pytest.mark.parametrize("n", [5, 30, 70])
+@pytest.mark.parametrize("alpha", [0.2, 1e-2, 1e-4, 1e-9])
+def test_kl_check_false_fail_rate_is_at_most_alpha_exactly(law, n, alpha):
+    """Exact (enumerated) false-fail rate of the KL-bound test, for small and skewed laws and few samples,
+    where the chi-square approximation is at its worst: never above ``alpha``."""
+    rate = _exact_fail_rate(lambda c, p: kl_check(c, p, alpha), law, law, n)
+    assert rate <= alpha, (rate, alpha)
+
+
+def test_chi_square_rate_at_a_tiny_alpha_is_an_approximation_and_kl_bound_is_not():
+    """Why the suite uses the KL-bound test: a cell of 6 expected samples at alpha = 1e-9 (the suite's
+    rates are 3.7e-12) fails the chi-square far more often than alpha; the KL-bound test stays below it."""
+    law, n, alpha = np.array([0.06, 0.94]), 100, 1e-9
+    chi2 = _exact_fail_rate(lambda c, p: chi_square_check(c, p, alpha), law, law, n)
+    kl = _exact_fail_rate(lambda c, p: kl_check(c, p, alpha), law, law, n)
+    assert chi2 > 100 * alpha and kl <= alpha, (chi2, kl)
+
+
+@pytest.mark.parametrize(
+    ("law", "truth"),
+    [
+        (np.array([0.5, 0.5]), np.array([0.8, 0.2])),  # tv 0.3 between the cells
+        (np.array([0.2, 0.3, 0.5]), np.array([0.5, 0.3, 0.2])),  # tv 0.3 across three cells
+        (np.array([0.5, 0.5, 0.0]), np.array([0.5, 0.2, 0.3])),  # tv 0.3 on an impossible cell
+        (np.array([0.9, 0.1]), np.array([0.6, 0.4])),  # tv 0.3 from a skewed law
+    ],
+)
+def test_kl_required_samples_detects_the_tv_with_the_stated_power_exactly(law, truth):
+    """At ``kl_required_samples`` draws, a sampler at total variation 0.3 passes with probability at most
+    ``beta`` (exact enumeration)."""
+    tv, alpha, beta = 0.3, 1e-3, 1e-3
+    assert np.isclose(0.5 * np.abs(law - truth).sum(), tv)
+    n = kl_required_samples(int((law > 0).sum()), tv, alpha, beta)
+    miss = 1.0 - _exact_fail_rate(lambda c, p: kl_check(c, p, alpha), law, truth, n)
+    assert miss <= beta, (n, miss)
+
+
+def test_kl_required_samples_for_one_cell_is_the_chance_of_never_leaving_it():
+    """One positive cell: only a sample off it fails, so N is the least with (1 - tv)^N <= beta."""
+    n = kl_required_samples(1, 0.05, 1e-6, 1e-3)
+    assert 0.95**n <= 1e-3 < 0.95 ** (n - 1)
+    assert kl_check(np.array([n, 0]), np.array([1.0 - 1e-16, 0.0]), 1e-6).passed  # rounding of the law is not bias
+    assert not kl_check(np.array([n - 1, 1]), np.array([1.0, 0.0]), 1e-6).passed
+    assert kl_detectable_tv(1, n, 1e-6, 1e-3) <= 0.05
+
+
+def test_kl_threshold_is_where_the_bound_reaches_alpha():
+    """exp(-t) (e t / (k - 1))^(k - 1) = alpha at the threshold, for t > k - 1 (independent evaluation)."""
+    for k in (2, 3, 8, 40):
+        for alpha in (0.5, 1e-3, 1e-12, 5e-324):
+            t = kl_threshold(k, alpha)
+            assert t > k - 1
+            log_bound = -t + (k - 1) * (1 + np.log(t / (k - 1)))
+            assert log_bound == pytest.approx(np.log(alpha), rel=1e-9, abs=1e-9)
+    assert kl_threshold(1, 0.1) == 0.0
+
+
+def test_kl_sample_size_and_detectable_tv_are_inverse():
+    for k, tv, alpha in ((2, 0.05, 1e-9), (12, 0.1, 1e-3), (33, 0.05, 1e-9 / 273), (1, 0.05, 1e-6)):
+        n = kl_required_samples(k, tv, alpha)
+        assert kl_detectable_tv(k, n, alpha) <= tv < kl_detectable_tv(k, n - 1, alpha)
+    assert kl_required_samples(5, 0.05, 1e-9) > required_samples(5, 0.05, 1e-9)  # the price of an exact rate
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda: kl_check(np.array([1, 2]), np.array([0.5, 0.3, 0.2]), 0.01), "shape"),
+        (lambda: kl_check(np.array([1, 2]), np.array([0.5, 0.5]), 0.0), "alpha must be in"),
+        (lambda: kl_check(np.array([1, 2]), np.array([0.5, 0.5]), float("nan")), "alpha must be in"),
+        (lambda: kl_check(np.array([1, -2]), np.array([0.5, 0.5]), 0.1), "counts must be non-negative"),
+        (lambda: kl_check(np.array([1, 2]), np.array([0.5, np.nan]), 0.1), "probs must be finite"),
+        (lambda: kl_check(np.array([1, 2]), np.array([0.0, 0.0]), 0.1), "no positive cell"),
+        (lambda: kl_required_samples(0, 0.1, 0.1), "cells must be >= 1"),
+        (lambda: kl_required_samples(True, 0.1, 0.1), "cells must be an integer"),
+        (lambda: kl_required_samples(3, 0.0, 0.1), "tv must be in"),
+        (lambda: kl_required_samples(3, 0.1, 0.1, beta=1.0), "beta must be in"),
+        (lambda: kl_required_samples(10, 1e-3, 1e-9 / 273), "more than 10,000,000 per check; raise tv"),
+        (lambda: kl_detectable_tv(3, 0, 0.1), "samples must be >= 1"),
+        (lambda: kl_threshold(3, 1.0), "alpha must be in"),
+    ],
+)
+def test_kl_bad_arguments(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()

@@ -15,10 +15,12 @@ from tmc.drafts import chain_drafts
 from tmc.laws import output_law
 from tmc.toy import paper_toy_model
 from tmc.multidraft import Draw
+from verification.calibrated import kl_required_samples
 from verification.examples import ASPS, BLOCK, MULTIDRAFT, ChainVerifier
 from verification.suite import (
     EXACT_CHECK,
     KERNEL_VS_BLOCK_SAMPLER,
+    POWER_MISS,
     SAMPLER_VS_KERNEL,
     Job,
     SuiteConfig,
@@ -120,6 +122,7 @@ def test_statistical_check_takes_a_seed_or_a_generator():
         ({"seed": -1}, "seed must be >= 0"),
         ({"false_fail": 0.0}, "false_fail must be in"),
         ({"detect_tv": 1.5}, "detect_tv must be in"),
+        ({"test": "g"}, "test must be one of kl-bound, chi2"),
     ],
 )
 def test_suite_config_rejects_bad_values(kwargs, match):
@@ -155,6 +158,36 @@ def test_cli_json_is_one_object_on_stdout(canned, capsys):
     data = json.loads(capsys.readouterr().out)
     assert data["config"]["false_fail"] == 1e-9 and data["config"]["quick"] is True
     assert len(data["rows"]) == len(canned) > 10
+
+
+def test_cli_passes_the_test_kind_and_says_which_rates_hold(canned, capsys):
+    assert main(["suite", "--quick", "--json", "--test", "chi2"]) == 0
+    assert json.loads(capsys.readouterr().out)["config"]["test"] == "chi2"
+    assert main(["suite", "--quick"]) == 0
+    assert "test kl-bound (rates are finite-sample bounds)" in capsys.readouterr().out
+
+
+def test_cli_refuses_a_rate_that_rounds_to_zero_before_any_job(capsys):
+    """5e-324 split over the checks is 0: refused in one line before the first job (it looped for ever
+    under the chi-square's search, and the KL bound named only "alpha")."""
+    assert main(["suite", "--quick", "--false-fail", "5e-324"]) == 2
+    err = capsys.readouterr().err
+    assert "rounds to 0: give a larger rate (--false-fail)" in err and "[1/" not in err
+
+
+def test_statistical_check_sizes_each_test_for_its_own_guarantee():
+    """The KL-bound test draws more samples than the chi-square for the same TV and rate (its guarantees
+    are finite-sample bounds); both pass a lossless verifier, and an unknown test is refused."""
+    job = Job(BLOCK, paper_toy_model(), 1)
+    drafts = job_drafts(job)
+    law = exact_law(job, drafts)
+    kl = statistical_check(job, drafts, law, 1e-9, 0.1, 5)
+    chi2 = statistical_check(job, drafts, law, 1e-9, 0.1, 5, "chi2")
+    cells = sum(1 for v in law.output_law.values() if v > 0)
+    assert kl.samples == kl_required_samples(cells, 0.1, 1e-9, POWER_MISS) > chi2.samples
+    assert kl.passed and chi2.passed
+    with pytest.raises(ValueError, match="test must be one of"):
+        statistical_check(job, drafts, law, 1e-9, 0.1, 5, "pearson")
 
 
 def test_cli_prints_the_table_and_writes_png(canned, tmp_path, capsys):
