@@ -16,10 +16,10 @@ Modes (chosen by what the verifier exposes, :class:`AuditConfig`):
 
 * **exact** — a record with a ``kernel``: ``K̄`` over every draft; a case is
   biased when its TV exceeds ``tol`` (1e-9, float rounding).  The sampler is
-  then tested against the kernel by calibrated chi-square tests
+  then tested against the kernel by calibrated (KL-bound) tests
   (:mod:`.pipeline`), so a kernel that is not the sampler's law cannot hide a
   biased sampler.
-* **sampling** — any verifier: calibrated chi-square tests of the completed
+* **sampling** — any verifier: calibrated (KL-bound) tests of the completed
   output law against ``P`` (:mod:`.evaluate`); a finding stands only when a
   fresh sample, sized for the TV the search measured, confirms it at level
   ``alpha`` (:mod:`.search`).

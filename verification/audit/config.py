@@ -50,7 +50,7 @@ class AuditConfig:
     alpha: float = 1e-6  # false-fail rate of the verdict (sampling confirmation; exact-mode sampler check)
     beta: float = 1e-3  # miss probability of every calibrated test at the TV it is sized for
     shrink_cap: int | None = None  # distinct cases evaluated while shrinking; None: 5 x budget exact, budget sampling
-    check_sampler: bool = True  # exact mode: also test the sampler against its kernel (calibrated chi-square)
+    check_sampler: bool = True  # exact mode: also test the sampler against its kernel (calibrated KL-bound test)
     sampler_tv: float = 0.2  # exact mode: TV between sampler and kernel each sampler check detects
 
     def __post_init__(self) -> None:
@@ -70,6 +70,9 @@ class AuditConfig:
         _check_real("tv", self.tv, low=0.0, high=1.0, closed_low=False, closed_high=True)
         _check_real("sampler_tv", self.sampler_tv, low=0.0, high=1.0, closed_low=False, closed_high=True)
         _check_real("alpha", self.alpha, low=0.0, high=1.0, closed_low=False, closed_high=False)
+        if self.alpha < MIN_ALPHA:  # split over the cases it would round to 0 (5e-324 looped for ever)
+            raise ValueError(f"alpha must be at least {MIN_ALPHA:g}: it is split over the audit's cases, and "
+                             f"{self.alpha!r} split would round to 0")
         _check_real("beta", self.beta, low=0.0, high=1.0, closed_low=False, closed_high=False)
         for name in ("tv", "sampler_tv"):  # before any case: a tiny tv made a case draw for hours
             _check_case_samples(name, getattr(self, name), self.alpha, self.beta)
@@ -113,6 +116,9 @@ def _check_real(name: str, value: object, *, low: float, high: float, closed_low
         raise ValueError(f"{name} must be in {interval}, got {value!r}")
 
 
+#: The least false-fail rate an audit takes: it is split (Bonferroni) over at most some 10^6 cases.
+MIN_ALPHA = 1e-300
+
 #: The most samples one case of an audit may draw: its samplers run in Python (some 10-50 µs a sample), so
 #: past this a search would run for hours (``--sampling --tv 1e-6`` drew 6.9 M samples a case).
 MAX_CASE_SAMPLES = 10**6
@@ -120,11 +126,16 @@ MAX_CASE_SAMPLES = 10**6
 
 def _check_case_samples(name: str, tv: float, alpha: float, beta: float) -> None:
     """``ValueError`` when a case's test at ``tv`` needs more than :data:`MAX_CASE_SAMPLES` samples: with one
-    possible output (the hard-failure size) or two (the chi-square size at ``alpha``, a lower bound for any
+    possible output (the hard-failure size) or two (the KL-bound size at ``alpha``, a lower bound for any
     case, whose rate is ``alpha`` split further)."""
-    from verification.calibrated import _required
+    from verification.calibrated import kl_required_samples
 
-    one = math.ceil(math.log(beta) / math.log1p(-tv)) if tv < 1.0 else 1
-    if one > MAX_CASE_SAMPLES or _required(2, tv, alpha, beta, MAX_CASE_SAMPLES) is None:
+    def size(cells: int) -> float:
+        try:
+            return kl_required_samples(cells, tv, alpha, beta)
+        except ValueError:  # above the calibrated module's own cap
+            return math.inf
+
+    if max(size(1), size(2)) > MAX_CASE_SAMPLES:
         raise ValueError(f"{name} = {tv:g}: a case's test would draw more than {MAX_CASE_SAMPLES:,} samples "
                          f"(alpha {alpha:g}, beta {beta:g}); raise {name} (--tv)")

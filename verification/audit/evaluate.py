@@ -8,9 +8,10 @@ this module only decides and records.
 * :func:`exact_evaluation` — ``K̄`` from the verifier's kernel over every draft;
   biased when the completion TV ``½ Σ_t |C(t) − P(t)|`` exceeds ``tol``.
 * :func:`sampled_evaluation` — draws drafts by weight, runs the verifier's
-  sampler, continues each output with the target to length ``L`` and runs a
-  chi-square test of the completed counts against ``P``
-  (:mod:`verification.calibrated`).  The sample size is fixed before sampling
+  sampler, continues each output with the target to length ``L`` and runs the
+  finite-sample KL-bound test of the completed counts against ``P``
+  (:func:`verification.calibrated.kl_check`: its false-fail rate is a bound
+  for every sample size, not an asymptotic approximation).  The sample size is fixed before sampling
   by :func:`sample_size`; an output with target probability 0 is a hard
   failure.
 * :func:`sampler_check` — exact mode's check that the sampler draws from its
@@ -34,7 +35,7 @@ from tmc.drafts import Draft, DraftChain, chain_drafts, tree_drafts
 from tmc.laws import averaged_law, completed_law, target_law, total_variation
 from tmc.toy import Path, ToyModel
 from verification.audit.cases import AuditCase
-from verification.calibrated import MAX_CHECK_SAMPLES, chi_square_check, required_samples
+from verification.calibrated import kl_check, kl_required_samples
 from verification.examples import ChainVerifier, Verifier
 
 FloatArray = NDArray[np.float64]
@@ -50,7 +51,7 @@ class Evaluation:
     tv: float  # ½ Σ |C − P| (plug-in estimate in sampling mode)
     biased: bool  # verdict on this case
     samples: int = 0  # sampling mode: steps run (fixed before sampling)
-    p_value: float | None = None  # sampling mode: chi-square upper tail
+    p_value: float | None = None  # sampling mode: the KL bound on the upper tail
     impossible: int = 0  # sampling mode: outputs with target probability 0
     error: str | None = None  # the verifier raised or returned an invalid output
     detect_tv: float | None = None  # sampling mode: TV the sample size was computed to detect
@@ -71,7 +72,7 @@ class SamplerCheck:
     sampled_law: dict[Path, float]  # emitted-string frequencies of the sampler
     samples: int  # steps run (fixed before sampling)
     alpha: float  # level of this test (the family's alpha split over the cases checked)
-    p_value: float  # chi-square upper tail (1.0 when the sampler failed)
+    p_value: float  # the KL bound on the upper tail (1.0 when the sampler failed)
     impossible: int  # emitted strings the kernel gives probability 0
     passed: bool  # no evidence that the sampler is not the kernel
     error: str | None = None  # the sampler raised or returned an invalid output
@@ -89,18 +90,13 @@ def case_drafts(case: AuditCase) -> Sequence[Draft]:
 
 
 def sample_size(bins: int, tv: float, alpha: float, beta: float) -> int:
-    """Steps that detect a law at TV ``tv`` from one with ``bins`` positive cells.
+    """Steps that detect a law at TV ``tv`` from one with ``bins`` positive cells, with probability
+    ``1 − beta``, at false-fail rate ``alpha``: :func:`verification.calibrated.kl_required_samples`.
 
     With one positive cell every discrepancy is mass on impossible outcomes, a
     hard failure: ``(1 − tv)^N ≤ beta`` suffices and the false-fail rate is 0.
-    Otherwise the chi-square size of :func:`verification.calibrated.required_samples`.
     """
-    if bins <= 1:
-        n = max(1, math.ceil(math.log(beta) / math.log1p(-tv))) if tv < 1.0 else 1
-        if n > MAX_CHECK_SAMPLES:
-            raise ValueError(f"detecting tv = {tv:g} needs {n:,} samples; at most {MAX_CHECK_SAMPLES:,}: raise tv (--tv)")
-        return n
-    return required_samples(bins, tv, alpha, beta)
+    return kl_required_samples(bins, tv, alpha, beta)
 
 
 # ------------------------------------------------------------------ exact
@@ -196,7 +192,8 @@ def complete_counts(
 def sampled_evaluation(
     verifier: Verifier, case: AuditCase, *, tv: float, alpha: float, beta: float, rng: np.random.Generator
 ) -> Evaluation:
-    """Calibrated chi-square test of the completed output law against the target on one case.
+    """Calibrated test (:func:`~verification.calibrated.kl_check`) of the completed output law against the
+    target on one case.
 
     The sample size is fixed by ``(bins, tv, alpha, beta)`` before sampling.
     """
@@ -210,7 +207,7 @@ def sampled_evaluation(
     completed, impossible = complete_counts(case.model, emitted, case.length, rng)
     counts = np.array([completed.get(t, 0) for t in cells] + [impossible], dtype=np.int64)
     probs = np.array([target[t] for t in cells] + [0.0])  # last cell: target probability 0
-    check = chi_square_check(counts, probs, alpha)
+    check = kl_check(counts, probs, alpha)
     freq = {t: c / samples for t, c in completed.items()}
     law = {s: c / samples for s, c in emitted.items()}
     # the impossible outputs are one more cell, of target probability 0
@@ -239,6 +236,6 @@ def sampler_check(
     outside = sum(c for s, c in emitted.items() if s not in law or law[s] <= 0.0)
     counts = np.array([emitted.get(s, 0) for s in cells] + [outside], dtype=np.int64)
     probs = np.array([law[s] / total for s in cells] + [0.0])
-    check = chi_square_check(counts, probs, alpha)
+    check = kl_check(counts, probs, alpha)
     sampled = {s: c / samples for s, c in emitted.items()}
     return SamplerCheck(case, law, sampled, samples, alpha, check.p_value, outside, check.passed)

@@ -279,7 +279,7 @@ class AuditResult:
 
 _MODE_TEXT = {
     "exact": "exact enumeration of the verifier's kernel over every draft",
-    "sampling": "calibrated sampling (chi-square of the completed output law against the target)",
+    "sampling": "calibrated sampling (KL-bound test of the completed output law against the target)",
 }
 
 
@@ -429,7 +429,7 @@ def _render_counterexample(cx: Counterexample, mode: Mode) -> list[str]:
     lines.append(f"  total variation distance: {ev.tv:.6g}{estimate}")
     if mode == "sampling":
         hard = " (a hard failure)" if ev.impossible else ""
-        lines.append(f"  chi-square p-value {_p(ev.p_value)} at level {_p(ev.alpha)}; outputs with target"
+        lines.append(f"  p-value (KL bound) {_p(ev.p_value)} at level {_p(ev.alpha)}; outputs with target"
                      f" probability 0: {ev.impossible}{hard}")
     return lines
 
@@ -444,6 +444,6 @@ def _render_mismatch(check: SamplerCheck) -> list[str]:
             for s in cells]
     lines.append(f"  law of the emitted tokens: kernel (exact) vs sampler ({check.samples} steps):")
     lines.extend(_indent(format_table(["emitted", "kernel", "sampler"], rows)))
-    lines.append(f"  chi-square p-value {check.p_value:.3g} at level {check.alpha:.3g};"
+    lines.append(f"  p-value (KL bound) {check.p_value:.3g} at level {check.alpha:.3g};"
                  f" emitted strings the kernel rules out: {check.impossible}")
     return lines
