@@ -25,6 +25,8 @@ and a :class:`TopDraft` ranks them on its device, so again no row travels.
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
@@ -201,6 +203,7 @@ def top_tokens(row: FloatArray, k: int) -> list[int]:
     (a ``V = 4096`` row: 0.36 ms for the full sort, 0.07–0.09 ms this way, and an
     ``argmax`` for ``k = 1``).
     """
+    k = check_int("k", k, minimum=1)  # a negative k sliced from the end
     if k == 1:  # argmax takes the first maximum: the lowest id among ties
         best = int(np.argmax(row))
         return [best] if row[best] > 0.0 else []
@@ -305,13 +308,26 @@ class HashedDraft:
 
     Rows differ from prefix to prefix and are reproducible without storing
     them, so builders can grow trees of thousands of nodes (benchmarks).
-    Smaller ``concentration`` gives more peaked rows.
+    Smaller ``concentration`` gives more peaked rows.  The generator's seed is
+    ``seed`` with the spawn key ``(len(path), *path)``: the length keeps a path
+    and the path followed by token 0 apart (numpy pads short entropy with
+    zeros, so ``(seed, *path)`` gave both one row), and a seed below ``2**64``
+    fills the entropy words on its own, so no seed collides with another's paths.
     """
 
     vocab_size: int
     seed: int = 0
     concentration: float = 0.3
     calls: int = field(default=0, compare=False)
+
+    def __post_init__(self) -> None:
+        self.vocab_size = check_int("vocab_size", self.vocab_size, minimum=1)
+        self.seed = check_int("seed", self.seed, minimum=0)
+        if self.seed >= 2**64:
+            raise ValueError(f"seed must be < 2**64, got {self.seed}")
+        real = isinstance(self.concentration, numbers.Real) and not isinstance(self.concentration, bool)
+        if not real or not 0.0 < self.concentration < math.inf:
+            raise ValueError(f"concentration must be a finite number > 0, got {self.concentration!r}")
 
     @property
     def vocab(self) -> int:
@@ -320,6 +336,6 @@ class HashedDraft:
     def rows(self, paths: Sequence[Path]) -> FloatArray:
         self.calls += 1
         alpha = np.full(self.vocab_size, self.concentration)
-        return np.array([np.random.default_rng((self.seed, *map(int, path))).dirichlet(alpha) for path in paths]).reshape(
-            len(paths), self.vocab_size
-        )
+        out = [np.random.default_rng(np.random.SeedSequence(self.seed, spawn_key=(len(path), *map(int, path))))
+               .dirichlet(alpha) for path in paths]
+        return np.array(out).reshape(len(paths), self.vocab_size)

@@ -41,7 +41,11 @@ def check_sampling(
 ) -> tuple[float, int | None, float | None]:
     """The sampling settings validated (``ValueError`` naming the argument) and normalised."""
     real = isinstance(temperature, numbers.Real) and not isinstance(temperature, bool)
-    if not real or not math.isfinite(float(temperature)):
+    try:
+        finite = real and math.isfinite(float(temperature))
+    except OverflowError:  # an int past float's range (10**400)
+        finite = False
+    if not finite:
         raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature!r}")
@@ -65,6 +69,8 @@ def process_logits(
     temperature, top_k, top_p = check_sampling(temperature, top_k, top_p)
     if not isinstance(logits, torch.Tensor) or not logits.is_floating_point() or logits.ndim < 1:
         raise ValueError("logits must be a floating-point torch.Tensor of shape (..., V)")
+    if logits.element_size() < 2:  # float8: no max or softmax on the CPU
+        raise ValueError(f"logits of dtype {logits.dtype} are not supported: give float16, bfloat16, float32 or float64")
     if logits.shape[-1] == 0:
         raise ValueError("logits has vocabulary size 0")
     _check_finite_rows(logits)
@@ -255,7 +261,12 @@ class Sampling:
     top_p: float | None = None  # keep the smallest most-likely set of mass >= top_p; None = all
 
     def __post_init__(self) -> None:
-        check_sampling(self.temperature, self.top_k, self.top_p)
+        # kept as checked (float, int, float): the unchecked paths compute with them directly,
+        # and a Fraction or a numpy scalar there raised TypeError mid-decode
+        temperature, top_k, top_p = check_sampling(self.temperature, self.top_k, self.top_p)
+        object.__setattr__(self, "temperature", temperature)
+        object.__setattr__(self, "top_k", top_k)
+        object.__setattr__(self, "top_p", top_p)
 
     @property
     def greedy(self) -> bool:

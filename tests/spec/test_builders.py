@@ -422,3 +422,34 @@ def test_fixed_full_shape_is_the_shape_build_grows(width: int, depth: int | None
         short = ToyDraft(ToyModel(5, {}, {}, onehot, onehot))  # one token with q > 0 everywhere
         tree = FixedBuilder(width=width, depth=depth, draw="topk").build(short, 6, 0)
         assert tree.parents != FixedBuilder(width=width, depth=depth).full_shape(6)
+
+
+@pytest.mark.parametrize(("k", "match"), [(0, "k must be >= 1"), (-1, "k must be >= 1"), (1.5, "k must be an integer"),
+                                          (True, "k must be an integer")])
+def test_top_tokens_refuses_a_k_below_one(k, match) -> None:
+    """``order[:k]`` with ``k = -1`` gave all tokens but the last ([0, 1] of three), not an error."""
+    from spec.builders.base import top_tokens
+
+    with pytest.raises(ValueError, match=match):
+        top_tokens(np.array([0.5, 0.3, 0.2]), k)
+
+
+def test_hashed_draft_rows_differ_from_prefix_to_prefix() -> None:
+    """numpy pads a short seed with zero words, so ``(seed, *path)`` gave a path and the path followed by
+    token 0 one row (108 distinct rows of 121 paths), and seed 2**32 at () the row of seed 0 at (1,)."""
+    import itertools
+
+    paths = [()] + [p for n in range(1, 5) for p in itertools.product(range(3), repeat=n)]
+    rows = HashedDraft(7, seed=0).rows(paths)
+    assert len({r.tobytes() for r in rows}) == len(paths) == 121
+    assert not np.array_equal(HashedDraft(7, seed=2**32).rows([()]), HashedDraft(7, seed=0).rows([(1,)]))
+    assert np.array_equal(HashedDraft(7, seed=5).rows([(2, 0)]), HashedDraft(7, seed=5).rows([(2, 0)]))
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [({"seed": -1}, "seed must be >= 0"), ({"seed": 2**64}, "seed must be < 2"),
+                                               ({"vocab_size": 0}, "vocab_size must be >= 1"),
+                                               ({"concentration": 0.0}, "concentration must be"),
+                                               ({"concentration": math.nan}, "concentration must be")])
+def test_hashed_draft_refuses_bad_settings(kwargs, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        HashedDraft(**{"vocab_size": 5, **kwargs})

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 import math
+from decimal import Decimal
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -209,10 +211,26 @@ def test_sampling_dataclass_applies_its_settings():
     assert Sampling(0.0).greedy and not Sampling().greedy
 
 
+@pytest.mark.parametrize("number", [Fraction, np.float32, np.float64, Decimal])
+def test_sampling_keeps_its_settings_as_checked_python_numbers(number):
+    """A Fraction (any Real) passes the checks; the decode loop's unchecked paths then divided a tensor by it
+    (``TypeError`` mid-decode) while ``probs`` worked.  The dataclass now keeps the checked float / int."""
+    if number is Decimal:  # not a numbers.Real: refused, not stored
+        with pytest.raises(ValueError, match="temperature"):
+            Sampling(Decimal("0.5"))
+        return
+    cfg = Sampling(number(1) / number(2), np.int64(4), number(9) / number(10) if number is Fraction else number(0.9))
+    assert (type(cfg.temperature), type(cfg.top_k), type(cfg.top_p)) == (float, int, float)
+    logits = torch.randn(3, 9, generator=torch.Generator().manual_seed(4))
+    assert torch.equal(cfg.probs_unchecked(logits), cfg.probs(logits))
+    assert torch.equal(cfg.probs_with_fault(logits)[0], process_logits(logits, 0.5, 4, 0.9))
+
+
 BAD_SETTINGS = [
     (-0.1, None, None, "temperature"),
     (math.nan, None, None, "temperature"),
     (math.inf, None, None, "temperature"),
+    pytest.param(10**400, None, None, "temperature", id="temperature-10**400"),  # OverflowError from float()
     ("1", None, None, "temperature"),
     (1.0, 0, None, "top_k"),
     (1.0, 1.5, None, "top_k"),
@@ -240,6 +258,7 @@ def test_process_logits_rejects_bad_settings(temperature, top_k, top_p, name):
         (torch.tensor([1, 2]), "floating-point"),
         (np.zeros(3), "floating-point"),
         (torch.zeros(2, 0), "vocabulary size 0"),
+        (torch.zeros(2, 3).to(torch.float8_e4m3fn), "float8_e4m3fn are not supported"),  # NotImplementedError
     ],
 )
 def test_process_logits_rejects_bad_logits(logits, match):
