@@ -696,3 +696,10 @@ def test_audit_cases_are_valid_models_of_their_cell(case: AuditCase):
 def test_tmc_sps_sample_is_the_chain_convention():
     result = audit(tmc.sps_sample, "chain", config=AuditConfig(budget=2, max_vocab=1))
     assert result.verifier == "tmc.chain:sps_sample" and result.exit_code == 0
+
+
+def test_power_text_never_rounds_to_certainty():
+    """``--beta 1e-300`` printed "with probability >= 1"; the text now keeps the miss rate."""
+    from verification.audit.report import _power
+
+    assert _power(1e-3) == "0.999" and _power(1e-300) == "1 - 1e-300" and _power(1e-7) == "1 - 1e-07"

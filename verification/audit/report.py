@@ -175,7 +175,7 @@ class AuditResult:
                     " This is a search over cases, not a proof: untried cases are not covered")
         else:
             what = (f"sampling: each tried case's sample was sized to detect TV {self.config.tv:g} with"
-                    f" probability >= {1 - self.beta:g} at level {self.alpha:g}; smaller biases and untried"
+                    f" probability >= {_power(self.beta)} at level {self.alpha:g}; smaller biases and untried"
                     " cases are not covered")
         table = format_table(self._missable_header(), self._missable_rows())
         return ["  smallest bias the search could have missed, per cell (" + what + "):", *_indent(table)]
@@ -216,7 +216,7 @@ class AuditResult:
         return [
             f"  sampler vs kernel: {len(rep.checks)} case(s) tested (per shape and draw kind, the tried case with"
             f" the most spread output law at the largest vocabulary), {samples} steps; each test detects TV"
-            f" {rep.tv:g} between sampler and kernel with probability >= {1 - rep.beta:g}; false-fail rate"
+            f" {rep.tv:g} between sampler and kernel with probability >= {_power(rep.beta)}; false-fail rate"
             f" {rep.alpha:g} over all (Bonferroni): {verdict}"
         ]
 
@@ -234,7 +234,7 @@ class AuditResult:
                 continue
             lines.append(
                 f"    {case.describe()}: search p = {_p(found.p_value)}, TV ~ {found.tv:.3g}; fresh {run.samples}"
-                f" steps sized to detect TV {run.detect_tv:.3g} w.p. >= {1 - self.beta:g}:"
+                f" steps sized to detect TV {run.detect_tv:.3g} w.p. >= {_power(self.beta)}:"
                 f" p = {_p(run.p_value)} -> {outcome}"
             )
         return lines
@@ -289,6 +289,12 @@ def _mismatch_reason(check: SamplerCheck) -> str:
     if check.impossible:
         return f"{check.impossible} emitted strings the kernel gives probability 0"
     return f"p = {check.p_value:.3g} < {check.alpha:.3g}"
+
+
+def _power(beta: float) -> str:
+    """``1 − beta`` for the text: ``1 - 1e-300`` where ``1 − beta`` would print as ``1``."""
+    text = f"{1 - beta:g}"
+    return f"1 - {beta:g}" if text == "1" else text
 
 
 def _p(value: float | None) -> str:
