@@ -92,7 +92,7 @@ from transformers.cache_utils import DynamicCache, DynamicLayer
 from spec.builders.base import check_prob
 from spec.draft import check_beam_args, select_beam, select_top
 from spec.llm.sampling import Sampling, categorical_draw, logits_fault, ranked_tokens, swor_draws
-from spec.llm.static_cache import StaticTreeCache, cache_keyword
+from spec.llm.static_cache import StaticTreeCache, cache_keyword, offset_positions
 from spec.llm.static_cache import model_device as _device
 from spec.llm.static_cache import model_dtype as _dtype
 from spec.llm.windows import (
@@ -124,6 +124,7 @@ __all__ = [
     "forward_unchecked",
     "full_attention_span",
     "learned_positions",
+    "offset_positions",
     "query_scale_floor",
     "select_beam_torch",
     "select_cache",
@@ -154,7 +155,8 @@ def _slot_alibi(config: Any) -> bool:
 
 
 def check_attention(model: Any, name: str, *, trees: bool = True) -> None:
-    """``ValueError`` unless ``model`` attends with an implementation that takes the tree's 4D mask.
+    """``ValueError`` unless ``model`` attends with an implementation that takes the tree's 4D mask,
+    and numbers its positions from 0 (:func:`offset_positions`).
 
     Tree forwards pass an additive ``(1, 1, n, past + n)`` mask; ``sdpa`` and ``eager`` apply it as
     given.  Flash-attention kernels take no arbitrary mask, and with ``flex_attention`` tree forwards
@@ -173,6 +175,13 @@ def check_attention(model: Any, name: str, *, trees: bool = True) -> None:
         raise ValueError(
             f"{name} attends with attn_implementation={impl!r}, which does not take the tree's 4D attention mask; "
             f"load it with attn_implementation='sdpa' (or 'eager'), or call {name}.set_attn_implementation('sdpa')"
+        )
+    pad = offset_positions(model)
+    if pad is not None:
+        raise ValueError(
+            f"{name} numbers its positions from padding_idx + 1 = {pad + 1} (RoBERTa-style position embeddings), "
+            f"while the tree pass feeds position ids from 0: its node logits would not be its own decoding's; "
+            f"use a model with rotary or 0-based learned positions"
         )
     if config is None or not _alibi(config):
         return
@@ -216,10 +225,38 @@ def _span_limits(config: Any, *, chunks_applied: bool = False, steps_capped: boo
     if window and "local" in (getattr(config, "attention_layers", None) or []):
         limits.append((int(window), f"its local attention layers window by cache slot (window_size = {int(window)}), "
                                     "which a tree's cache slots overrun"))
+    limits += _rope_limits(config)
     floor = query_scale_floor(config)
     if floor is not None and not steps_capped:
         limits.append((floor - 1, f"its layers without rotary embeddings scale queries by the cache length in "
                                   f"steps of floor_scale = {floor}, which a tree's cache slots overrun"))
+    return limits
+
+
+def _rope_limits(config: Any) -> list[tuple[int, str]]:
+    """Limits from rotary embeddings whose frequencies follow the forward's largest position id (transformers'
+    ``dynamic_rope_update``): one tree forward would give every node its deepest node's frequencies, where a
+    node's own decoding uses its own.  ``dynamic`` (NTK) rescales past ``max_position_embeddings``; ``longrope``
+    (Phi-3 128k, Phi-4-mini) switches to its long factors past ``original_max_position_embeddings``.  Below those
+    the frequencies never change, so the tree pass is exact there (a tiny Phi-3: 6e-4 off across the switch)."""
+    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
+    if not isinstance(params, dict):
+        return []
+    by_kind = "rope_type" not in params and "type" not in params  # per layer kind (Gemma 3 and the like)
+    entries = [v for v in params.values() if isinstance(v, dict)] if by_kind else [params]
+    limits: list[tuple[int, str]] = []
+    for entry in entries:
+        kind = str(entry.get("rope_type", entry.get("type", "default")))
+        if "dynamic" in kind:
+            top = getattr(config, "max_position_embeddings", None)
+            why = f"its {kind!r} rotary embeddings rescale past max_position_embeddings = {top}"
+        elif kind == "longrope":
+            top = entry.get("original_max_position_embeddings") or getattr(config, "original_max_position_embeddings", None)
+            why = f"its 'longrope' rotary embeddings switch factors past original_max_position_embeddings = {top}"
+        else:
+            continue
+        if top:
+            limits.append((int(top), why + ", by the largest position of a forward, which a tree's deepest node sets"))
     return limits
 
 
@@ -242,12 +279,18 @@ _POSITION_TABLES = ("wpe", "embed_positions", "position_embeddings")
 
 
 def learned_positions(model: Any) -> int | None:
-    """How many positions ``model``'s learned absolute position table holds (positions ``0 .. n - 1``), or
-    ``None`` when it has none (rotary, ALiBi or no positions: nothing then stops a position from being fed)."""
+    """How many positions ``model``'s absolute position table holds (positions ``0 .. n - 1``), or ``None``
+    when it has none (rotary computed on the fly, ALiBi or no positions: nothing then stops a position from
+    being fed).  A learned table is an embedding module; GPT-J's and CodeGen's fixed sinusoid tables are
+    buffers named ``embed_positions`` (``(n_positions, rotary_dim)``), indexed by the position ids."""
     modules = getattr(model, "named_modules", None)
     for name, module in modules() if modules is not None else ():
         if isinstance(module, torch.nn.Embedding) and name.rsplit(".", 1)[-1] in _POSITION_TABLES:
             return int(module.num_embeddings) - int(getattr(module, "offset", 0))
+    buffers = getattr(model, "named_buffers", None)
+    for name, buffer in buffers() if buffers is not None else ():
+        if name.rsplit(".", 1)[-1] == "embed_positions" and buffer.ndim == 2:
+            return int(buffer.shape[0])
     return None
 
 
@@ -259,7 +302,7 @@ def check_positions(model: Any, name: str, positions: int) -> None:
     table = learned_positions(model)
     if table is not None and positions > table:
         raise ValueError(
-            f"{name} has learned position embeddings for {table} positions, and this decode may feed it "
+            f"{name} has position embeddings for {table} positions, and this decode may feed it "
             f"{positions} (prompt + max_new_tokens - 1, plus budget for a speculative decode): shorten the prompt, "
             f"max_new_tokens or budget"
         )
@@ -501,15 +544,29 @@ def forward_masked(
     as in :func:`forward_unchecked`.
     """
     n, have, vocab = len(tokens), cache_length(cache), _vocab(model)
+    if n == 0:
+        raise ValueError("tokens must not be empty")
     allowed = np.asarray(allowed, dtype=bool)
     if allowed.shape != (n, have + n):
         raise ValueError(f"allowed has shape {allowed.shape}; expected ({n}, {have + n}) for {n} tokens after {have}")
-    if len(positions) != n:
-        raise ValueError(f"positions has {len(positions)} entries for {n} tokens")
+    positions = _position_ids(positions, n)
     if where is not None and not (isinstance(where, tuple) and len(where) == 2 and isinstance(where[0], torch.device)
                                   and isinstance(where[1], torch.dtype)):
         raise ValueError(f"where must be None or a (torch.device, torch.dtype) pair, got {where!r}")
     return forward_unchecked(model, cache, _token_ids(tokens, vocab), positions, allowed, where=where)
+
+
+def _position_ids(positions: object, n: int) -> NDArray[np.int64]:
+    """``positions`` as ``n`` int64 ids ``>= 0``: ``ValueError`` for another length or shape, booleans, fractions
+    (5.5 was fed as 5) and negative ids (a learned table would be indexed from its end)."""
+    arr = np.asarray(positions)
+    if arr.shape != (n,):
+        raise ValueError(f"positions must be {n} integers, one per token, got shape {arr.shape}")
+    if arr.dtype.kind not in "iuf" or (arr.dtype.kind == "f" and not (np.isfinite(arr).all() and (arr == np.round(arr)).all())):
+        raise ValueError(f"positions must be integers, got {arr[:16].tolist()}")
+    if (arr < 0).any():
+        raise ValueError(f"positions must be >= 0, got {arr[:16].tolist()}")
+    return arr.astype(np.int64)
 
 
 def forward_unchecked(

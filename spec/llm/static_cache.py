@@ -102,6 +102,19 @@ def model_dtype(model: Any) -> torch.dtype:
     return dtype if isinstance(dtype, torch.dtype) else next(model.parameters()).dtype
 
 
+def offset_positions(model: Any) -> int | None:
+    """The padding index of a position table whose positions start after it (RoBERTa, XLM-R, CamemBERT,
+    Data2VecText: ``padding_idx + 1 + i`` for the ``i``-th token), or ``None``.  The tree pass feeds position
+    ids ``past + depth`` from 0; such a model numbers its own decoding from ``padding_idx + 1`` (node logits
+    off by 0.3 on a tiny RobertaForCausalLM), so it is refused (:func:`spec.llm.adapter.check_attention`, and by this cache)."""
+    modules = getattr(model, "named_modules", None)
+    for name, module in modules() if modules is not None else ():
+        if (isinstance(module, torch.nn.Embedding) and name.rsplit(".", 1)[-1] == "position_embeddings"
+                and module.padding_idx is not None):
+            return int(module.padding_idx)
+    return None
+
+
 def _geometry(model: Any) -> tuple[int, int, int]:
     """``(layers, kv_heads, head_dim)`` from a decoder config, refusing layer kinds this cache cannot hold."""
     cfg = getattr(model, "config", None)
@@ -111,6 +124,13 @@ def _geometry(model: Any) -> tuple[int, int, int]:
     if not kinds <= {"full_attention", "sliding_attention"}:
         raise ValueError(f"StaticTreeCache holds full-attention and sliding-window layers only; this model has "
                          f"{sorted(kinds)} (cache='dynamic')")
+    if offset_positions(model) is not None:
+        raise ValueError("this model numbers its positions from padding_idx + 1 (RoBERTa-style), and StaticTreeCache "
+                         "feeds position ids from 0 (cache='dynamic')")
+    if getattr(cfg, "attention_layers", None) is not None or getattr(cfg, "model_type", None) == "gpt_neo":
+        raise ValueError("GPT-Neo cuts its causal band out of a fixed buffer by the number of keys it is given, and "
+                         "StaticTreeCache gives every slot it has: local layers lost their context past window_size "
+                         "slots, global ones failed past max_position_embeddings (cache='dynamic')")
     if query_scale_floor(cfg) is not None:
         raise ValueError("this model scales its queries by the cache length (attn_temperature_tuning), which "
                          "StaticTreeCache gives as a host integer that a captured CUDA graph would freeze "

@@ -32,7 +32,8 @@ from spec.llm.adapter import (  # noqa: E402
     trim_cache,
 )
 from spec.llm.sampling import Sampling, process_logits  # noqa: E402
-from spec.llm.static_cache import cache_keyword  # noqa: E402
+from spec.llm.generate import _prefill  # noqa: E402
+from spec.llm.static_cache import StaticTreeCache, cache_keyword  # noqa: E402
 from spec.tree import bfs_order, dfs_order, keep_indices, random_tree  # noqa: E402
 from tmc.multidraft import DraftTree  # noqa: E402
 
@@ -160,6 +161,25 @@ def test_forward_masked_takes_integer_ids_in_the_vocabulary_only():
         logits = forward_masked(model, cache, ids, [n], allowed)
         assert logits.shape == (1, VOCAB)
         trim_cache(cache, n)
+
+
+@pytest.mark.parametrize("kind", ["dynamic", "static"])
+def test_forward_masked_refuses_empty_tokens_and_positions_that_are_not_ids(kind: str):
+    """Empty tokens died in the model on the dynamic cache (a reshape error), a position of 5.5 was fed as 5 and
+    -3 indexed from the end: each is a ValueError now, on both caches, and nothing is fed."""
+    model, ctx = tiny_model(), context()
+    cache = DynamicCache() if kind == "dynamic" else StaticTreeCache(model, 64)
+    _prefill(model, cache, ctx)
+    n = len(ctx)
+    with pytest.raises(ValueError, match="tokens must not be empty"):
+        forward_masked(model, cache, [], [], np.ones((0, n), dtype=bool))
+    for bad, match in (([5.5], "positions must be integers"), ([-3], "positions must be >= 0"),
+                       ([[n]], "positions must be 1 integers"), ([n, n], "positions must be 1 integers"),
+                       ([True], "positions must be integers"), ([np.nan], "positions must be integers")):
+        with pytest.raises(ValueError, match=match):
+            forward_masked(model, cache, [3], bad, np.ones((1, n + 1), dtype=bool))
+    assert cache_length(cache) == n  # nothing was fed
+    assert forward_masked(model, cache, [3], [float(n)], np.ones((1, n + 1), dtype=bool)).shape == (1, VOCAB)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])

@@ -464,13 +464,34 @@ def test_learned_position_tables_bound_the_decode_by_name(arch: str, pair: tuple
     prompt = [3, 1, 4, 1, 5]
     ref = greedy_decode(target, prompt, 20)
     assert ar_generate(target, prompt, temperature=0, max_new_tokens=20).tokens == ref  # feeds positions 0 .. 23
-    with pytest.raises(ValueError, match="target has learned position embeddings for 24 positions.*may feed it 25"):
+    with pytest.raises(ValueError, match="target has position embeddings for 24 positions.*may feed it 25"):
         ar_generate(target, prompt, temperature=0, max_new_tokens=21)
     for builder, verifier in (("chain", "sps"), ("dyspec", "traversal")):
         out = generate(target, draft, prompt, builder, verifier, temperature=0, max_new_tokens=14, budget=6)
         assert out.tokens == ref[:14]
-        with pytest.raises(ValueError, match="learned position embeddings for 24 positions.*may feed it 25"):
+        with pytest.raises(ValueError, match="position embeddings for 24 positions.*may feed it 25"):
             generate(target, draft, prompt, builder, verifier, temperature=0, max_new_tokens=15, budget=6)
+
+
+@pytest.mark.parametrize("arch", ["GPTJ", "CodeGen"])
+def test_fixed_sinusoid_position_tables_bound_the_decode_by_name(arch: str, pair: tuple[object, object]) -> None:
+    """GPT-J and CodeGen keep a sinusoid table of ``n_positions`` rows as a buffer (``embed_positions``), not an
+    embedding module, so it went unseen: a decode past it failed with an IndexError in the forward (a device
+    assert on CUDA).  It is now read, and the decode refused by name before it starts."""
+    import spec.llm.adapter as adapter
+
+    torch.manual_seed(0)
+    config = getattr(transformers, f"{arch}Config")(vocab_size=13, n_positions=24, n_embd=32, n_layer=1, n_head=4,
+                                                   rotary_dim=4, bos_token_id=None, eos_token_id=None)
+    config._attn_implementation = "eager"
+    target = getattr(transformers, f"{arch}ForCausalLM")(config).eval()
+    assert adapter.learned_positions(target) == 24
+    prompt = [3, 1, 4, 1, 5]
+    assert ar_generate(target, prompt, temperature=0, max_new_tokens=20).tokens == greedy_decode(target, prompt, 20)
+    with pytest.raises(ValueError, match="target has position embeddings for 24 positions.*may feed it 25"):
+        ar_generate(target, prompt, temperature=0, max_new_tokens=21)
+    with pytest.raises(ValueError, match="target has position embeddings for 24 positions.*may feed it 25"):
+        generate(target, pair[1], prompt, "chain", "sps", temperature=0, max_new_tokens=15, budget=6)
 
 
 def test_auto_backend_is_torch_only_for_a_chain_verifier_on_a_gpu_drafted_chain_with_large_rows(

@@ -39,7 +39,7 @@ from spec.llm.generate import _prefill, ar_generate, generate, resolve_cache  # 
 from spec.llm.static_cache import StaticTreeCache, holds_layers  # noqa: E402
 from spec.tree import dfs_order, random_tree  # noqa: E402
 from tests.spec.llm.conftest import greedy_decode  # noqa: E402
-from tests.spec.llm.test_generate import SAMPLES, VOCAB, exact_two_token_law, two_token_counts  # noqa: E402
+from tests.spec.llm.test_generate import SAMPLES, VOCAB, _tiny, exact_two_token_law, two_token_counts  # noqa: E402
 from tmc.multidraft import DraftTree  # noqa: E402
 from verification.calibrated import bonferroni, chi_square_check, detectable_tv  # noqa: E402
 
@@ -664,3 +664,80 @@ def test_why_alibi_is_refused() -> None:
     for name in ("bloom", "falcon"):
         with pytest.raises(ValueError):
             node_logit_error(models[name].eval(), ctx, chain)
+
+
+def test_gpt_neo_is_refused_by_the_static_cache() -> None:
+    """GPT-Neo slices its causal band out of a fixed buffer by the number of keys it gets, and a static cache
+    gives it all its slots: with 64 slots and a window of 16 a plain chain's node logits were 0.06 off, and past
+    ``max_position_embeddings`` slots the forward failed.  Refused by name; ``auto`` takes the dynamic cache."""
+    torch.manual_seed(0)
+    config = transformers.GPTNeoConfig(vocab_size=13, hidden_size=32, num_layers=2, num_heads=4,
+                                       attention_types=[[["global", "local"], 1]], window_size=16,
+                                       max_position_embeddings=256, bos_token_id=None, eos_token_id=None)
+    model = transformers.GPTNeoForCausalLM(config).eval()
+    assert not holds_layers(model) and resolve_cache(model, "auto") == "dynamic"
+    with pytest.raises(ValueError, match=r"GPT-Neo cuts its causal band.*\(cache='dynamic'\)"):
+        StaticTreeCache(model, 64)
+    with pytest.raises(ValueError, match="GPT-Neo cuts its causal band"):
+        ar_generate(model, [3, 1, 4], temperature=0, max_new_tokens=4, cache="static")
+    assert ar_generate(model, [3, 1, 4], temperature=0, max_new_tokens=4).tokens == greedy_decode(model, [3, 1, 4], 4)
+
+
+@pytest.mark.parametrize("family", ["Roberta", "XLMRoberta"])
+def test_roberta_style_positions_are_refused_for_the_tree_pass(family: str) -> None:
+    """RoBERTa-family causal LMs number positions from ``padding_idx + 1``; the tree pass feeds ids from 0, and a
+    tiny RobertaForCausalLM's node logits were 0.33 off (greedy speculative decoding left greedy decoding).  The
+    target, the draft and the static cache refuse them by name; plain decoding (the model's own loop) is not."""
+    torch.manual_seed(0)
+    config = getattr(transformers, f"{family}Config")(
+        vocab_size=13, hidden_size=32, num_attention_heads=4, intermediate_size=64, num_hidden_layers=1,
+        max_position_embeddings=64, is_decoder=True, pad_token_id=1, bos_token_id=None, eos_token_id=None)
+    config._attn_implementation = "sdpa"
+    model = getattr(transformers, f"{family}ForCausalLM")(config).eval()
+    assert adapter.offset_positions(model) == 1 and not holds_layers(model)
+    llama = _tiny(13, 0, layers=1)
+    for target, draft, role in ((model, llama, "target"), (llama, model, "draft")):
+        with pytest.raises(ValueError, match=f"{role} numbers its positions from padding_idx \\+ 1 = 2"):
+            generate(target, draft, [3, 1, 4], "chain", "sps", temperature=0, max_new_tokens=4)
+    with pytest.raises(ValueError, match="numbers its positions from padding_idx"):
+        StaticTreeCache(model, 64)
+    # not refused: the model's own loop numbers the positions itself (counting pad tokens as it does)
+    assert len(ar_generate(model, [3, 5, 4], temperature=0, max_new_tokens=4).tokens) == 4
+
+
+def _rope_model(kind: str) -> Any:
+    """A tiny Phi-3 with ``longrope`` switching at 16 positions, or a tiny Llama with ``dynamic`` NTK past 16."""
+    torch.manual_seed(0)
+    small = dict(vocab_size=13, hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
+                 num_hidden_layers=2, bos_token_id=None, eos_token_id=None)
+    if kind == "longrope":
+        config = transformers.Phi3Config(**small, max_position_embeddings=256, original_max_position_embeddings=16,
+                                         pad_token_id=0, rope_parameters={
+                                             "rope_type": "longrope", "rope_theta": 10000.0,
+                                             "short_factor": [1.0] * 4, "long_factor": [1.0, 4.0, 16.0, 64.0],
+                                             "original_max_position_embeddings": 16})
+        model = transformers.Phi3ForCausalLM(config)
+    else:
+        config = transformers.LlamaConfig(**small, max_position_embeddings=16,
+                                          rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 8.0})
+        model = transformers.LlamaForCausalLM(config)
+    config._attn_implementation = "sdpa"
+    return model.eval()
+
+
+@pytest.mark.filterwarnings("ignore:.*original_max_position_embeddings.*")
+@pytest.mark.parametrize("kind", ["longrope", "dynamic"])
+def test_rope_that_follows_the_largest_position_limits_the_span(kind: str) -> None:
+    """transformers picks ``longrope``'s factors and ``dynamic`` NTK's frequencies from a forward's largest
+    position id, so one tree forward gave every node its deepest node's.  Below the switch (16 positions here)
+    node logits equal full forwards; a tree across it is off; ``check_span`` refuses a decode that could cross."""
+    model = _rope_model(kind)
+    assert full_attention_span(model.config) == 16
+    chain = DraftTree.build(list(range(-1, 5)), [7, 3, 7, 11, 2, 9], "topk", {}, 13)
+    ctx = [int(t) for t in np.random.default_rng(0).integers(0, 13, size=9)]
+    assert node_logit_error(model, ctx[:4], chain) < 1e-5  # positions 4 .. 9: within
+    assert node_logit_error(model, ctx + ctx[:4], chain) > 1e-5  # positions 13 .. 18: across the switch
+    with pytest.raises(ValueError, match=f"over 16 positions only \\(its '{kind}' rotary embeddings"):
+        generate(model, _rope_model(kind), [3, 1, 4], "chain", "sps", temperature=0, max_new_tokens=12, budget=4)
+    out = generate(model, _rope_model(kind), [3, 1, 4], "chain", "sps", temperature=0, max_new_tokens=9, budget=4)
+    assert out.tokens == greedy_decode(model, [3, 1, 4], 9)
