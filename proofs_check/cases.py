@@ -23,7 +23,7 @@ from fractions import Fraction
 from typing import Literal, TypeVar
 
 import numpy as np
-from hypothesis import HealthCheck, Phase, given, seed, settings
+from hypothesis import HealthCheck, Phase, Verbosity, given, seed, settings
 from hypothesis import strategies as st
 
 from proofs_check.exact import ZERO, ExactTree, Path, Shape
@@ -35,27 +35,48 @@ Kind = Literal["any", "leaf_only", "pseudo_leaf_only"]
 WEIGHTS = st.one_of(st.integers(0, 4), st.just(1000))
 
 
+#: Draws made per distinct case asked for: hypothesis replays its simplest examples (the one-token tree came
+#: 30 times in 300), so a third of the draws were repeats; repeats are dropped, from this many draws.
+DRAWS_PER_CASE = 3
+
+
 def draw_cases(strategy: st.SearchStrategy[T], n: int, case_seed: int) -> list[T]:
-    """``n`` examples of ``strategy``, the same ones for the same ``case_seed``."""
+    """Up to ``n`` distinct examples of ``strategy`` (by ``repr``), the same ones for the same ``case_seed``;
+    fewer only where ``DRAWS_PER_CASE * n`` draws hold fewer distinct ones (a small space)."""
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
     out: list[T] = []
+    seen: set[str] = set()
 
     @seed(case_seed)
     @settings(
-        max_examples=n,
+        max_examples=DRAWS_PER_CASE * n,
         database=None,
         deadline=None,
         derandomize=False,
         phases=[Phase.generate],
         suppress_health_check=list(HealthCheck),
+        verbosity=Verbosity.quiet,
+        report_multiple_bugs=False,
     )
     @given(strategy)
     def collect(case: T) -> None:
-        out.append(case)
+        key = repr(case)
+        if key not in seen:
+            seen.add(key)
+            out.append(case)
+        if len(out) >= n:  # enough: stop drawing (the draws cost more than many checks' cases)
+            raise _Enough
 
-    collect()
+    try:
+        collect()
+    except _Enough:
+        pass
     return out[:n]
+
+
+class _Enough(Exception):
+    """Raised inside :func:`draw_cases`'s collector once it holds ``n`` distinct cases."""
 
 
 def normalised(weights: Sequence[int]) -> tuple[Fraction, ...]:

@@ -66,16 +66,16 @@ def run(args: argparse.Namespace) -> int:
     except ModuleNotFoundError as err:
         fail(f"needs the test extra ({err.name} is missing): pip install -e '.[test]'")
     checks = all_checks()
-    if args.list:
-        if args.json:
-            print(json.dumps({"checks": [{"id": c.id, "statement": c.statement} for c in checks]}, indent=2))
-        else:
-            print("\n".join(f"{c.id:<14} {c.statement}" for c in checks))
-        return 0
-    try:
+    try:  # before --list too: `--list --only XYZ` listed everything and exited 0
         todo = select(checks, args.only) if args.only else checks
     except ValueError as exc:
         fail(f"{exc} (--list shows the ids)")
+    if args.list:
+        if args.json:
+            print(json.dumps({"checks": [{"id": c.id, "statement": c.statement} for c in todo]}, indent=2))
+        else:
+            print("\n".join(f"{c.id:<16} {c.statement}" for c in todo))
+        return 0
     budget = Budget(full=not args.quick, seed=args.seed)
     outcomes = run_all(budget, todo, progress=lambda line: print(line, file=sys.stderr, flush=True))
     print(json.dumps(to_json(outcomes, budget), indent=2) if args.json else render(outcomes, budget))

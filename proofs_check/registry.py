@@ -65,6 +65,8 @@ class CheckResult:
     cross_error: float | None = None  # largest disagreement with the tmc implementation (None: not compared)
     detail: str = ""  # extra counts, e.g. how many cases fell on each side of an equivalence
     error: str = ""  # the exception that stopped the run ("" when it ran to the end)
+    cross_failures: int = 0  # cases where the tmc implementation disagreed (fails any check, a control too)
+    cross_example: str = ""  # the first of them, in words
 
 
 def crashed(exc: BaseException) -> CheckResult:
@@ -121,8 +123,12 @@ class Outcome:
 
     @property
     def passed(self) -> bool:
-        """True when the observation matches the expectation."""
-        if self.result.error:
+        """True when the observation matches the expectation, and the tmc implementation agreed throughout.
+
+        A disagreement of tmc is a bug on one side, whatever the check expects: it used to count as one more
+        violation, so a negative control "detected" it (a control's row showed tmc entirely wrong and passed).
+        """
+        if self.result.error or self.result.cross_failures:
             return False
         if self.check.expect is Expect.HOLDS:
             return self.result.violations == 0 and self.result.cases > 0
@@ -135,6 +141,8 @@ class Outcome:
             return self.check.label
         if self.result.error:
             return "ERROR"
+        if self.result.cross_failures:
+            return "TMC DISAGREES"
         if self.check.is_control:
             return "NOT DETECTED"
         if self.check.expect is Expect.HOLDS:
@@ -156,10 +164,13 @@ class Tally:
         self.exact = True
         self.example = ""
         self.cross_error: float | None = None
+        self.cross_failures = 0
+        self.cross_example = ""
         self.counts: dict[str, int] = {}
         self.bounds: dict[str, float] = {}
         self._where = ""
         self._bad = False
+        self._cross_bad = False
 
     # -- cases --------------------------------------------------------------
 
@@ -173,7 +184,10 @@ class Tally:
     def _close(self) -> None:
         if self._bad:
             self.violations += 1
+        if self._cross_bad:
+            self.cross_failures += 1
         self._bad = False
+        self._cross_bad = False
 
     def _fail(self, detail: str) -> None:
         if not self._bad and not self.example:
@@ -212,17 +226,19 @@ class Tally:
     def cross(self, ours: Number, theirs: float, what: str = "", tol: float = 1e-12) -> bool:
         """Observe that the tmc implementation agrees with ours within ``tol``.
 
-        Kept apart from the theorem's own margin: a disagreement is a
-        violation (a bug on one side), but it does not make the theorem
-        observation inexact.
+        Kept apart from the theorem's observations: a disagreement is counted in
+        ``cross_failures`` (a bug on one side), which fails the check whatever it
+        expects, and is not a violation of the statement (so it cannot make a
+        negative control look detected), nor does it make the observation inexact.
         """
         err = abs(float(ours) - float(theirs))
         self.cross_error = err if self.cross_error is None else max(self.cross_error, err)
         ok = err <= tol
         if not ok:
-            self._fail(
-                f"tmc disagrees on {what or 'a value'}: ours {float(ours):.6g}, tmc {float(theirs):.6g}"
-            )
+            if not self.cross_example:
+                detail = f"tmc disagrees on {what or 'a value'}: ours {float(ours):.6g}, tmc {float(theirs):.6g}"
+                self.cross_example = f"{self._where}: {detail}" if self._where else detail
+            self._cross_bad = True
         return ok
 
     def count(self, key: str) -> None:
@@ -253,6 +269,8 @@ class Tally:
             exact=self.exact,
             example=self.example,
             cross_error=self.cross_error,
+            cross_failures=self.cross_failures,
+            cross_example=self.cross_example,
             detail=", ".join(
                 [f"{k} {v}" for k, v in self.counts.items()]
                 + [f"{k} <= {v:.1e}" for k, v in self.bounds.items()]

@@ -16,7 +16,7 @@ from typing import Any
 from proofs_check.registry import Budget, Outcome
 
 COLUMNS = (
-    ("id", 12),
+    ("id", 15),
     ("statement", 46),
     ("checked by", 42),
     ("cases", 16),
@@ -28,6 +28,7 @@ COLUMNS = (
 def _cells(o: Outcome) -> tuple[str, ...]:
     r = o.result
     extra = [f"{r.violations} flagged"] if r.violations else []
+    extra += [f"{r.cross_failures} tmc disagreements"] if r.cross_failures else []
     extra += [r.detail] if r.detail else []
     cases = f"{r.cases}" + (f" ({'; '.join(extra)})" if extra else "")
     return (o.check.id, o.check.statement, o.check.method, cases, r.margin, o.verdict)
@@ -69,7 +70,7 @@ def render(outcomes: Sequence[Outcome], budget: Budget) -> str:
     if failed:
         lines += ["", "FAILED:"]
         for o in failed:
-            why = o.result.error or o.result.example or "no case violated the statement"
+            why = o.result.error or o.result.cross_example or o.result.example or "no case violated the statement"
             lines += textwrap.wrap(
                 f"{o.check.id} ({o.verdict}): {why}", 110, initial_indent="  ", subsequent_indent="    "
             )
@@ -111,6 +112,8 @@ def to_json(outcomes: Sequence[Outcome], budget: Budget) -> dict[str, Any]:
             "min_slack": r.min_slack,
             "exact": r.exact,
             "tmc_error": r.cross_error,
+            "tmc_disagreements": r.cross_failures,
+            "tmc_example": r.cross_example,
             "detail": r.detail,
             "verdict": o.verdict,
             "passed": o.passed,

@@ -236,6 +236,15 @@ def check_a29(budget: Budget) -> CheckResult:
             compose_kernels(to_float(outer), to_float(inner)), p.to_tmc(), tol=TMC_TOL
         )
         tally.cross(ONE, float(check.holds), "check_prefix_sub_sampler(compose_kernels(...))")
+    for i, (p, _) in enumerate(draw_cases(ANY_CASES, budget.n(60), budget.seed + 45)):
+        # the other answer too: P's own walk composed with itself is a sub-sampler exactly when P is leaf-only
+        tally.case(f"cross case {i} P = {show(p)}: walk o walk")
+        walk = sub_sampler(p, {})
+        twice = compose(walk, walk)
+        ours = all(sub_defect(induced(twice, p.shape, s), p.condition(s)) == 0 for s in p.support())
+        tally.count(f"sub-sampler {ours}")
+        theirs = check_prefix_sub_sampler(to_float(twice), p.to_tmc(), tol=TMC_TOL).holds
+        tally.cross(float(ours), float(theirs), "check_prefix_sub_sampler(walk o walk)")
     for i, model in enumerate(spec_models(budget, budget.n(45), 34)):
         tally.case(f"float case {i}: SpS step o ASpS step on {model.name}")
         tally.count("SpS o ASpS")
@@ -389,14 +398,24 @@ def check_a31(budget: Budget) -> CheckResult:
         kernel = sub_sampler(p, random_stops(p, rng_for(case_seed)))
         _a31(tally, p, kernel, matrices=True)
         tally.cross(
-            ZERO,
+            float(_degenerate(p, kernel)),
             float(is_degenerate(to_float(kernel), p.shape.space(), p.shape.nodes())),
             "tmc is_degenerate",
         )
         floats = self_compose_kernel(to_float(kernel), N_STEPS)(())
         for t, m in power(kernel, N_STEPS)(()).items():
             tally.cross(m, floats.get(t, 0.0), f"P_sub^{N_STEPS}({t})", tol=TMC_TOL)
+        stuck = _degenerate_case(p, case_seed)  # the other answer of Def A.24, on the same tree
+        if stuck is not None:
+            tally.count("degenerate cross-checks")
+            tally.cross(float(_degenerate(p, stuck)), float(is_degenerate(to_float(stuck), p.shape.space(),
+                                                                          p.shape.nodes())), "tmc is_degenerate")
     return tally.result()
+
+
+def _degenerate(p: ExactTree, kernel: Kernel) -> bool:
+    """Def A.24 in exact arithmetic: some node with children is returned unchanged with probability 1."""
+    return any(not p.shape.is_leaf(s) and kernel(s).get(s, ZERO) == ONE for s in p.shape.nodes())
 
 
 def _degenerate_case(p: ExactTree, case_seed: int) -> Kernel | None:
@@ -459,7 +478,13 @@ def check_a32(budget: Budget) -> CheckResult:
     tally = Tally(tol=SPEC_TOL)  # exact observations stay exact; the tmc float ones get SPEC_TOL
     for i, (p, case_seed) in enumerate(draw_cases(LEAF_CASES, budget.n(250), budget.seed + 43)):
         tally.case(f"case {i} P = {show(p)}, seed {case_seed}")
-        _a32(tally, p, sub_sampler(p, random_stops(p, rng_for(case_seed))))
+        kernel = sub_sampler(p, random_stops(p, rng_for(case_seed)))
+        _a32(tally, p, kernel)
+        space, target = p.shape.space(), p.to_tmc()
+        for n in range(N_STEPS + 1):  # the float TV the speculative cases below rely on, against the exact one
+            exact = tv(induced(power(kernel, n), p.shape, ()), p)
+            floats = total_variation(induced_distribution(self_compose_kernel(to_float(kernel), n), space, ()), target)
+            tally.cross(exact, floats, f"total_variation(P_sub^{n})", tol=TMC_TOL)
     for i, model in enumerate(spec_models(budget, budget.n(30), 44)):
         target = target_tree_distribution(model, SPEC_DEPTH)
         for name, fn in SPEC_KERNELS.items():

@@ -7,8 +7,8 @@ full sweep, at the budget of ``python -m proofs_check``, is the
 the project they are deselected by the default ``python -m pytest``
 (``addopts = -m "not slow"`` in ``pyproject.toml``) and run by
 ``python -m pytest -m slow``, which ``.ci/run`` runs after the default run
-(the README says the same).  The sweep takes over two minutes of one core
-(measured: 141 s CPU under pytest, 133 s for ``python -m proofs_check``).
+(the README says the same).  The sweep takes about a minute of one core
+(measured 2026-11-26: 61 s for ``python -m proofs_check``).
 A check passes when its expectation is met: a statement holds on every case,
 a negative control flags its violating input, a statement that is false as
 printed yields its counterexample.
@@ -254,3 +254,99 @@ def test_registering_imports_no_check_and_no_hypothesis() -> None:
 def test_select_keeps_controls() -> None:
     picked = select(CHECKS, ["A.31"])
     assert [c.id for c in picked] == ["A.31", "ctl A.31", "ctl A.31b"]
+
+
+# -- audit of 2026-11-26: what could not fail ---------------------------------------------
+
+
+def test_a_tmc_disagreement_fails_a_control_instead_of_detecting_for_it() -> None:
+    """A control's cross-check failure used to count as its detection: a control whose row showed tmc entirely
+    wrong still said "detected".  Now it fails every check, with its own verdict and example."""
+    tally = Tally()
+    tally.case("one case")
+    tally.cross(1.0, 0.0, "a tmc value")
+    result = tally.result()
+    assert result.violations == 0 and result.cross_failures == 1 and "tmc disagrees" in result.cross_example
+    for check in (Check("ctl w", "s", "m", _fixed(result), Expect.FAILS, "detected", control_of="w"),
+                  Check("w", "s", "m", _fixed(result))):
+        outcome = Outcome(check, check.run(Budget()), 0.0)
+        assert not outcome.passed and outcome.verdict == "TMC DISAGREES"
+        assert "tmc disagrees on a tmc value" in render([outcome], Budget())
+
+
+def _mutated(monkeypatch: pytest.MonkeyPatch, target: object, name: str, value: object, check_id: str) -> Outcome:
+    monkeypatch.setattr(target, name, value)
+    (check,) = [c for c in CHECKS if c.id == check_id]
+    return run_one(check, Budget(full=False))
+
+
+@pytest.mark.parametrize("mutation", ["is_leaf_only", "is_pseudo_leaf_only", "is_degenerate", "prefix_sub", "tv"])
+def test_tmc_predicates_replaced_by_constants_are_caught(mutation: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each of these five tmc functions was asked only questions whose answer was one constant, so a constant
+    passed every check (the audit replaced all five and the full run printed ALL PASSED).  Each theorem check
+    now asks both answers, against its exact re-implementation."""
+    import proofs_check.sub_samplers as ss
+    import tmc.tree
+    from tmc.prefix import PrefixCheck
+
+    cases = {
+        "is_leaf_only": (tmc.tree.TreeDistribution, "is_leaf_only", lambda self, tol=1e-12: True, "A.21"),
+        "is_pseudo_leaf_only": (tmc.tree.TreeDistribution, "is_pseudo_leaf_only", lambda self, tol=1e-12: True,
+                                "A.21"),
+        "is_degenerate": (ss, "is_degenerate", lambda *a, **k: False, "A.31"),
+        "prefix_sub": (ss, "check_prefix_sub_sampler", lambda *a, **k: PrefixCheck(True, None, ""), "A.29"),
+        "tv": (ss, "total_variation", lambda p1, p2: 0.0, "A.32"),
+    }
+    outcome = _mutated(monkeypatch, *cases[mutation])
+    assert not outcome.passed and outcome.result.cross_failures > 0, _explain(outcome)
+
+
+def test_a18_accepts_a_slowly_vanishing_tail_and_its_control_reads_the_limit() -> None:
+    """A.18 had asked for a tail below 0.02 at a fixed depth, which flags the valid heavy tail 1/(d+2); the tails
+    are now compared with closed forms (enumerated exactly here), and the control's leak is its limit 1/2."""
+    from proofs_check.tree_theorems import (A18_DEPTH, escaping_row, escaping_tail, exact_tail, heavy_row,
+                                            heavy_tail)
+
+    for vocab in (1, 2, 3):
+        for d in range(A18_DEPTH[vocab] + 1):
+            assert exact_tail(heavy_row(7, vocab), vocab, d) == heavy_tail(d) == Fraction(1, d + 2)
+    prod = Fraction(1)
+    for d in range(13):
+        prod *= 1 - Fraction(1, (d + 2) ** 2)
+        assert exact_tail(escaping_row, 1, d) == escaping_tail(d) == prod
+    (a18,) = [c for c in CHECKS if c.id == "A.18"]
+    result = a18.run(Budget(full=False))
+    assert result.violations == 0 and "heavy" not in result.example
+
+
+def test_a19_b_and_c_bound_the_finished_mean_so_the_doubling_martingale_fails_them() -> None:
+    """A.19(b)/(c) asserted only the stopped mean at the cut, which any unbiased V meets (the doubling martingale,
+    whose E[V] = 1 != V(root) = 0, passed).  The finished mean must now stay within the hypothesis' bound at every
+    cut: valid cases meet it; the doubling martingale through either bound does not."""
+    from proofs_check.tree_theorems import b_remainder, c_remainder, doubling_outside
+
+    for remainder in (b_remainder(1), c_remainder(1)):
+        result = doubling_outside(Budget(), remainder)
+        assert result.violations == 1 and "|E[V 1(len <=" in result.example
+
+
+def test_draw_cases_gives_distinct_cases_the_same_for_a_seed() -> None:
+    """A third of the reported cases had been exact repeats (the one-token tree 30 times in 300)."""
+    from hypothesis import strategies as st
+
+    from proofs_check.cases import draw_cases, trees
+
+    cases = draw_cases(trees(kind="any"), 200, 3)
+    assert len(cases) == 200 == len({repr(c) for c in cases})
+    assert [repr(c) for c in draw_cases(trees(kind="any"), 200, 3)] == [repr(c) for c in cases]
+    assert sorted(draw_cases(st.integers(0, 3), 10, 1)) == [0, 1, 2, 3]  # a small space: all of it, once each
+
+
+def test_list_takes_only_and_refuses_an_unknown_id(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--list --only XYZ`` listed all rows and exited 0."""
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["--list", "--only", "XYZ"])
+    assert exit_info.value.code == 2 and "unknown check id" in capsys.readouterr().err
+    assert cli_main(["--list", "--only", "A.19(b)"]) == 0
+    assert [line.split()[0] + (" " + line.split()[1] if line.startswith("ctl") else "")
+            for line in capsys.readouterr().out.splitlines()] == ["A.19(b)", "ctl A.19(b)", "ctl A.19(b)"]
