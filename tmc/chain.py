@@ -174,6 +174,12 @@ def _asps_kernel(toks: NDArray[np.int64], q: FloatArray, p: FloatArray) -> Float
         # q(a) > w p(a), so nothing is emitted at the drafted token itself.
         emitted[a] = 0.0
         log_w_next = _next_log_weight(log_w, p[j, a], q[j, a])
+        if log_w == 0.0 and log_w_next < 0.0 and float(emitted.sum()) == 0.0:
+            # a rejection at full weight with no residual mass left by rounding (q = [1e-300, 1.0] sums
+            # to 1 in floats, and (p − q)_+ lost q's tiny entry): the kernel summed to 0 and the samplers
+            # raised.  At full weight this step's row is SpS's residual, so take the one residual rule
+            # (tmc.residual, as SpS and block do); every earlier row is 0 at full weight.
+            emitted, mass_d = residual(p[j], q[j], a), 1.0
         if mass_d > 0.0:
             log_factor[j] = _log(_one_minus_exp(log_w_next)) - math.log(mass_d)
         kernel[j] = emitted

@@ -122,10 +122,14 @@ RHO_RTOL = 2.0**-50
 #: Relative slack of :func:`kseq_residual`'s check of a caller's ``rho`` (rounding only).
 FEASIBLE_RTOL = 1e-12
 
-#: Relative slack of the bisection's feasibility test ``c(β(ρ)) ≤ ρ`` (rounding only): where the condition
-#: holds with equality in the limit (large ``k``, ``β(ρ) = 1/ρ``), ``c = 1/fl(1/ρ)`` exceeds ``ρ`` by an ulp
-#: about half the time, and without slack the bisection climbed towards ``k`` (p = (.5, .5), q = (.3, .7):
-#: 1.98 at k = 1000, 1.6e7 at k = 1e9, where ρ* = 5/3).
+#: Relative slack of the bisection's feasibility test (rounding only).  The test is SpecTr's condition in
+#: the form ``(1 − β)^k ≥ 1 − ρβ`` with both sides sums of positive parts, ``1 − β = Σ (q − p/ρ)_+`` and
+#: ``1 − ρβ = Σ (p − ρq)_+`` (:func:`_condition_curve`), and the slack is relative to the terms of the
+#: latter: where the condition holds with equality in the limit (large ``k``, p = (.5, .5), q = (.3, .7),
+#: ρ* = 5/3) rounding of those terms failed it above ρ* and the bisection climbed towards ``k`` (1.98 at
+#: k = 1000, 1.6e7 at k = 1e9).  An earlier form, ``c(β) ≤ ρ (1 + slack)``, put the slack on ``c ≈ 1``
+#: and so on ``1 − ρβ``'s absolute value: for a nearly one-hot ``p`` that decides on a target token of
+#: 1e-15 (q = (1, 0)), it accepted ρ = 1 where ρ* = 1.0032, and the token came out at 1e-90.
 SEARCH_RTOL = 8 * 2.0**-52
 
 #: ``rho_rule(p_row, q_row, k)``: the division factor used at an i.i.d. node.
@@ -152,46 +156,58 @@ def _geometric(beta: float, k: int) -> float:
     return -math.expm1(k * math.log1p(-beta)) / beta
 
 
-def _beta_curve(p: FloatArray, q: FloatArray) -> Callable[[float], float]:
-    """``ρ ↦ β(ρ)`` in ``O(log V)`` per call after one sort.
+def _condition_curve(p: FloatArray, q: FloatArray) -> Callable[[float], tuple[float, float, float, float]]:
+    """``ρ ↦ (β, 1 − β, 1 − ρβ, scale)`` in ``O(log V)`` per call after one sort, each a sum of positive parts.
 
-    ``min(q(x), p(x)/ρ)`` is ``p(x)/ρ`` exactly for the tokens whose ratio
-    ``p(x)/q(x)`` is below ``ρ`` and ``q(x)`` for the others, so with the
-    ratios sorted ``β(ρ) = Q_above + P_below / ρ`` from two prefix sums.
-    Tokens with ``q = 0`` contribute nothing.
+    With the tokens of ``q > 0`` sorted by ``p/q`` and ``j`` of them below ``ρ``: ``β = Σ min(q, p/ρ) =
+    Q_above + P_below/ρ``, ``1 − β = Σ (q − p/ρ)_+ = Q_below − P_below/ρ`` and ``1 − ρβ = Σ (p − ρq)_+ =
+    P_above − ρ Q_above + P_zero`` (``P_zero``: the target mass where ``q = 0``).  ``scale = P_above +
+    ρ Q_above + P_zero`` bounds the rounding of the latter.
     """
     on = q > 0.0
     order = np.argsort(p[on] / q[on], kind="stable")
     ratios = (p[on] / q[on])[order].tolist()
-    p_below = np.concatenate([[0.0], np.cumsum(p[on][order])]).tolist()  # p_below[j]: the j smallest ratios
-    q_above = np.concatenate([np.cumsum(q[on][order][::-1])[::-1], [0.0]]).tolist()  # the others
+    p_on, q_on = p[on][order], q[on][order]
+    p_below = np.concatenate([[0.0], np.cumsum(p_on)]).tolist()
+    q_below = np.concatenate([[0.0], np.cumsum(q_on)]).tolist()
+    p_above = np.concatenate([np.cumsum(p_on[::-1])[::-1], [0.0]]).tolist()
+    q_above = np.concatenate([np.cumsum(q_on[::-1])[::-1], [0.0]]).tolist()
+    p_zero = float(np.cumsum(np.where(on, 0.0, p))[-1])  # left to right, as the torch ports add it
 
-    def beta(rho: float) -> float:
+    def curve(rho: float) -> tuple[float, float, float, float]:
         j = bisect.bisect_left(ratios, rho)
-        return float(q_above[j] + p_below[j] / rho)
+        miss = max(0.0, q_below[j] - p_below[j] / rho)
+        gap = max(0.0, p_above[j] - rho * q_above[j] + p_zero)
+        return q_above[j] + p_below[j] / rho, miss, gap, p_above[j] + rho * q_above[j] + p_zero
 
-    return beta
+    return curve
 
 
-def _feasible(beta: float, k: int, rho: float) -> bool:
-    """SpecTr's validity condition ``1 − (1 − β)^k ≤ ρ β``, i.e. ``c(ρ) ≤ ρ`` or ``β = 0`` (up to
-    :data:`SEARCH_RTOL`)."""
-    return beta <= 0.0 or _geometric(beta, k) <= rho * (1.0 + SEARCH_RTOL)
+def _feasible(beta: float, miss: float, gap: float, scale: float, k: int, rho: float) -> bool:
+    """SpecTr's validity condition ``1 − (1 − β)^k ≤ ρβ`` (``miss = 1 − β``, ``gap = 1 − ρβ``), decided on
+    whichever pair of its two equivalent forms holds the small numbers, up to :data:`SEARCH_RTOL`: where
+    ``ρβ ≤ 1/2``, ``c(β) ≤ ρ`` (both sides of order ``ρβ``); else ``(1 − β)^k ≥ 1 − ρβ``, with the slack on
+    ``gap``'s terms (``scale``).  The first alone misjudged a nearly one-hot ``p``, the second alone a
+    small ``β`` (where ``gap ≈ 1`` holds the decision in its last digits)."""
+    if rho * beta <= 0.5:
+        return beta <= 0.0 or _geometric(beta, k) <= rho * (1.0 + SEARCH_RTOL)
+    reach = math.exp(k * math.log(miss)) if miss > 0.0 else 0.0  # (1 − β)^k
+    return reach >= gap - SEARCH_RTOL * scale
 
 
 def _rho(p: FloatArray, q: FloatArray, k: int) -> float:
     """``ρ*`` of the module doc on validated rows (upper end of the bisection bracket)."""
     if k == 1:  # c = 1: ρ = 1 is feasible whatever β is (K-SEQ is SpS), so skip the sort
         return 1.0
-    beta = _beta_curve(p, q)
-    if _feasible(beta(1.0), k, 1.0):
+    curve = _condition_curve(p, q)
+    if _feasible(*curve(1.0), k, 1.0):
         return 1.0
     lo, hi = 1.0, float(k)  # invariant: lo infeasible, hi feasible
     while hi - lo > RHO_RTOL * hi:
         mid = 0.5 * (lo + hi)
         if not lo < mid < hi:
             break
-        if _feasible(beta(mid), k, mid):
+        if _feasible(*curve(mid), k, mid):
             hi = mid
         else:
             lo = mid

@@ -369,17 +369,21 @@ def _geometric(beta: Tensor, k: Tensor) -> Tensor:
     return torch.where((k == 1.0) | (beta >= 1.0), 1.0, torch.where(beta <= 0.0, k, inner))
 
 
-def _feasible(beta: Tensor, k: Tensor, rho: Tensor) -> Tensor:
-    """SpecTr's validity condition ``β = 0`` or ``c(β) ≤ ρ`` (:func:`tmc.kseq._feasible`)."""
-    return (beta <= 0.0) | (_geometric(beta, k) <= rho * (1.0 + SEARCH_RTOL))
+def _feasible(beta: Tensor, miss: Tensor, gap: Tensor, scale: Tensor, k: Tensor, rho: Tensor) -> Tensor:
+    """SpecTr's condition in whichever form holds the small numbers (:func:`tmc.kseq._feasible`)."""
+    small = (beta <= 0.0) | (_geometric(beta, k) <= rho * (1.0 + SEARCH_RTOL))
+    reach = torch.where(miss > 0.0, torch.exp(k * torch.log(miss)), 0.0)
+    return torch.where(rho * beta <= 0.5, small, reach >= gap - SEARCH_RTOL * scale)
 
 
 def _kseq_rho(p: Tensor, q: Tensor, k: Tensor, widest: int) -> Tensor:
     """``ρ*`` of each row ``(m, 1)``: :func:`tmc.kseq._rho` for ``(m, V)`` rows and children counts ``k``
     ``(m, 1)`` (at most ``widest``), as fixed-shape work.
 
-    ``β(ρ) = Q_above(j) + P_below(j) / ρ`` with ``j`` the number of ratios ``p/q`` below ``ρ``, from one
-    stable sort and two prefix sums per row (tokens with ``q = 0`` sort last, as ``+inf``, and add nothing).
+    SpecTr's condition is read as :func:`tmc.kseq._condition_curve` forms it: ``1 − β = Q_below(j) −
+    P_below(j) / ρ`` and ``1 − ρβ = P_above(j) − ρ Q_above(j) + P_zero`` with ``j`` the number of ratios
+    ``p/q`` below ``ρ``, from one stable sort and prefix sums per row (tokens with ``q = 0`` sort last, as
+    ``+inf``, and add nothing but ``P_zero``).
     The bisection runs a fixed number of rounds, enough for the widest bracket ``[1, widest]`` to shrink to
     ``RHO_RTOL``; a row whose numpy loop would have stopped (the bracket narrow enough, or its midpoint no
     longer strictly inside) keeps its bracket from then on, so each row ends where numpy's loop ends on the
@@ -387,22 +391,28 @@ def _kseq_rho(p: Tensor, q: Tensor, k: Tensor, widest: int) -> Tensor:
     on = q > 0.0
     ratios, order = torch.sort(torch.where(on, p / q, torch.inf), dim=-1, stable=True)
     zero = torch.zeros_like(p[:, :1])
-    p_below = torch.cat([zero, torch.cumsum(torch.where(on, p, 0.0).gather(1, order), dim=-1)], dim=-1)
-    q_on = torch.where(on, q, 0.0).gather(1, order).flip(-1)
-    q_above = torch.cat([torch.cumsum(q_on, dim=-1).flip(-1), zero], dim=-1)
+    p_on, q_on = torch.where(on, p, 0.0).gather(1, order), torch.where(on, q, 0.0).gather(1, order)
+    p_below = torch.cat([zero, torch.cumsum(p_on, dim=-1)], dim=-1)
+    q_below = torch.cat([zero, torch.cumsum(q_on, dim=-1)], dim=-1)
+    p_above = torch.cat([torch.cumsum(p_on.flip(-1), dim=-1).flip(-1), zero], dim=-1)
+    q_above = torch.cat([torch.cumsum(q_on.flip(-1), dim=-1).flip(-1), zero], dim=-1)
+    p_zero = torch.cumsum(torch.where(on, 0.0, p), dim=-1)[:, -1:]  # left to right, as tmc.kseq adds it
 
-    def beta(rho: Tensor) -> Tensor:
+    def condition(rho: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         j = torch.searchsorted(ratios, rho)  # bisect_left: the ratios strictly below rho
-        return q_above.gather(1, j) + p_below.gather(1, j) / rho
+        above, q_up, p_down = p_above.gather(1, j), q_above.gather(1, j), p_below.gather(1, j)
+        miss = torch.clamp_min(q_below.gather(1, j) - p_down / rho, 0.0)
+        gap = torch.clamp_min(above - rho * q_up + p_zero, 0.0)
+        return q_up + p_down / rho, miss, gap, above + rho * q_up + p_zero
 
     lo = torch.ones_like(k)
     hi = k.clone()
-    running = (k > 1.0) & ~_feasible(beta(lo), k, lo)  # else rho = 1 (one child: K-SEQ is SpS)
+    running = (k > 1.0) & ~_feasible(*condition(lo), k, lo)  # else rho = 1 (one child: K-SEQ is SpS)
     bisecting = running
     for _ in range(52 + (widest - 1).bit_length() if widest > 1 else 0):  # (widest - 1) / 2^rounds <= RHO_RTOL
         mid = 0.5 * (lo + hi)
         bisecting = bisecting & (hi - lo > _RHO_RTOL * hi) & (lo < mid) & (mid < hi)
-        ok = _feasible(beta(mid), k, mid)
+        ok = _feasible(*condition(mid), k, mid)
         hi = torch.where(bisecting & ok, mid, hi)
         lo = torch.where(bisecting & ~ok, mid, lo)
     return torch.where(running, hi, 1.0)

@@ -524,6 +524,10 @@ def _asps_step(c: _Chain) -> tuple[Tensor, Tensor]:
     emitted = torch.clamp_min(_scaled_excess(log_w[:n], p[:n], q), 0.0)  # (n, V)
     mass_d = miss[:n] + _total(emitted)[:, 0]  # D_j = Σ (q − w p)_+
     emitted = emitted.scatter(1, c.tok[:, None], 0.0)
+    # a rejection at full weight whose residual rounded away: the residual rule, as tmc.chain._asps_kernel
+    lost = (log_w[:n] == 0.0) & (log_w[1:] < 0.0) & (_total(emitted)[:, 0] == 0.0)
+    emitted = torch.where(lost[:, None], _residual_rows(p[:n], q, c.tok), emitted)
+    mass_d = torch.where(lost, 1.0, mass_d)
     log_factor = torch.where(mass_d > 0.0, torch.log(miss[1:]) - torch.log(mass_d), 0.0)
     suffix = torch.flip(torch.cumsum(torch.flip(log_factor, [0]), dim=0), [0])
     kernel = torch.cat([emitted * torch.exp(suffix)[:, None], (torch.exp(log_w[n]) * p[n])[None]])
@@ -1049,40 +1053,51 @@ def _geometric(beta: float, k: int) -> float:
     return -math.expm1(k * math.log1p(-beta)) / beta
 
 
-def _beta_curve(p: Tensor, q: Tensor) -> Callable[[float], float]:
-    """``ρ ↦ β(ρ)`` in ``O(log V)`` after one sort (:func:`tmc.kseq._beta_curve`)."""
+def _condition_curve(p: Tensor, q: Tensor) -> Callable[[float], tuple[float, float, float, float]]:
+    """``ρ ↦ (β, 1 − β, 1 − ρβ, scale)`` as sums of positive parts, ``O(log V)`` after one sort
+    (:func:`tmc.kseq._condition_curve`)."""
     on = q > 0.0
     ratio = p[on] / q[on]
     order = torch.argsort(ratio, stable=True)
     ratios = ratio[order].tolist()
+    p_on, q_on = p[on][order], q[on][order]
     zero = torch.zeros(1, dtype=F64)
-    p_below = torch.cat([zero, torch.cumsum(p[on][order], dim=0)]).tolist()
-    q_above = torch.cat([torch.flip(torch.cumsum(torch.flip(q[on][order], [0]), dim=0), [0]), zero]).tolist()
+    p_below = torch.cat([zero, torch.cumsum(p_on, dim=0)]).tolist()
+    q_below = torch.cat([zero, torch.cumsum(q_on, dim=0)]).tolist()
+    p_above = torch.cat([torch.flip(torch.cumsum(torch.flip(p_on, [0]), dim=0), [0]), zero]).tolist()
+    q_above = torch.cat([torch.flip(torch.cumsum(torch.flip(q_on, [0]), dim=0), [0]), zero]).tolist()
+    p_zero = float(torch.cumsum(torch.where(on, 0.0, p), dim=0)[-1])  # left to right, as tmc.kseq adds it
 
-    def beta(rho: float) -> float:
+    def curve(rho: float) -> tuple[float, float, float, float]:
         j = bisect.bisect_left(ratios, rho)
-        return float(q_above[j] + p_below[j] / rho)
+        miss = max(0.0, q_below[j] - p_below[j] / rho)
+        gap = max(0.0, p_above[j] - rho * q_above[j] + p_zero)
+        return q_above[j] + p_below[j] / rho, miss, gap, p_above[j] + rho * q_above[j] + p_zero
 
-    return beta
+    return curve
 
 
-def _feasible(beta: float, k: int, rho: float) -> bool:
-    return beta <= 0.0 or _geometric(beta, k) <= rho * (1.0 + SEARCH_RTOL)
+def _feasible(beta: float, miss: float, gap: float, scale: float, k: int, rho: float) -> bool:
+    """SpecTr's condition in whichever form holds the small numbers (:func:`tmc.kseq._feasible`)."""
+    if rho * beta <= 0.5:
+        return beta <= 0.0 or _geometric(beta, k) <= rho * (1.0 + SEARCH_RTOL)
+    reach = math.exp(k * math.log(miss)) if miss > 0.0 else 0.0
+    return reach >= gap - SEARCH_RTOL * scale
 
 
 def _kseq_rho(p: Tensor, q: Tensor, k: int) -> float:
     """SpecTr's ``ρ*`` by bisection (:func:`tmc.kseq._rho`)."""
     if k == 1:  # c = 1: ρ = 1 is feasible whatever β is
         return 1.0
-    beta = _beta_curve(p, q)
-    if _feasible(beta(1.0), k, 1.0):
+    curve = _condition_curve(p, q)
+    if _feasible(*curve(1.0), k, 1.0):
         return 1.0
     lo, hi = 1.0, float(k)  # lo infeasible, hi feasible
     while hi - lo > _RHO_RTOL * hi:
         mid = 0.5 * (lo + hi)
         if not lo < mid < hi:
             break
-        if _feasible(beta(mid), k, mid):
+        if _feasible(*curve(mid), k, mid):
             hi = mid
         else:
             lo = mid

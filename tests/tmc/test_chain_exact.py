@@ -170,3 +170,24 @@ def test_completion_identity_flags_biased_kernel():
 
     law = chain_output_law(paper_toy_model(), 2, biased)
     assert law.completion_error > 1e-3
+
+
+def test_asps_rejection_at_full_weight_whose_residual_rounds_away():
+    """``q = [1e-300, 1.0]`` sums to 1 in floats, and ``(p − q)_+`` loses q's tiny entry: the ASpS kernel summed
+    to 0 and both samplers raised AssertionError.  It now takes the residual rule there: for one draft it is
+    SpS's kernel (Thm: ASpS = SpS at n = 1), and on a longer chain whose weight climbs back to 1 before such a
+    step it is the limit of the same chain with ``q = [eps, 1 - eps]`` as eps -> 0 (computed at eps = 1e-10)."""
+    from tmc.chain import asps_sample_from_uniforms
+
+    q, p = np.array([[1e-300, 1.0]]), np.array([[0.0, 1.0], [0.5, 0.5]])
+    kernel = asps_kernel([0], q, p)
+    assert kernel.sum() == 1.0 and np.array_equal(kernel, sps_kernel([0], q, p))
+    assert asps_sample_from_uniforms([0], q, p, [0.3]) == [1]
+    ref = [1, 1, 0]
+    q = np.array([[0.0, 1.0], [0.9996889, 3.111e-4], [1.7e-300, 1.0]])
+    p = np.array([[0.9215, 0.0785], [0.6624, 0.3376], [0.0, 1.0], [0.0, 1.0]])
+    near = q.copy()
+    near[2] = [1e-10, 1.0 - 1e-10]
+    assert asps_kernel(ref, q, p).sum() == 1.0
+    np.testing.assert_allclose(asps_kernel(ref, q, p), asps_kernel(ref, near, p), atol=1e-9)
+    np.testing.assert_allclose(asps_kernel(ref, near, p), block_kernel(ref, near, p), atol=1e-9)

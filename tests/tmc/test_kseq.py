@@ -486,3 +486,45 @@ def test_bad_input_raises_value_error(case, call, match):
 def test_feasible_rho_is_accepted_by_kseq_residual():
     rho = kseq_rho([0.5, 0.5], [0.9, 0.1], 2)
     np.testing.assert_allclose(kseq_residual([0.5, 0.5], [0.9, 0.1], 2, rho=rho), kseq_residual([0.5, 0.5], [0.9, 0.1], 2))
+
+
+def _exact_rho_star(p, q, k):
+    """SpecTr's ρ* by bisection in exact rationals, on the rows made exactly normalised."""
+    from fractions import Fraction
+
+    big_p = [Fraction(x) for x in p]
+    big_q = [Fraction(x) for x in q]
+    big_p = [x / sum(big_p) for x in big_p]
+    big_q = [x / sum(big_q) for x in big_q]
+
+    def feasible(rho):
+        beta = sum(min(b, a / rho) for a, b in zip(big_p, big_q))
+        return rho * beta - (1 - (1 - beta) ** k) >= 0
+
+    if feasible(Fraction(1)):
+        return Fraction(1)
+    lo, hi = Fraction(1), Fraction(k)
+    for _ in range(80):
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if feasible(mid) else (mid, hi)
+    return hi
+
+
+@pytest.mark.parametrize(
+    ("p", "q", "k"),
+    [
+        ([0.9999999999982664, 1.7336162073849617e-12], [1.0, 0.0], 6),
+        ([0.99999999999999, 1e-14], [1.0, 0.0], 4),
+        ([0.999999999999999, 1e-15], [1.0, 0.0], 6),
+        ([2.26548035e-11, 1.0 - 2.26548035e-11], [0.9999774454062, 2.25545938e-05], 4),  # small beta: rho* near k
+    ],
+)
+def test_rho_is_not_below_rho_star_for_a_nearly_one_hot_target(p, q, k):
+    """A relative slack on ``c ≈ 1`` is an absolute one on ``1 − ρβ``, which decides when p is nearly one-hot:
+    ρ = 1 was accepted where ρ* = 1.0032, and a target token of 1e-15 came out of K-SEQ at 1e-90 (19% low for
+    1e-14).  The condition is now decided in the form whose numbers are small."""
+    rho = kseq_rho(p, q, k)
+    want = _exact_rho_star(p, q, k)
+    assert float((rho - want) / want) >= -1e-13, (rho, float(want))
+    assert rho <= float(want) * (1 + 4 * k * RHO_RTOL)
+    kseq_residual(p, q, k, rho)  # accepted as feasible by the residual's own check

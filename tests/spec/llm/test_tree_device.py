@@ -431,6 +431,26 @@ def test_kseq_rho_and_residual_rows_agree_with_tmc():
     assert bisected > 200  # most rows with k >= 2 need the bisection
 
 
+def test_kseq_rho_of_nearly_one_hot_targets_agrees_with_tmc_in_both_ports():
+    """The rows where a slack on ``c ≈ 1`` had accepted ρ below ρ* (a target token of 1e-15 came out at 1e-90):
+    the batched port, the host-loop port (:mod:`spec.llm.verify`) and tmc return the same ρ."""
+    from spec.llm.tree_device import _kseq_rho
+    from spec.llm.verify import _kseq_rho as host_rho
+    from tmc.kseq import kseq_rho
+    from tmc.validate import check_prob_rows
+
+    rows = [([0.9999999999982664, 1.7336162073849617e-12], [1.0, 0.0], 6), ([0.99999999999999, 1e-14], [1.0, 0.0], 4),
+            ([0.999999999999999, 1e-15], [1.0, 0.0], 6), ([0.5, 0.5], [0.3, 0.7], 7)]
+    p = check_prob_rows("p", np.array([r[0] for r in rows]))
+    q = check_prob_rows("q", np.array([r[1] for r in rows]))
+    k = np.array([r[2] for r in rows])
+    got = _kseq_rho(torch.tensor(p), torch.tensor(q), torch.tensor(k, dtype=torch.float64)[:, None], int(k.max()))
+    want = [kseq_rho(p[i], q[i], int(k[i])) for i in range(len(rows))]
+    assert got[:, 0].tolist() == want
+    assert [host_rho(torch.tensor(p[i]), torch.tensor(q[i]), int(k[i])) for i in range(len(rows))] == want
+    assert min(want[:3]) > 1.0003  # none accepted at 1
+
+
 def test_ordered_traversal_visiting_order_and_sorted_laws_agree_with_tmc():
     """Ordered Traversal's device tables, level by level, against :func:`tmc.ordered_traversal.ratio_ordered_children`
     node by node: a tree whose levels mix nodes of 1 to 4 children drawn iid, swor (2 at most) or topk, V from 4

@@ -644,3 +644,20 @@ def test_ordered_traversal_on_a_row_whose_mass_one_token_holds():
 def test_noise_size_rejects_unknown_methods():
     with pytest.raises(ValueError, match="method must be one of"):
         noise_size("greedy", 3)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_asps_rejection_whose_residual_rounds_away_equals_numpy(device):
+    """``q = [1e-300, 1.0]`` at full weight: numpy's ASpS kernel summed to 0 (its samplers raised); both now take
+    the residual rule, with the same tokens for every uniform."""
+    cases = [([0], [[1e-300, 1.0]], [[0.0, 1.0], [0.5, 0.5]]),
+             ([1, 1, 0], [[0.0, 1.0], [0.9996889, 3.111e-4], [1.7e-300, 1.0]],
+              [[0.9215, 0.0785], [0.6624, 0.3376], [0.0, 1.0], [0.0, 1.0]])]
+    for ref, q, p in cases:
+        q, p = np.array(q), np.array(p)
+        for u0 in EDGE_UNIFORMS:
+            u = np.array([u0])
+            want = asps_sample_from_uniforms(ref, q, p, u)
+            out = verify_chain("asps", torch.tensor(ref, dtype=torch.int64), as_tensor(q, device), as_tensor(p, device),
+                               as_tensor(u, device))
+            assert check_verified(out, device) == want, (ref, u0)
