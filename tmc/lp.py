@@ -74,7 +74,7 @@ from scipy.optimize import linprog
 from tmc.drafts import chain_drafts, one_level_draft_law
 from tmc.multidraft import Draw
 from tmc.toy import Path, ToyModel
-from tmc.validate import check_prob_rows
+from tmc.validate import _real_scalar, check_int, check_prob_rows
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
@@ -170,10 +170,13 @@ def _check_outcomes(outcomes: Sequence[Outcome], vocab: int) -> list[list[Path]]
     total = 0.0
     paths_per: list[list[Path]] = []
     for i, d in enumerate(outcomes):
-        if not np.isfinite(d.weight) or d.weight < 0:
+        weight = _real_scalar(f"outcomes[{i}].weight", d.weight)  # text or None: a ValueError, not a TypeError
+        if not np.isfinite(weight) or weight < 0:
             raise ValueError(f"outcomes[{i}].weight = {d.weight!r} must be finite and >= 0")
-        total += d.weight
-        paths = {tuple(int(t) for t in path) for path in d.accepted_paths} | {()}
+        total += weight
+        # token ids as given: 1.9 was truncated to 1, another token and another optimum
+        paths = {tuple(check_int(f"outcomes[{i}] path {tuple(path)!r} token", t) for t in path)
+                 for path in d.accepted_paths} | {()}
         for path in paths:
             if any(t < 0 or t >= vocab for t in path):
                 raise ValueError(f"outcomes[{i}] path {path!r} has a token outside [0, {vocab})")
@@ -226,7 +229,8 @@ def build_lp(
         raise ValueError(f"scaling must be one of {SCALINGS}, got {scaling!r}")
     paths_per = _check_outcomes(outcomes, model.vocab)
     longest = 1 + max(len(path) for paths in paths_per for path in paths)
-    L = longest if length is None else length
+    # an integer: with 2.5 no path ever had the length, and the leaf enumeration grew for ever
+    L = longest if length is None else check_int("length", length, minimum=1)
     if L < longest:
         raise ValueError(f"length {L} is shorter than the longest output ({longest})")
     leaves, cond = _leaf_table(model, L, prefix)
@@ -394,9 +398,13 @@ def hu_closed_form_acceptance(p_row: ArrayLike, joint: Mapping[tuple[int, ...], 
         raise ValueError(f"p_row has V = {vocab} > {MAX_CLOSED_FORM_VOCAB}: 2^V sets are too many")
     by_mask = np.zeros(1 << vocab)  # Q(set of drafted tokens == mask)
     total = 0.0
-    for tup, prob in joint.items():
+    for key, value in joint.items():
+        if not isinstance(key, tuple) or not key:
+            raise ValueError(f"joint key {key!r} must be a non-empty tuple of token ids (one per draft)")
+        tup = tuple(check_int(f"joint key {key!r} token", t) for t in key)
+        prob = _real_scalar(f"joint[{key!r}]", value)
         if not np.isfinite(prob) or prob < 0:
-            raise ValueError(f"joint[{tup!r}] = {prob!r} must be finite and >= 0")
+            raise ValueError(f"joint[{key!r}] = {value!r} must be finite and >= 0")
         if any(t < 0 or t >= vocab for t in tup):
             raise ValueError(f"joint key {tup!r} has a token outside [0, {vocab})")
         mask = 0

@@ -141,9 +141,11 @@ def check_uniform_batch(name: str, u: ArrayLike, width: int) -> FloatArray:
     """Return ``u`` as a float64 ``(trials, width)`` array of values in ``[0, 1)`` or raise.
 
     The batch form of :func:`tmc.noise.check_uniforms`: one row of uniforms
-    per trial; NaN and ±inf fail the range test.
+    per trial; NaN and ±inf fail the range test; text, booleans, complex
+    numbers and other objects are refused as there (``np.asarray(u, float)``
+    had read ``"0.3"`` and ``True`` as numbers and dropped ``0.5j``).
     """
-    arr = np.asarray(u, dtype=np.float64)
+    arr = as_real_array(name, u)
     if arr.ndim != 2 or arr.shape[1] != width:
         raise ValueError(f"{name} must have shape (trials, {width}), got {arr.shape}")
     ok = (arr >= 0.0) & (arr < 1.0)
@@ -434,7 +436,7 @@ def categorical_batch(weights: ArrayLike, u: ArrayLike) -> IntArray:
         raise ValueError(f"weights must be a non-empty 1-D array, got shape {w.shape}")
     if not np.all(np.isfinite(w)) or bool(np.any(w < 0.0)) or not float(w.sum()) > 0.0:
         raise ValueError("weights must be finite and non-negative with a positive sum")
-    uu = check_uniform_batch("u", np.asarray(u, dtype=np.float64).reshape(-1, 1), 1)[:, 0]
+    uu = check_uniform_batch("u", as_real_array("u", u).reshape(-1, 1), 1)[:, 0]
     return _CdfTable.from_rows([w]).draw(np.zeros(uu.shape[0], dtype=np.int64), uu)
 
 

@@ -348,6 +348,9 @@ def test_lp_rejects_bad_outcomes():
         ([DraftOutcome(1.0, ((3,),))], "outside"),
         ([DraftOutcome(1.0, ((0, 1),))], "parent"),
         ([DraftOutcome(float("nan"), good)], "finite"),
+        # audit of 2026-11-26: a token 1.9 was read as 1 (another optimum), a text weight raised TypeError
+        ([DraftOutcome(0.5, ((1.9,),)), DraftOutcome(0.5, ((1,),))], r"token must be an integer, got 1.9"),
+        ([DraftOutcome("0.5", good), DraftOutcome(0.5, good)], r"outcomes\[0\].weight has a non-numeric entry"),
     ]
     for outcomes, message in cases:
         with pytest.raises(ValueError, match=message):
@@ -361,6 +364,9 @@ def test_lp_rejects_short_length_and_unknown_scaling():
         optimal_length(model, outcomes, length=2)
     with pytest.raises(ValueError, match="scaling"):
         build_lp(model, outcomes, scaling="log")
+    for length in (3.5, "3", True):  # 2.5 enumerated leaves for ever (no path has a fractional length)
+        with pytest.raises(ValueError, match="length must be an integer"):
+            build_lp(model, outcomes, length=length)
 
 
 def test_one_level_rejects_bad_draws():
@@ -382,3 +388,9 @@ def test_hu_closed_form_rejects_bad_joint():
         hu_closed_form_acceptance([0.5, 0.5], {(0,): -1.0, (1,): 2.0})
     with pytest.raises(ValueError, match="p_row"):
         hu_closed_form_acceptance([0.5, 0.6], {(0,): 1.0})
+    with pytest.raises(ValueError, match="must be a non-empty tuple"):  # TypeErrors before
+        hu_closed_form_acceptance([0.5, 0.5], {0: 0.5, 1: 0.5})
+    with pytest.raises(ValueError, match="token must be an integer"):
+        hu_closed_form_acceptance([0.5, 0.5], {(0, 1.5): 0.5, (1, 1): 0.5})
+    with pytest.raises(ValueError, match="non-numeric entry"):
+        hu_closed_form_acceptance([0.5, 0.5], {(0,): "0.5", (1,): 0.5})

@@ -429,6 +429,11 @@ P = np.array([[0.0, 0.5, 0.5], [0.1, 0.1, 0.8], [0.25, 0.25, 0.5]])
         (np.array([[0.1, 0.1, 0.1], [0.0, -0.0, -1e-300]]), r"u\[1, 2\]"),
         (np.array([[0.1, np.nan, 0.1]]), r"u\[0, 1\]"),
         (np.array([[0.1, 0.2, np.inf]]), r"u\[0, 2\]"),
+        # what the scalar samplers refuse: text and booleans were read as numbers, 0.5j dropped
+        (np.array([["0.1", "0.2", "0.3"]]), "u must hold real numbers"),
+        (np.array([[True, False, True]]), "u must hold real numbers"),
+        (np.array([[0.1, 0.2 + 0.5j, 0.3]]), "u has complex entries"),
+        (np.array([[0.1, object(), 0.3]], dtype=object), "u has a non-numeric entry"),
     ],
 )
 @pytest.mark.parametrize("fn", [sps_batch, block_batch])
