@@ -140,7 +140,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     dec.add_argument("--builder", choices=BUILDER_NAMES, default="dyspec", help="tree builder (default dyspec)")
     dec.add_argument("--verifier", default="traversal",
                      help="sps, asps, block (chain builder), multidraft, traversal, ordered_traversal, kseq (default traversal)")
-    dec.add_argument("--budget", type=positive_int, default=16, help="draft nodes per step (default 16)")
+    dec.add_argument("--budget", type=positive_int, default=16, help="draft nodes per step (default 16, at most 4096)")
     dec.add_argument("--param", type=_param, action="append", default=[], metavar="KEY=VALUE", help="a builder parameter (repeatable)")
     dec.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default 1)")
     dec.add_argument("--draft-temperature", type=float, default=None, metavar="T",
@@ -189,13 +189,16 @@ def _cmd_decode(args: argparse.Namespace) -> int:
     except ImportError:
         fail("tmc decode needs torch and transformers: pip install 'tmc-spec[llm]' (CPU torch: pip install torch==2.13.0)")
     from spec.llm.generate import ar_generate, generate
-    from spec.llm.models import load_for_decoding, stop_token_ids
+    from spec.llm.models import draft_tokenizer_note, load_for_decoding, stop_token_ids
 
     try:
         dtype = None if args.dtype is None else getattr(torch, args.dtype)
         target, draft, tok = load_for_decoding(args.target, args.draft, args.device, dtype)
     except ValueError as err:
         fail(str(err))
+    note = draft_tokenizer_note(tok, args.draft)
+    if note:
+        print(note, file=sys.stderr)
     t_vocab, d_vocab = int(target.config.vocab_size), int(draft.config.vocab_size)
     if t_vocab != d_vocab:
         print(f"note: the draft has {d_vocab} token ids and the target {t_vocab}; the draft's rows are "

@@ -88,6 +88,11 @@ VERIFIERS: tuple[str, ...] = CHAIN_METHODS + TREE_METHODS
 ORDERS = ("dfs", "bfs", "index")
 #: KV cache kinds ``generate`` accepts (``auto``: static on CUDA, dynamic elsewhere and for layer kinds it cannot hold).
 CACHES = ("auto", "dynamic", "static")
+
+#: The most draft nodes a step may hold: its tree pass builds a ``budget × (context + budget)`` mask and
+#: attention, and ``--budget 100000`` (a 10,709-node DySpec tree) took the 23 GiB of this machine until the
+#: kernel killed the process, with no message.  Published trees stay below 1,000 nodes.
+MAX_BUDGET = 4096
 #: Verifier implementations ``generate`` accepts (``auto``: :func:`resolve_verify_backend`).
 VERIFY_BACKENDS = ("auto", "torch", "numpy", "device")
 #: ``auto``'s bound for a chain drafted on a GPU: the numpy references while a step's target rows,
@@ -750,6 +755,9 @@ def generate(
         raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
     cache = resolve_cache(target, cache, draft)
     budget = check_int("budget", budget, minimum=1)
+    if budget > MAX_BUDGET:
+        raise ValueError(f"budget must be <= {MAX_BUDGET:,} draft nodes a step, got {budget:,}: a step's tree pass "
+                         f"holds a budget x (context + budget) attention mask")
     on_device = chain_on_device and _device_chain(b, verifier)
     max_new_tokens = check_int("max_new_tokens", max_new_tokens, minimum=0)
     seed = check_int("seed", seed, minimum=0)

@@ -188,18 +188,55 @@ def load_for_decoding(
     def one_line(err: Exception) -> str:
         return " ".join(str(err).split())[:200]
 
+    # any failure of a load is the folder's, in one line: weights that do not match config.json
+    # (RuntimeError), a config value of the wrong type (huggingface_hub's validation errors), a truncated
+    # safetensors file (SafetensorError) had ended in tracebacks; running out of memory is not the folder's
     try:
         tokenizer = AutoTokenizer.from_pretrained(target)
-    except (OSError, ValueError) as err:
+    except MemoryError:
+        raise
+    except Exception as err:
         raise ValueError(f"cannot load a tokenizer from {target!r}: {one_line(err)}") from None
     extra = {} if dtype is None else {"dtype": dtype}
     models = []
     for path in (target, draft):
         try:
             models.append(AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa", **extra).to(device).eval())
-        except (OSError, ValueError) as err:
+        except MemoryError:
+            raise
+        except Exception as err:
             raise ValueError(f"cannot load a causal LM from {path!r}: {one_line(err)}") from None
     return models[0], models[1], tokenizer
+
+
+#: Files of which a saved tokenizer has at least one (``tokenizers``' JSON, or the slow tokenizers' vocabularies).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model", "spiece.model")
+
+
+def draft_tokenizer_note(tokenizer: Any, draft: str) -> str | None:
+    """A note when the draft folder's own tokenizer is not the target's (``tokenizer``), else ``None``.
+
+    The decode reads the draft's rows as target ids, so a draft that numbers tokens differently stays lossless
+    but is almost never accepted (a permuted vocabulary of the same size: 1.00 tokens a step instead of 2.67).
+    A draft folder without tokenizer files gets no note (it is meant to share the target's); one whose
+    tokenizer cannot be read gets one.  A hub id's tokenizer is compared when it loads.
+    """
+    folder = Path(draft)
+    if folder.is_dir() and not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        return None
+    try:
+        own = AutoTokenizer.from_pretrained(draft)
+    except MemoryError:
+        raise
+    except Exception as err:
+        if not folder.is_dir():
+            return None
+        return (f"note: the draft folder's tokenizer cannot be read ({' '.join(str(err).split())[:120]}); its "
+                f"ids are taken as the target's")
+    if own.get_vocab() != tokenizer.get_vocab():
+        return ("note: the draft's tokenizer differs from the target's; its rows are read as target ids (still "
+                "lossless, but few drafts will be accepted): give a draft trained with the target's tokenizer")
+    return None
 
 
 def stop_token_ids(model: Any, tokenizer: Any = None) -> list[int]:

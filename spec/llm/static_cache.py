@@ -419,8 +419,15 @@ class StaticTreeCache:
             self._allocate_buffers(capacity)
 
     def _allocate_buffers(self, capacity: int) -> None:
-        kv = torch.zeros((self.layers, 2, 1, self.kv_heads, capacity, self.head_dim), dtype=self.dtype,
-                         device=self.device)
+        shape = (self.layers, 2, 1, self.kv_heads, capacity, self.head_dim)
+        try:
+            kv = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        except RuntimeError as err:  # torch.OutOfMemoryError is one; the CPU allocator's "can't allocate" too
+            if "alloc" not in str(err).lower() and not isinstance(err, getattr(torch, "OutOfMemoryError", ())):
+                raise
+            size = math.prod(shape) * torch.finfo(self.dtype).bits // 8
+            raise MemoryError(f"the static cache of {capacity:,} slots needs {size / 2**30:,.1f} GiB on "
+                              f"{self.device}: shorten the decode (max_new_tokens) or use cache='dynamic'") from None
         if self.length:
             kv[..., : self.length, :] = self.kv[..., : self.length, :]
         self.kv, self.capacity = kv, capacity

@@ -988,3 +988,78 @@ def test_the_law_check_rejects_draft_tokens_drawn_from_another_law_than_recorded
         counts[out.tokens[0]] += 1
     assert not chi_square_check(counts, p, WARM_ALPHA).passed
     assert chi_square_check(counts, wrong, WARM_ALPHA).passed
+
+
+@needs_decode_command
+def test_decode_command_gives_one_line_for_a_broken_model_folder(saved_pair: SavedPair, tmp_path: Any,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """Weights that do not match config.json (RuntimeError), a truncated safetensors file (SafetensorError) and
+    a config value of the wrong type had ended ``tmc decode`` in tracebacks: one line, exit 2, naming the path."""
+    import json
+    import shutil
+
+    from tmc.cli import main
+
+    broken = {}
+    for name in ("mismatched", "truncated", "typed"):
+        shutil.copytree(saved_pair.path / "draft", tmp_path / name)
+        broken[name] = tmp_path / name
+    config = json.loads((broken["mismatched"] / "config.json").read_text())
+    (broken["mismatched"] / "config.json").write_text(json.dumps({**config, "hidden_size": 2 * config["hidden_size"]}))
+    weights = broken["truncated"] / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:200])
+    (broken["typed"] / "config.json").write_text(json.dumps({**config, "vocab_size": "many"}))
+    for name, folder in broken.items():
+        for role in ("--target", "--draft"):
+            other = "--draft" if role == "--target" else "--target"
+            argv = ["decode", role, str(folder), other, str(saved_pair.path / "target"), "--prompt", "def f(x):",
+                    "--max-new-tokens", "2", "--no-ar"]
+            assert main(argv) == 2, (name, role)
+            err = capsys.readouterr().err  # transformers' own load report may come first: it is the detail
+            last = err.strip().splitlines()[-1]
+            assert "Traceback (most recent call last)" not in err, (name, role, err)
+            assert last.startswith("tmc decode: cannot load a ") and str(folder) in last, (name, role, last)
+
+
+@needs_decode_command
+def test_decode_command_notes_a_draft_with_another_tokenizer(saved_pair: SavedPair, tmp_path: Any,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """A draft folder whose tokenizer numbers tokens otherwise was accepted silently (its rows read as target
+    ids: 1.00 tokens a step instead of 2.67); it now gets a note, as does one whose tokenizer cannot be read.
+    A draft folder without a tokenizer, or with the target's, gets none."""
+    import shutil
+
+    from spec.llm.models import draft_tokenizer_note
+    from spec.llm.train import train_tokenizer
+
+    tok = saved_pair.tokenizer
+    assert draft_tokenizer_note(tok, str(saved_pair.path / "draft")) is None
+    bare = tmp_path / "bare"
+    saved_pair.draft.save_pretrained(bare)
+    assert draft_tokenizer_note(tok, str(bare)) is None
+    other = tmp_path / "other"
+    shutil.copytree(bare, other)
+    train_tokenizer(["select * from t where x = 1;\n" * 50, "<p>hello</p>\n" * 50], 300, 256).save_pretrained(other)
+    assert "the draft's tokenizer differs from the target's" in (draft_tokenizer_note(tok, str(other)) or "")
+    unreadable = tmp_path / "unreadable"
+    shutil.copytree(saved_pair.path / "draft", unreadable)
+    (unreadable / "tokenizer.json").write_text("{not json")
+    assert "tokenizer cannot be read" in (draft_tokenizer_note(tok, str(unreadable)) or "")
+
+
+def test_static_cache_too_large_for_memory_is_a_memory_error(pair: tuple[object, object]) -> None:
+    """``--max-new-tokens 1000000000 --cache static`` asked torch for 6 TB and ended in its RuntimeError's
+    traceback; the cache now raises MemoryError (which ``tmc`` prints in one line) naming the size."""
+    from spec.llm.static_cache import StaticTreeCache
+
+    with pytest.raises(MemoryError, match=r"the static cache of 1,000,000,000,000 slots needs .* GiB"):
+        StaticTreeCache(pair[0], 10**12)
+
+
+def test_budget_is_bounded(pair: tuple[object, object]) -> None:
+    """``--budget 100000`` grew a 10,709-node tree whose mask took the machine's memory (the kernel killed the
+    process): a budget over MAX_BUDGET is refused by name before any forward."""
+    from spec.llm.generate import MAX_BUDGET
+
+    with pytest.raises(ValueError, match=f"budget must be <= {MAX_BUDGET:,} draft nodes a step, got 100,000"):
+        generate(pair[0], pair[1], [1, 2], "dyspec", "traversal", budget=100_000, max_new_tokens=2)
