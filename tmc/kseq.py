@@ -122,14 +122,14 @@ RHO_RTOL = 2.0**-50
 #: Relative slack of :func:`kseq_residual`'s check of a caller's ``rho`` (rounding only).
 FEASIBLE_RTOL = 1e-12
 
-#: Relative slack of the bisection's feasibility test (rounding only).  The test is SpecTr's condition in
-#: the form ``(1 − β)^k ≥ 1 − ρβ`` with both sides sums of positive parts, ``1 − β = Σ (q − p/ρ)_+`` and
-#: ``1 − ρβ = Σ (p − ρq)_+`` (:func:`_condition_curve`), and the slack is relative to the terms of the
-#: latter: where the condition holds with equality in the limit (large ``k``, p = (.5, .5), q = (.3, .7),
-#: ρ* = 5/3) rounding of those terms failed it above ρ* and the bisection climbed towards ``k`` (1.98 at
-#: k = 1000, 1.6e7 at k = 1e9).  An earlier form, ``c(β) ≤ ρ (1 + slack)``, put the slack on ``c ≈ 1``
-#: and so on ``1 − ρβ``'s absolute value: for a nearly one-hot ``p`` that decides on a target token of
-#: 1e-15 (q = (1, 0)), it accepted ρ = 1 where ρ* = 1.0032, and the token came out at 1e-90.
+#: Relative slack of the bisection's feasibility test (rounding only; :func:`_feasible`), which decides
+#: SpecTr's condition as ``c(β) ≤ ρ (1 + slack)`` where ``ρβ ≤ 1/2`` and as ``(1 − β)^k ≥ 1 − ρβ − slack ·
+#: scale`` elsewhere, both sides of the latter sums of positive parts (:func:`_condition_curve`).  Without
+#: slack, where the condition holds with equality in the limit (large ``k``, p = (.5, .5), q = (.3, .7),
+#: ρ* = 5/3), rounding failed it above ρ* and the bisection climbed towards ``k`` (1.98 at k = 1000, 1.6e7 at
+#: k = 1e9).  With the first form alone, the slack on ``c ≈ 1`` was one on ``1 − ρβ``'s absolute value: for
+#: a nearly one-hot ``p`` deciding on a target token of 1e-15 (q = (1, 0)) it accepted ρ = 1 where
+#: ρ* = 1.0032, and the token came out at 1e-90.
 SEARCH_RTOL = 8 * 2.0**-52
 
 #: ``rho_rule(p_row, q_row, k)``: the division factor used at an i.i.d. node.
