@@ -199,7 +199,12 @@ def _rho(p: FloatArray, q: FloatArray, k: int) -> float:
     """``ρ*`` of the module doc on validated rows (upper end of the bisection bracket)."""
     if k == 1:  # c = 1: ρ = 1 is feasible whatever β is (K-SEQ is SpS), so skip the sort
         return 1.0
-    curve = _condition_curve(p, q)
+    return _bisect_rho(_condition_curve(p, q), k)
+
+
+def _bisect_rho(curve: Callable[[float], tuple[float, float, float, float]], k: int) -> float:
+    """The bisection of :func:`_rho` on a :func:`_condition_curve` (also the torch host port's, on its own
+    curve of the same sums), ``k >= 2``."""
     if _feasible(*curve(1.0), k, 1.0):
         return 1.0
     lo, hi = 1.0, float(k)  # invariant: lo infeasible, hi feasible

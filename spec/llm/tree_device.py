@@ -91,7 +91,6 @@ from typing import NamedTuple
 import torch
 
 from spec.llm.verify import (
-    _RHO_RTOL,
     Verified,
     _check_method,
     _float_tensor,
@@ -108,7 +107,7 @@ from spec.llm.verify import (
     TensorLike,
 )
 from spec.llm.sampling import categorical_draw, point_rows
-from tmc.kseq import SEARCH_RTOL
+from tmc.kseq import RHO_RTOL, SEARCH_RTOL
 from tmc.multidraft import ROOT, Draw
 
 __all__ = ["DEVICE_TREE_METHODS", "TreePlan", "tree_head", "verify_tree_on_device", "walks_on_device"]
@@ -411,7 +410,7 @@ def _kseq_rho(p: Tensor, q: Tensor, k: Tensor, widest: int) -> Tensor:
     bisecting = running
     for _ in range(52 + (widest - 1).bit_length() if widest > 1 else 0):  # (widest - 1) / 2^rounds <= RHO_RTOL
         mid = 0.5 * (lo + hi)
-        bisecting = bisecting & (hi - lo > _RHO_RTOL * hi) & (lo < mid) & (mid < hi)
+        bisecting = bisecting & (hi - lo > RHO_RTOL * hi) & (lo < mid) & (mid < hi)
         ok = _feasible(*condition(mid), k, mid)
         hi = torch.where(bisecting & ok, mid, hi)
         lo = torch.where(bisecting & ~ok, mid, lo)
@@ -422,7 +421,7 @@ def _kseq_residual_rows(p: Tensor, q: Tensor, k: Tensor, rho: Tensor) -> Tensor:
     """K-SEQ's normalised residual of each row (:func:`spec.llm.verify._kseq_residual` row by row), ``(m, V)``."""
     c = _geometric(_total(torch.minimum(q, p / rho)), k)
     factor = 1.0 - c / rho
-    factor = torch.where(factor <= (k * k + 8.0) * _RHO_RTOL, 0.0, factor)
+    factor = torch.where(factor <= (k * k + 8.0) * RHO_RTOL, 0.0, factor)
     res = torch.clamp_min(torch.where(q * rho >= p, p * factor, p - q * c), 0.0)
     total = _total(res)
     return torch.where(total > 0.0, res / total, p)

@@ -77,13 +77,12 @@ of a sum for ``V ≥ 8`` (numpy sums pairwise; a CUDA scan differs from a CPU
 loop), of ``exp`` / ``log`` / ``pow``, and of the chain's running weight,
 computed in closed form rather than by the numpy loop.  Such a difference
 changes an output only when a uniform falls within rounding distance of a
-threshold — with one amplifier inherited from :mod:`tmc.kseq`: at a node whose
-target row *equals* its draft row, SpecTr's feasibility test for ``ρ = 1`` is
-decided by the last bit of ``β(1) = Σ q`` and the bisection then stops at
-``ρ ≈ 1 + 2^-27``, so a one-ulp difference in a row sum moves that node's
-acceptance by ~1e-8 (seen once in ~3,000 random K-SEQ steps with ``V``
-in 8..60, at a uniform one ulp below 1; never for ``V ≤ 6``, where the sums
-are numpy's).  One deliberate
+threshold.  (K-SEQ had one amplifier: at a node whose target row *equals* its
+draft row, the feasibility test for ``ρ = 1`` turned on the last bit of
+``β(1) = Σ q`` and the bisection stopped at ``ρ ≈ 1 + 2^-27``; since
+:func:`tmc.kseq._feasible` decides that case as ``(1 − β)^k ≥ 1 − ρβ``, with
+both sides 0 there, ``ρ = 1`` exactly for every ``V``.)  K-SEQ's bisection
+itself is :mod:`tmc.kseq`'s, on host floats.  One deliberate
 difference: ordered Traversal at a node with ``k ≥ 3`` children drawn
 ``swor`` enumerates the ``k``-tuples of the draft's support (as
 :mod:`tmc.ordered_traversal` does); here a tree with a node that would
@@ -108,7 +107,7 @@ import torch
 from numpy.typing import ArrayLike
 
 from spec.llm.sampling import categorical_draw as _categorical, point_rows
-from tmc.kseq import SEARCH_RTOL
+from tmc.kseq import RHO_RTOL, _bisect_rho, _geometric
 from tmc.multidraft import ROOT, Draw
 from tmc.ordered_traversal import MAX_SWOR_TUPLES, mass_left
 from tmc.validate import ROW_SUM_TOL, ROW_SUM_TOLS, as_real_array
@@ -1036,21 +1035,11 @@ def _ordered_traversal_walk(tree: _Tree) -> tuple[int, int]:
 
 # --- K-SEQ (tmc.kseq)
 
-_RHO_RTOL = 2.0**-50  # tmc.kseq.RHO_RTOL: relative width at which the bisection for ρ stops
 
 
 def _kseq_beta(p: Tensor, q: Tensor, rho: float) -> float:
     """``β(ρ) = Σ min(q, p/ρ)``."""
     return float(_total(torch.minimum(q, p / rho)))
-
-
-def _geometric(beta: float, k: int) -> float:
-    """``c = (1 − (1 − β)^k) / β``: :func:`tmc.kseq._geometric`."""
-    if k == 1 or beta >= 1.0:
-        return 1.0
-    if beta <= 0.0:
-        return float(k)
-    return -math.expm1(k * math.log1p(-beta)) / beta
 
 
 def _condition_curve(p: Tensor, q: Tensor) -> Callable[[float], tuple[float, float, float, float]]:
@@ -1077,38 +1066,18 @@ def _condition_curve(p: Tensor, q: Tensor) -> Callable[[float], tuple[float, flo
     return curve
 
 
-def _feasible(beta: float, miss: float, gap: float, scale: float, k: int, rho: float) -> bool:
-    """SpecTr's condition in whichever form holds the small numbers (:func:`tmc.kseq._feasible`)."""
-    if rho * beta <= 0.5:
-        return beta <= 0.0 or _geometric(beta, k) <= rho * (1.0 + SEARCH_RTOL)
-    reach = math.exp(k * math.log(miss)) if miss > 0.0 else 0.0
-    return reach >= gap - SEARCH_RTOL * scale
-
-
 def _kseq_rho(p: Tensor, q: Tensor, k: int) -> float:
-    """SpecTr's ``ρ*`` by bisection (:func:`tmc.kseq._rho`)."""
+    """SpecTr's ``ρ*``: :func:`tmc.kseq._rho`'s bisection (host floats) on this port's prefix sums."""
     if k == 1:  # c = 1: ρ = 1 is feasible whatever β is
         return 1.0
-    curve = _condition_curve(p, q)
-    if _feasible(*curve(1.0), k, 1.0):
-        return 1.0
-    lo, hi = 1.0, float(k)  # lo infeasible, hi feasible
-    while hi - lo > _RHO_RTOL * hi:
-        mid = 0.5 * (lo + hi)
-        if not lo < mid < hi:
-            break
-        if _feasible(*curve(mid), k, mid):
-            hi = mid
-        else:
-            lo = mid
-    return hi
+    return _bisect_rho(_condition_curve(p, q), k)
 
 
 def _kseq_residual(p: Tensor, q: Tensor, k: int, rho: float) -> Tensor:
     """Normalised K-SEQ residual ``p − min(q, p/ρ) c``, ``p`` when it has no mass (:func:`tmc.kseq._residual`)."""
     c = _geometric(_kseq_beta(p, q, rho), k)
     factor = 1.0 - c / rho
-    if factor <= (k * k + 8) * _RHO_RTOL:
+    if factor <= (k * k + 8) * RHO_RTOL:
         factor = 0.0
     res = torch.clamp_min(torch.where(q * rho >= p, p * factor, p - q * c), 0.0)
     total = float(_total(res))
