@@ -98,6 +98,14 @@ def _critical(dof: int, alpha: float) -> float:
 MAX_CHECK_SAMPLES = 10**7
 
 
+def _check_rates(alpha: float | None, beta: float | None = None) -> None:
+    """``ValueError`` unless the false-fail rate ``alpha`` and the miss rate ``beta`` (each where given) are in (0, 1)."""
+    if alpha is not None and not 0.0 < alpha < 1.0:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+    if beta is not None and not 0.0 < beta < 1.0:
+        raise ValueError(f"beta must be in (0, 1), got {beta}")
+
+
 def required_samples(n_bins: int, tv: float, alpha: float, beta: float = 1e-3) -> int:
     """Least N that detects total variation ``tv`` with power ``1 − beta`` at level ``alpha``;
     ``ValueError`` when that is more than :data:`MAX_CHECK_SAMPLES` or ``alpha`` has no critical value."""
@@ -112,8 +120,7 @@ def _required(n_bins: int, tv: float, alpha: float, beta: float, limit: int) -> 
     """:func:`required_samples`, or ``None`` above ``limit`` samples."""
     if not 0.0 < tv <= 1.0:
         raise ValueError(f"tv must be in (0, 1], got {tv}")
-    if not 0.0 < beta < 1.0:
-        raise ValueError(f"beta must be in (0, 1), got {beta}")
+    _check_rates(None, beta)
     dof = max(n_bins - 1, 1)
     crit = _critical(dof, alpha) if 0.0 < alpha < 1.0 else math.nan
     if not math.isfinite(crit):  # a rate that rounds to 0 (5e-324 split over the checks): the search never ended
@@ -161,8 +168,7 @@ def chi_square_check(
     """
     if statistic not in ("pearson", "g"):
         raise ValueError(f"statistic must be 'pearson' or 'g', got {statistic!r}")
-    if not 0.0 < alpha < 1.0:
-        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+    _check_rates(alpha)
     counts = np.asarray(counts, dtype=np.int64)
     probs = np.asarray(probs, dtype=np.float64)
     if counts.shape != probs.shape:
@@ -200,13 +206,6 @@ def _kl_log_bound(s: float, k: int) -> float:
     return -s + (k - 1) * (1.0 + math.log(s / (k - 1)))
 
 
-def _check_rates(alpha: float, beta: float | None = None) -> None:
-    if not 0.0 < alpha < 1.0:
-        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
-    if beta is not None and not 0.0 < beta < 1.0:
-        raise ValueError(f"beta must be in (0, 1), got {beta}")
-
-
 def kl_threshold(cells: int, alpha: float) -> float:
     """The value of ``N·KL(p̂ ‖ p)`` at which :func:`kl_check` fails, for ``cells`` positive cells.
 
@@ -235,8 +234,7 @@ def kl_required_samples(cells: int, tv: float, alpha: float, beta: float = 1e-3)
     if k == 1:  # any sample off the one cell fails: miss only if all N land on it
         n = 1 if tv >= 1.0 else math.ceil(math.log(beta) / math.log1p(-tv))
     else:
-        margin = math.sqrt(kl_threshold(k, alpha) / 2.0) + (math.sqrt(k) + math.sqrt(2.0 * math.log(1.0 / beta))) / 2.0
-        n = math.floor((margin / tv) ** 2) + 1  # sqrt(N) tv strictly above the margin
+        n = math.floor((_kl_margin(k, alpha, beta) / tv) ** 2) + 1  # sqrt(N) tv strictly above the margin
     if n > MAX_CHECK_SAMPLES:
         raise ValueError(f"detecting tv = {tv:g} at a false-fail rate of {alpha:.3g} per check needs {n:,} samples, "
                          f"more than {MAX_CHECK_SAMPLES:,} per check; raise tv (--tv)")
@@ -250,8 +248,13 @@ def kl_detectable_tv(cells: int, samples: int, alpha: float, beta: float = 1e-3)
     _check_rates(alpha, beta)
     if k == 1:
         return float(min(1.0, -math.expm1(math.log(beta) / n)))
-    margin = math.sqrt(kl_threshold(k, alpha) / 2.0) + (math.sqrt(k) + math.sqrt(2.0 * math.log(1.0 / beta))) / 2.0
-    return float(min(1.0, margin / math.sqrt(n)))
+    return float(min(1.0, _kl_margin(k, alpha, beta) / math.sqrt(n)))
+
+
+def _kl_margin(k: int, alpha: float, beta: float) -> float:
+    """``sqrt(N)·tv`` must exceed this for power ``1 − beta`` (module doc): ``sqrt(t/2)`` for the threshold
+    ``t``, plus half of ``sqrt(k) + sqrt(2 ln(1/beta))``, the bound on ``sqrt(N)·‖p̂ − p'‖₁``."""
+    return math.sqrt(kl_threshold(k, alpha) / 2.0) + (math.sqrt(k) + math.sqrt(2.0 * math.log(1.0 / beta))) / 2.0
 
 
 def kl_check(counts: NDArray[np.int64], probs: NDArray[np.float64], alpha: float) -> GofResult:
