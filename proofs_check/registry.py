@@ -167,7 +167,6 @@ class Tally:
         self.cross_failures = 0
         self.cross_example = ""
         self.counts: dict[str, int] = {}
-        self.bounds: dict[str, float] = {}
         self._where = ""
         self._bad = False
         self._cross_bad = False
@@ -245,10 +244,6 @@ class Tally:
         """Count one occurrence of ``key`` (reported in the result's detail)."""
         self.counts[key] = self.counts.get(key, 0) + 1
 
-    def bound(self, key: str, value: float) -> None:
-        """Record a proven bound; the largest per key is reported in the detail."""
-        self.bounds[key] = max(self.bounds.get(key, value), value)
-
     def truth(self, ok: bool, what: str) -> bool:
         """Observe a predicate; ``what`` says what failed when ``ok`` is False."""
         if not ok:
@@ -271,10 +266,7 @@ class Tally:
             cross_error=self.cross_error,
             cross_failures=self.cross_failures,
             cross_example=self.cross_example,
-            detail=", ".join(
-                [f"{k} {v}" for k, v in self.counts.items()]
-                + [f"{k} <= {v:.1e}" for k, v in self.bounds.items()]
-            ),
+            detail=", ".join(f"{k} {v}" for k, v in self.counts.items()),
         )
 
     def _margin(self) -> str:

@@ -469,14 +469,18 @@ def escaping_tail(d: int) -> Fraction:
     return Fraction(d + 3, 2 * (d + 2))
 
 
-def _a18_case(tally: Tally, row: Callable[[Path], tuple[Fraction, ...]], vocab: int, closed: Callable[[int], Fraction],
-              limit: Fraction, *, bound: bool, cross: bool) -> list[Fraction]:
-    """Enumerated tails ``P^[len > d]``, ``d = 0 .. A18_DEPTH[vocab]``: non-increasing, and equal to the family's
-    closed form ``closed(d)`` (at most it, where ``bound``).  The closed forms' limits are known (0 for the
+def a18_tails(row: Callable[[Path], tuple[Fraction, ...]], vocab: int) -> list[Fraction]:
+    """The enumerated tails ``P^[len > d]``, ``d = 0 .. A18_DEPTH[vocab]``."""
+    return [exact_tail(row, vocab, d) for d in range(A18_DEPTH[vocab] + 1)]
+
+
+def _a18_case(tally: Tally, row: Callable[[Path], tuple[Fraction, ...]], vocab: int, tails: list[Fraction],
+              closed: Callable[[int], Fraction], limit: Fraction, *, bound: bool, cross: bool) -> None:
+    """The tails of ``row`` (:func:`a18_tails`): non-increasing, and equal to the family's closed form
+    ``closed(d)`` (at most it, where ``bound``).  The closed forms' limits are known (0 for the
     distributions, 1/2 for the control's leak), so the vanishing is read from them, not from a threshold at
     some depth (a tail of 1/(d+2) vanishes, slowly, and a fixed 0.02 at depth 12 had flagged it)."""
-    depth = A18_DEPTH[vocab]
-    tails = [exact_tail(row, vocab, d) for d in range(depth + 1)]
+    depth = len(tails) - 1
     for d in range(depth):
         tally.at_least(tails[d], tails[d + 1], f"tail({d})")
     for d, t in enumerate(tails):
@@ -493,7 +497,6 @@ def _a18_case(tally: Tally, row: Callable[[Path], tuple[Fraction, ...]], vocab: 
 
         for d in range(min(depth, 4) + 1):
             tally.cross(tails[d], tail_mass_beyond(space, cond, d), f"tail({d})")
-    return tails
 
 
 def check_a18(budget: Budget) -> CheckResult:
@@ -501,11 +504,13 @@ def check_a18(budget: Budget) -> CheckResult:
     cases = draw_cases(st.tuples(st.integers(1, 3), SEEDS), budget.n(60), budget.seed + 18)
     for i, (vocab, case_seed) in enumerate(cases):
         tally.case(f"case {i} V = {vocab}, seed {case_seed} (P(tau|s) >= 1/2 everywhere: tail <= 2^-(d+1) -> 0)")
-        _a18_case(tally, half_row(case_seed, vocab), vocab, half_tail, ZERO, bound=True, cross=True)
+        row = half_row(case_seed, vocab)
+        _a18_case(tally, row, vocab, a18_tails(row, vocab), half_tail, ZERO, bound=True, cross=True)
     for i, (vocab, case_seed) in enumerate(draw_cases(st.tuples(st.integers(1, 3), SEEDS), budget.n(30),
                                                       budget.seed + 30)):
         tally.case(f"heavy case {i} V = {vocab}, seed {case_seed} (stop w.p. 1/(k+2): tail = 1/(d+2) -> 0)")
-        _a18_case(tally, heavy_row(case_seed, vocab), vocab, heavy_tail, ZERO, bound=False, cross=True)
+        row = heavy_row(case_seed, vocab)
+        _a18_case(tally, row, vocab, a18_tails(row, vocab), heavy_tail, ZERO, bound=False, cross=True)
     for i, p in enumerate(draw_cases(trees(kind="any"), budget.n(60), budget.seed + 19)):
         tally.case(f"finite case {i} P = {show(p)}")
         tails = [
@@ -531,12 +536,12 @@ def control_a18(budget: Budget) -> CheckResult:
 
     The enumerated tails must equal their closed form (else the check itself is wrong: an error, not a
     detection); the violation is the closed form's limit, 1/2 where A.18 says 0."""
-    tails = [exact_tail(escaping_row, 1, d) for d in range(A18_DEPTH[1] + 1)]
+    tails = a18_tails(escaping_row, 1)
     if tails != [escaping_tail(d) for d in range(len(tails))]:
         raise AssertionError(f"the control's tails {tails[:4]}... are not its closed form (d+3)/(2(d+2))")
     tally = Tally()
     tally.case("one token, P(tau | depth k) = 1/(k+2)^2: tail = (d+3)/(2(d+2)) -> 1/2")
-    _a18_case(tally, escaping_row, 1, escaping_tail, Fraction(1, 2), bound=False, cross=False)
+    _a18_case(tally, escaping_row, 1, tails, escaping_tail, Fraction(1, 2), bound=False, cross=False)
     return tally.result()
 
 
@@ -740,7 +745,7 @@ def _a19c(budget: Budget, n: int, offset: int, *, centred: bool) -> CheckResult:
     return tally.result()
 
 
-def doubling_outside(budget: Budget, remainder: Callable[[int], Fraction]) -> CheckResult:
+def doubling_outside(remainder: Callable[[int], Fraction]) -> CheckResult:
     """The doubling martingale (unbiased, first increment 1) run through a hypothesis' bound with ``c = 1``: it
     meets neither (b) (its increments grow) nor (c) (V is unbounded), and its finished mean 1 - 2^-d stays off
     V(root) = 0 by more than the bound."""
@@ -751,11 +756,11 @@ def doubling_outside(budget: Budget, remainder: Callable[[int], Fraction]) -> Ch
 
 
 def control_a19b_doubling(budget: Budget) -> CheckResult:
-    return doubling_outside(budget, b_remainder(1))
+    return doubling_outside(b_remainder(1))
 
 
 def control_a19c_doubling(budget: Budget) -> CheckResult:
-    return doubling_outside(budget, c_remainder(1))
+    return doubling_outside(c_remainder(1))
 
 
 def doubling_row(path: Path) -> tuple[Fraction, ...]:

@@ -326,7 +326,7 @@ def test_a19_b_and_c_bound_the_finished_mean_so_the_doubling_martingale_fails_th
     from proofs_check.tree_theorems import b_remainder, c_remainder, doubling_outside
 
     for remainder in (b_remainder(1), c_remainder(1)):
-        result = doubling_outside(Budget(), remainder)
+        result = doubling_outside(remainder)
         assert result.violations == 1 and "|E[V 1(len <=" in result.example
 
 
