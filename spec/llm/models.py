@@ -174,6 +174,11 @@ def parse_device(name: str | torch.device | None) -> torch.device:
     return device
 
 
+def _one_line(err: Exception, width: int = 200) -> str:
+    """An exception's message on one line, cut at ``width`` characters (transformers' run to many lines)."""
+    return " ".join(str(err).split())[:width]
+
+
 def load_for_decoding(
     target: str, draft: str, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
 ) -> tuple[Any, Any, Any]:
@@ -184,10 +189,6 @@ def load_for_decoding(
     ``device`` torch cannot use (:func:`parse_device`).
     """
     device = parse_device(device)
-
-    def one_line(err: Exception) -> str:
-        return " ".join(str(err).split())[:200]
-
     # any failure of a load is the folder's, in one line: weights that do not match config.json
     # (RuntimeError), a config value of the wrong type (huggingface_hub's validation errors), a truncated
     # safetensors file (SafetensorError) had ended in tracebacks; running out of memory is not the folder's
@@ -196,7 +197,7 @@ def load_for_decoding(
     except MemoryError:
         raise
     except Exception as err:
-        raise ValueError(f"cannot load a tokenizer from {target!r}: {one_line(err)}") from None
+        raise ValueError(f"cannot load a tokenizer from {target!r}: {_one_line(err)}") from None
     extra = {} if dtype is None else {"dtype": dtype}
     models = []
     for path in (target, draft):
@@ -205,7 +206,7 @@ def load_for_decoding(
         except MemoryError:
             raise
         except Exception as err:
-            raise ValueError(f"cannot load a causal LM from {path!r}: {one_line(err)}") from None
+            raise ValueError(f"cannot load a causal LM from {path!r}: {_one_line(err)}") from None
     return models[0], models[1], tokenizer
 
 
@@ -231,8 +232,7 @@ def draft_tokenizer_note(tokenizer: Any, draft: str) -> str | None:
     except Exception as err:
         if not folder.is_dir():
             return None
-        return (f"note: the draft folder's tokenizer cannot be read ({' '.join(str(err).split())[:120]}); its "
-                f"ids are taken as the target's")
+        return f"note: the draft folder's tokenizer cannot be read ({_one_line(err, 120)}); its ids are taken as the target's"
     if own.get_vocab() != tokenizer.get_vocab():
         return ("note: the draft's tokenizer differs from the target's; its rows are read as target ids (still "
                 "lossless, but few drafts will be accepted): give a draft trained with the target's tokenizer")
