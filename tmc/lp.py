@@ -74,7 +74,7 @@ from scipy.optimize import linprog
 from tmc.drafts import chain_drafts, one_level_draft_law
 from tmc.multidraft import Draw
 from tmc.toy import Path, ToyModel
-from tmc.validate import _real_scalar, check_int, check_prob_rows
+from tmc.validate import real_scalar, check_int, check_prob_rows
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
@@ -170,7 +170,7 @@ def _check_outcomes(outcomes: Sequence[Outcome], vocab: int) -> list[list[Path]]
     total = 0.0
     paths_per: list[list[Path]] = []
     for i, d in enumerate(outcomes):
-        weight = _real_scalar(f"outcomes[{i}].weight", d.weight)  # text or None: a ValueError, not a TypeError
+        weight = real_scalar(f"outcomes[{i}].weight", d.weight)  # text or None: a ValueError, not a TypeError
         if not np.isfinite(weight) or weight < 0:
             raise ValueError(f"outcomes[{i}].weight = {d.weight!r} must be finite and >= 0")
         total += weight
@@ -402,7 +402,7 @@ def hu_closed_form_acceptance(p_row: ArrayLike, joint: Mapping[tuple[int, ...], 
         if not isinstance(key, tuple) or not key:
             raise ValueError(f"joint key {key!r} must be a non-empty tuple of token ids (one per draft)")
         tup = tuple(check_int(f"joint key {key!r} token", t) for t in key)
-        prob = _real_scalar(f"joint[{key!r}]", value)
+        prob = real_scalar(f"joint[{key!r}]", value)
         if not np.isfinite(prob) or prob < 0:
             raise ValueError(f"joint[{key!r}] = {value!r} must be finite and >= 0")
         if any(t < 0 or t >= vocab for t in tup):

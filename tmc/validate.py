@@ -73,7 +73,7 @@ def as_real_array(name: str, values: object) -> FloatArray:
             raise ValueError(f"{name} must hold real numbers, got dtype {raw.dtype}")
         try:
             out: FloatArray = np.array(
-                [_real_scalar(name, x) for x in raw.reshape(-1)], dtype=np.float64
+                [real_scalar(name, x) for x in raw.reshape(-1)], dtype=np.float64
             ).reshape(raw.shape)
         except TypeError:
             raise ValueError(f"{name} must hold real numbers (a ragged or nested row?)") from None
@@ -81,7 +81,8 @@ def as_real_array(name: str, values: object) -> FloatArray:
     return np.asarray(raw, dtype=np.float64)
 
 
-def _real_scalar(name: str, x: object) -> float:
+def real_scalar(name: str, x: object) -> float:
+    """``x`` as a ``float``: ``ValueError`` naming ``name`` for ``bool``, text, complex or ``None``."""
     if isinstance(x, bool | np.bool_) or not isinstance(x, numbers.Real):
         raise ValueError(f"{name} has a non-numeric entry {x!r}")
     return float(x)
