@@ -244,11 +244,17 @@ def block_forward(
         # Rounding can leave no residual mass where τ = i still has ~1e-16
         # probability (p ≈ q): fall back to the one residual rule.
         residuals[i] = res if h > 0.0 else residual(p[i], q[i], int(toks[i]))
+        y = int(toks[i])
+        log_a_next = _next_log_weight(log_a, p[i, y], q[i, y])
         if i > 0 and denom > 0.0:
             log_stop[i] = _log(h) - math.log(denom)
             log_keep[i] = _log(_one_minus_exp(log_a)) - math.log(denom)
-        y = int(toks[i])
-        log_a = _next_log_weight(log_a, p[i, y], q[i, y])
+        elif i > 0 and log_a_next < 0.0:
+            # a_i = 1 and the residual mass rounded to 0 although p(y) < q(y) (q = [1e-168, 1.0] next to
+            # p = [1e-281, 1.0]: both sum to 1 in floats): exactly, h_i > 0 = 1 − a_i, so the scan stops
+            # here (stop_i = 1), as ASpS emits its residual at full weight (_asps_kernel); it passed.
+            log_stop[i], log_keep[i] = 0.0, -math.inf
+        log_a = log_a_next
     log_stop[n] = log_a
     log_keep[n] = _log(_one_minus_exp(log_a))
     log_stop[0] = 0.0

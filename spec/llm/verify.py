@@ -543,7 +543,9 @@ def _block_step(c: _Chain) -> tuple[Tensor, Tensor]:
     denom = h - torch.expm1(log_a[:n])  # h_i + 1 − a_i
     # no residual mass left by rounding: the one residual rule of tmc.residual
     residuals = torch.where((h > 0.0)[:, None], res, _residual_rows(p[:n], q, c.tok))
-    log_stop = torch.where(denom > 0.0, torch.log(h) - torch.log(denom), -math.inf)
+    # denom == 0 (a_i = 1, h_i rounded to 0) where p(y_i) < q(y_i): stop_i = 1, as tmc.chain.block_forward
+    lost = torch.where(log_a[1:] < 0.0, 0.0, -math.inf)
+    log_stop = torch.where(denom > 0.0, torch.log(h) - torch.log(denom), lost)
     stop = torch.exp(torch.cat([log_stop[1:], log_a[n:]]))  # positions 1..n
     fires = c.u[:n] < stop  # u[i − 1] tests position i
     positions = torch.arange(1, n + 1, device=dev)

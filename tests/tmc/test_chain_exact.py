@@ -106,7 +106,8 @@ def test_block_kernel_keeps_only_rounding_at_the_drafted_token():
     lies above ``q_0`` at both tokens, so ``(p_0 - q_0)_+`` keeps 4e-28 at the drafted token
     while ``a_1 = 1``; ``h_1 = 0`` then lets the scan pass position 1, leaving ``tau = 0`` a
     rounding-sized probability.  (The kind of case hypothesis found in CI; in exact arithmetic
-    ``K[0] = 0``.)"""
+    ``K[0] = 0``.)  Position 1 has ``a_1 = 1`` and ``p_1(0) < q_1(0)``, so exactly ``h_1 > 0 = 1 − a_1`` and
+    the scan stops there: the kernel now has ``K[0] = 0`` as the exact law (``block_literal``) does."""
     q = [[9.99999999999e-13, 0.9999999999990001], [9.999999999990001e-13, 0.999999999999],
          [9.99999999999e-13, 0.9999999999989999], [9.99999999999e-13, 0.9999999999989999]]
     p = [[9.99999999999e-13, 0.9999999999989999], [9.99999999999e-13, 0.9999999999990001],
@@ -114,8 +115,10 @@ def test_block_kernel_keeps_only_rounding_at_the_drafted_token():
          [9.99999999999e-13, 0.9999999999990001]]
     ref = [0, 0, 0, 0]
     block = block_kernel(ref, q, p)
-    assert 0.0 < block[0, 0] <= 1e-14 and block[0].sum() <= 1e-14
-    for fn in (sps_kernel, asps_kernel):
+    exact = np.array(to_float(block_literal(ref, rational_rows(q), rational_rows(p))))
+    assert block[0].sum() == 0.0 == exact[0].sum()
+    np.testing.assert_allclose(block, exact, rtol=0, atol=1e-15)
+    for fn in (sps_kernel, asps_kernel, block_kernel):
         kern = fn(ref, q, p)
         assert all(kern[k, tok] == 0.0 for k, tok in enumerate(ref)), fn.__name__
     np.testing.assert_allclose(asps_kernel(ref, q, p), block, rtol=0, atol=1e-12)
@@ -191,3 +194,20 @@ def test_asps_rejection_at_full_weight_whose_residual_rounds_away():
     assert asps_kernel(ref, q, p).sum() == 1.0
     np.testing.assert_allclose(asps_kernel(ref, q, p), asps_kernel(ref, near, p), atol=1e-9)
     np.testing.assert_allclose(asps_kernel(ref, near, p), block_kernel(ref, near, p), atol=1e-9)
+
+
+def test_block_stop_at_full_weight_whose_residual_rounds_away():
+    """After a first draft with ``p > q`` the weight is back at 1, and ``q = [1e-168, 1.0]`` next to
+    ``p = [1e-281, 1.0]`` leaves no residual mass in floats: the stop test at that position was skipped, so the
+    scan passed to position 0 and emitted token 0 there with probability 1.  Exactly (the float rows as rationals,
+    ``block_literal``), ``h > 0 = 1 − a`` there, so the scan stops and emits ``[0, 1]``: total variation 1."""
+    from tmc.chain import block_sample_from_uniforms
+
+    ref = [0, 0]
+    q = np.array([[0.3, 0.7], [1e-168, 1.0]])
+    p = np.array([[0.4, 0.6], [1e-281, 1.0], [0.5, 0.5]])
+    exact = np.array(to_float(block_literal(ref, rational_rows(q), rational_rows(p))))
+    assert exact[1, 1] == pytest.approx(1.0, abs=1e-100)
+    np.testing.assert_allclose(block_kernel(ref, q, p), exact, rtol=1e-12, atol=1e-300)
+    np.testing.assert_allclose(block_kernel(ref, q, p), asps_kernel(ref, q, p), rtol=1e-12, atol=1e-300)
+    assert block_sample_from_uniforms(ref, q, p, [0.5, 0.5, 0.5]) == [0, 1]

@@ -661,3 +661,18 @@ def test_asps_rejection_whose_residual_rounds_away_equals_numpy(device):
             out = verify_chain("asps", torch.tensor(ref, dtype=torch.int64), as_tensor(q, device), as_tensor(p, device),
                                as_tensor(u, device))
             assert check_verified(out, device) == want, (ref, u0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_block_stop_at_full_weight_whose_residual_rounds_away_equals_numpy(device):
+    """Weight back at 1, then ``q = [1e-168, 1.0]`` next to ``p = [1e-281, 1.0]``: no residual mass in floats;
+    the stop test there fires (stop = 1) in both ports, with the same tokens for every uniform."""
+    ref, q = [0, 0], np.array([[0.3, 0.7], [1e-168, 1.0]])
+    p = np.array([[0.4, 0.6], [1e-281, 1.0], [0.5, 0.5]])
+    for u0 in EDGE_UNIFORMS:
+        u = np.array([u0, u0, 0.5])
+        want = block_sample_from_uniforms(ref, q, p, u)
+        out = verify_chain("block", torch.tensor(ref, dtype=torch.int64), as_tensor(q, device), as_tensor(p, device),
+                           as_tensor(u, device))
+        assert check_verified(out, device) == want, u0
+    assert want == [0, 1]
