@@ -146,8 +146,23 @@ def _best_of(a: FloatArray, b: FloatArray, m: int) -> FloatArray:
     return out
 
 
-def _binom_tail(m: int, pi: float, c: int) -> float:
-    return float(sum(comb(m, j) * pi**j * (1.0 - pi) ** (m - j) for j in range(c, m + 1)))
+def _binom_tail(m: int, pi: float, rest: float, c: int) -> float:
+    """``P(Bin(m, π) ≥ c)`` with ``rest = 1 − π`` given as computed by the caller (not by subtraction)."""
+    return float(sum(comb(m, j) * pi**j * rest ** (m - j) for j in range(c, m + 1)))
+
+
+def _one_minus(q_row: FloatArray) -> FloatArray:
+    """``1 − q(t)`` for every token, as the mass of the other tokens where ``q(t) > 1/2``.
+
+    ``1.0 − q(t)`` loses all of a mass of 1e-17 beside ``q(t) = 1.0`` (and its digits well before that),
+    where the sum of the other entries keeps it; below 1/2 the subtraction is accurate.  At most one
+    token of a row lies above 1/2.
+    """
+    out: FloatArray = 1.0 - q_row
+    big = int(np.argmax(q_row))
+    if q_row[big] > 0.5:
+        out[big] = float(q_row[:big].sum() + q_row[big + 1 :].sum())
+    return out
 
 
 def _normalised(row: FloatArray) -> FloatArray:
@@ -165,14 +180,15 @@ def iid_sorted_law(q_row: FloatArray, order: Sequence[int] | IntArray, k: int, p
     w = prefix[-1]
     c = prefix.count(w)
     m = k - (len(prefix) - c)
-    pi = float(q_row[w] / (q_row[w] + after[w]))
-    at_least = _binom_tail(m, pi, c)
+    # π and 1 − π as shares of q(w) + B(w): 1.0 − π cancels to 0 when B(w) is below q(w)'s rounding
+    pi, rest_pi = float(q_row[w] / (q_row[w] + after[w])), float(after[w] / (q_row[w] + after[w]))
+    at_least = _binom_tail(m, pi, rest_pi, c)
     out = np.zeros(len(q_row))
-    out[w] = _binom_tail(m, pi, c + 1) / at_least
+    out[w] = _binom_tail(m, pi, rest_pi, c + 1) / at_least
     rest = float(after[w])
     if rest > 0.0:
         below = _ranked_after(order, w)
-        exact = comb(m, c) * pi**c * (1.0 - pi) ** (m - c) / at_least
+        exact = comb(m, c) * pi**c * rest_pi ** (m - c) / at_least
         out[below] = exact * _best_of(q_row[below] / rest, after[below] / rest, m - c)
     return _normalised(out)
 
@@ -183,7 +199,8 @@ def swor_sorted_law(q_row: FloatArray, order: Sequence[int] | IntArray, k: int, 
     vocab = len(q_row)
     out = np.zeros(vocab)
     if k == 2:
-        inv = np.where(q_row < 1.0, 1.0 / np.maximum(1.0 - q_row, 1e-300), 0.0)
+        left = _one_minus(q_row)  # mass left for the second draw
+        inv = np.where(left > 0.0, 1.0 / np.maximum(left, 1e-300), 0.0)
         if not prefix:
             after = _mass_after(q_row, order)
             after_inv = _mass_after(q_row * inv, order)

@@ -471,11 +471,11 @@ def _best_of_rows(a: Tensor, b: Tensor, m: Tensor, top: int) -> Tensor:
     return a * total
 
 
-def _binomial_terms(binomial: Tensor, m: Tensor, pi: Tensor, top: int) -> Tensor:
-    """``C(m, j) π^j (1 − π)^(m − j)`` for ``j = 0 .. top`` ``(B, top + 1)``, per-row ``m`` and ``π`` ``(B, 1)``
-    (entries past ``m`` are not used): :func:`tmc.ordered_traversal._binom_tail`'s terms, formed in its order."""
+def _binomial_terms(binomial: Tensor, m: Tensor, pi: Tensor, rest: Tensor, top: int) -> Tensor:
+    """``C(m, j) π^j (1 − π)^(m − j)`` for ``j = 0 .. top`` ``(B, top + 1)``, per-row ``m``, ``π`` and
+    ``rest = 1 − π`` (formed by the caller, not by subtraction) ``(B, 1)`` (entries past ``m`` are not used):
+    :func:`tmc.ordered_traversal._binom_tail`'s terms, formed in its order."""
     powers_pi = torch.cat([pi**j for j in range(top + 1)], dim=1)
-    rest = 1.0 - pi
     powers_rest = torch.cat([rest**j for j in range(top + 1)], dim=1)
     j = torch.arange(top + 1, device=pi.device)
     choose = binomial[: top + 1, : top + 1].index_select(0, m[:, 0])
@@ -498,8 +498,8 @@ def _iid_sorted_laws(plan: TreePlan, q: Tensor, rank: Tensor, after: Tensor, tok
         c = (tok[:, :i] == w).sum(dim=1, keepdim=True)  # w's copies in the prefix (equal tokens sort together)
         m = (k - (i - c)).clamp(0, top)  # draws not pinned before w (clamped in rows with fewer than i + 1 children)
         q_w, rest = q.gather(1, w), after.gather(1, w)
-        pi = q_w / (q_w + rest)
-        terms = _binomial_terms(plan.binomial, m, pi, top)
+        pi, rest_pi = q_w / (q_w + rest), rest / (q_w + rest)  # as tmc.ordered_traversal.iid_sorted_law
+        terms = _binomial_terms(plan.binomial, m, pi, rest_pi, top)
         at_least = _tail(terms, m, c)
         exact = terms.gather(1, c) / at_least  # P(Bin(m, π) = c) / P(Bin(m, π) ≥ c)
         below = (rank > rank.gather(1, w)) & (rest > 0.0)
@@ -511,7 +511,11 @@ def _iid_sorted_laws(plan: TreePlan, q: Tensor, rank: Tensor, after: Tensor, tok
 def _swor_sorted_laws(q: Tensor, order: Tensor, rank: Tensor, after: Tensor, tok: Tensor) -> list[Tensor]:
     """The two laws of a pair drawn without replacement, sorted: the first, and the second given the first
     ``tok[:, 0]`` (:func:`tmc.ordered_traversal.swor_sorted_law` with ``k = 2``, row by row)."""
-    inv = torch.where(q < 1.0, 1.0 / torch.clamp_min(1.0 - q, 1e-300), 0.0)
+    # 1 − q(t), as the other tokens' mass where q(t) > 1/2 (tmc.ordered_traversal._one_minus)
+    big = q.argmax(dim=1, keepdim=True)
+    others = q.scatter(1, big, 0.0).sum(dim=1, keepdim=True)
+    left = torch.where(q > 0.5, others, 1.0 - q)
+    inv = torch.where(left > 0.0, 1.0 / torch.clamp_min(left, 1e-300), 0.0)
     first = q * (after * inv + _mass_after_rows(q * inv, order))
     y = tok[:, :1]
     second = torch.where(rank > rank.gather(1, y), q * (inv.gather(1, y) + inv), 0.0)

@@ -154,19 +154,20 @@ def test_vectorised_order_and_masses_equal_the_loops_bitwise() -> None:
         assert got.tobytes() == want.tobytes(), trial
 
 
-def _exact_swor_sorted_laws(q: np.ndarray, order: list[int], k: int) -> dict[tuple[int, ...], np.ndarray]:
-    """Every reachable prefix's next-element law of ``k`` draws without replacement sorted by ``order``, in
-    exact rational arithmetic on the float values of ``q`` (each draw from the mass left, summed exactly)."""
+def _exact_swor_sorted_laws(q: np.ndarray, order: list[int], k: int, iid: bool = False) -> dict[tuple[int, ...], np.ndarray]:
+    """Every reachable prefix's next-element law of ``k`` draws without replacement (or with ``iid``, with
+    replacement) sorted by ``order``, in exact rational arithmetic on the float values of ``q`` (each draw from
+    the mass left, summed exactly)."""
     from fractions import Fraction
 
     rank = {t: i for i, t in enumerate(order)}
     qf = [Fraction(float(x)) for x in q]
     support = [t for t in range(len(q)) if q[t] > 0]
     joint: dict[tuple[int, ...], Fraction] = {}
-    for combo in permutations(support, k):
+    for combo in product(support, repeat=k) if iid else permutations(support, k):
         prob, left = Fraction(1), sum(qf[t] for t in support)
         for t in combo:
-            prob, left = prob * qf[t] / left, left - qf[t]
+            prob, left = prob * qf[t] / left, left if iid else left - qf[t]
         key = tuple(sorted(combo, key=rank.__getitem__))
         joint[key] = joint.get(key, Fraction(0)) + prob
     laws = {}
@@ -193,6 +194,48 @@ def test_swor_sorted_law_of_a_row_whose_mass_one_token_holds() -> None:
         np.testing.assert_allclose(swor_sorted_law(q, order, 3, list(prefix)), want, rtol=1e-12, atol=0)
         checked += 1
     assert checked == 6
+
+
+@pytest.mark.parametrize("iid", [True, False], ids=["iid", "swor"])
+@pytest.mark.parametrize("tiny", [1e-12, 1e-15, 1e-17])
+def test_sorted_laws_beside_a_token_of_mass_near_one(iid: bool, tiny: float) -> None:
+    """A draft row ``[1 − 2 tiny, tiny, tiny]`` (``[1.0, 1e-17, 1e-17]`` as stored): ``1.0 − π`` and ``1.0 − q``
+    lost the tiny mass to cancellation (2e-5 off at 1e-12, 8e-4 at 1e-15, and a law of 0 at a drawn token at
+    1e-17, where 4e-34 is exact).  Relative to each entry, against exact rational enumeration."""
+    q = np.array([1.0 - 2 * tiny, tiny, tiny])
+    order = ratio_order(np.array([0.1, 0.9, 1e-30]), q)
+    checked = 0
+    for prefix, want in _exact_swor_sorted_laws(q, order, 2, iid=iid).items():
+        law_fn = iid_sorted_law if iid else swor_sorted_law
+        np.testing.assert_allclose(law_fn(q, order, 2, list(prefix)), want, rtol=1e-12, atol=0)
+        checked += 1
+    assert checked >= 3
+
+
+def test_kernel_of_a_drawn_child_whose_sorted_law_cancelled() -> None:
+    """Two i.i.d. children ``[0, 1]`` of ``q = [1.0, 1e-17, 0]`` under ``p = [0.01, 1e-20, 0.99]``: the second
+    child's sorted law at its token was 0 by cancellation, so the walk accepted it with value 1 (probability
+    0.99 instead of 5e-4).  Expected, from exact sorted laws: child 0 accepted w.p. ``a = min(1, p(0) / L1(0))``;
+    otherwise child 1 w.p. ``min(1, r(1) / L2(1))`` with ``r`` the normalised ``(p − L1)_+``."""
+    from fractions import Fraction
+
+    from tmc import DraftTree
+
+    q, p_row = np.array([1.0, 1e-17, 0.0]), np.array([0.01, 1e-20, 0.99])
+    tree = DraftTree.build([-1, -1], [0, 1], "iid", {-1: q}, 3)
+    kernel = ordered_traversal_kernel(tree, np.array([p_row, [1 / 3] * 3, [0.2, 0.3, 0.5]]))
+    order = ratio_order(p_row, q)
+    assert order == [0, 1, 2]
+    laws = _exact_swor_sorted_laws(q, order, 2, iid=True)
+    first, second = (laws[()], laws[(0,)])
+    mu = [Fraction(float(x)) for x in p_row]
+    l1, l2 = [Fraction(float(x)) for x in first], Fraction(float(second[1]))
+    a0 = min(Fraction(1), mu[0] / l1[0])
+    h = [max(Fraction(0), m - l) for m, l in zip(mu, l1)]
+    a1 = min(Fraction(1), h[1] / sum(h) / l2)
+    want = [1 - a0 - (1 - a0) * a1, a0, (1 - a0) * a1]
+    np.testing.assert_allclose(kernel.sum(axis=1), [float(x) for x in want], rtol=1e-9, atol=0)
+    assert kernel[2].sum() == pytest.approx(5e-4, rel=1e-2)
 
 
 def test_ratio_order_takes_ratios_past_the_float_range_without_a_warning() -> None:

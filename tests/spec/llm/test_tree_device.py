@@ -511,3 +511,24 @@ def test_ordered_traversal_visiting_order_and_sorted_laws_agree_with_tmc():
                         assert np.allclose(got, law, rtol=0.0, atol=4e-15), (trial, row - 1, j)
                     compared[kinds[row - 1]] += 1
     assert min(compared.values()) > 100, compared
+
+
+@pytest.mark.parametrize("draw", ["iid", "swor"])
+def test_ordered_traversal_beside_a_draft_token_of_mass_near_one_equals_numpy(draw):
+    """Two children ``[0, 1]`` of ``q = [1.0, 1e-17, 1e-17]``: ``1.0 − π`` (iid) and ``1.0 − q`` (swor) lost
+    the tiny mass, so the second child's sorted law at its drawn token was 0 in both ports and the walk
+    accepted it at value 1.  Both ports now keep it (tmc's laws are checked against exact enumeration in
+    tests/tmc/test_ordered_traversal.py); here the device walk gives numpy's tokens for every uniform."""
+    q_root = np.array([1.0, 1e-17, 1e-17])
+    tree = DraftTree.build([-1, -1], [0, 1], draw, {-1: q_root}, 3)
+    p = np.array([[0.01, 1e-20, 0.99], [1 / 3] * 3, [0.2, 0.3, 0.5]])
+    q = np.array([q_root, [1 / 3] * 3, [1 / 3] * 3])
+    grid = (0.0, 1e-4, 0.005, 0.0099, 0.0101, 0.5, 0.999, math.nextafter(1.0, 0.0))
+    accepted_second = 0
+    for u in itertools.product(grid, repeat=3):
+        want = NUMPY_TREE["ordered_traversal"](tree, p, list(u))
+        assert run("ordered_traversal", tree, q, p, np.array(u), "cpu") == want, u
+        accepted_second += want[0] == 1
+    # the second child's acceptance probability is ~5e-4 of the first child's rejection: only u = 0 or 1e-4 at
+    # its test (at 0.005 and above it fails; at 0.5 it passed with the cancelled law)
+    assert 0 < accepted_second < len(grid) ** 3 // 4
