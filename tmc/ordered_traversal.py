@@ -199,8 +199,8 @@ def swor_sorted_law(q_row: FloatArray, order: Sequence[int] | IntArray, k: int, 
     vocab = len(q_row)
     out = np.zeros(vocab)
     if k == 2:
-        left = _one_minus(q_row)  # mass left for the second draw
-        inv = np.where(left > 0.0, 1.0 / np.maximum(left, 1e-300), 0.0)
+        second = _one_minus(q_row)  # mass left for the second draw
+        inv = np.where(second > 0.0, 1.0 / np.maximum(second, 1e-300), 0.0)
         if not prefix:
             after = _mass_after(q_row, order)
             after_inv = _mass_after(q_row * inv, order)
