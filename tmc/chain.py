@@ -80,7 +80,11 @@ def _scaled_excess(log_w: float, p_row: FloatArray, q_row: FloatArray) -> FloatA
 
 
 def _log_ratio(p_tok: float, q_tok: float) -> float:
-    """``log(p / q)`` with full relative accuracy when ``p`` and ``q`` are close."""
+    """``log(p / q)`` with full relative accuracy when ``p`` and ``q`` are close.
+
+    Python floats, not numpy scalars: ``p / q`` past the float range (a subnormal ``q``) is ``inf``
+    without numpy's overflow warning, which the test configuration makes an error."""
+    p_tok, q_tok = float(p_tok), float(q_tok)
     if p_tok >= 0.5 * q_tok:
         # p − q is exact here (Sterbenz), so log1p keeps the tiny log ratio exact.
         return math.log1p((p_tok - q_tok) / q_tok)
@@ -128,7 +132,7 @@ def _sps_step(toks: NDArray[np.int64], q: FloatArray, p: FloatArray, uu: FloatAr
     n = toks.shape[0]
     for k in range(n):
         a = int(toks[k])
-        if uu[k] < p[k, a] / q[k, a]:
+        if uu[k] < float(p[k, a]) / float(q[k, a]):  # Python floats: no overflow warning (_log_ratio)
             continue
         return [int(t) for t in toks[:k]] + [categorical(residual(p[k], q[k], a), float(uu[n]))]
     return [int(t) for t in toks] + [categorical(p[n], float(uu[n]))]
@@ -350,8 +354,8 @@ def _sps_trusted(toks: NDArray[np.int64], q: FloatArray | None, p: FloatArray, u
     q_sum = None if q is None else q.sum(axis=1)
     for k in range(n):
         a = int(toks[k])
-        q_a = 1.0 if q is None or q_sum is None else q[k, a] / q_sum[k]
-        if uu[k] < p[k, a] / p_sum[k] / q_a:
+        q_a = 1.0 if q is None or q_sum is None else float(q[k, a]) / float(q_sum[k])
+        if uu[k] < float(p[k, a]) / float(p_sum[k]) / q_a:  # Python floats: no overflow warning (_log_ratio)
             continue
         q_row = _point_masses(toks[k : k + 1], p.shape[1])[0] if q is None or q_sum is None else q[k] / q_sum[k]
         return [int(t) for t in toks[:k]] + [categorical(residual(p[k] / p_sum[k], q_row, a), float(uu[n]))]

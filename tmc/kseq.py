@@ -165,8 +165,10 @@ def _condition_curve(p: FloatArray, q: FloatArray) -> Callable[[float], tuple[fl
     ρ Q_above + P_zero`` bounds the rounding of the latter.
     """
     on = q > 0.0
-    order = np.argsort(p[on] / q[on], kind="stable")
-    ratios = (p[on] / q[on])[order].tolist()
+    with np.errstate(over="ignore"):  # p / q past the float range (a subnormal q) is +inf, as it rounds
+        ratio = p[on] / q[on]
+    order = np.argsort(ratio, kind="stable")
+    ratios = ratio[order].tolist()
     p_on, q_on = p[on][order], q[on][order]
     p_below = np.concatenate([[0.0], np.cumsum(p_on)]).tolist()
     q_below = np.concatenate([[0.0], np.cumsum(q_on)]).tolist()

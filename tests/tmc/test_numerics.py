@@ -97,3 +97,24 @@ def test_nearly_equal_rows_keep_relative_accuracy():
         got = fn(ref, q, p)
         assert (want[:n] > 0).any(), "the case must exercise tiny emitted masses"
         np.testing.assert_allclose(got, want, rtol=1e-9, atol=0, err_msg=fn.__name__)
+
+
+def test_a_subnormal_draft_probability_raises_no_overflow_warning():
+    """A drafted token with ``q = 1e-310`` (valid: positive) made ``p / q`` overflow in numpy scalars, and the
+    test configuration (warnings are errors) turned the RuntimeWarning into an exception in every chain kernel,
+    SpS's samplers and K-SEQ.  The ratio is +inf, so the draft is accepted: ``K[1] = p_1`` exactly (SpS's
+    closed form), and K-SEQ's kernel is the limit of ``q(0) -> 0`` (1e-300 is far past its rounding)."""
+    from tmc import DraftTree, kseq_kernel
+    from tmc.chain import chain_sample_trusted, sps_sample_from_uniforms
+
+    q, p = np.array([[1e-310, 1.0]]), np.array([[0.5, 0.5], [0.25, 0.75]])
+    for kernel in KERNELS:
+        np.testing.assert_array_equal(kernel([0], q, p), [[0.0, 0.0], [0.25, 0.75]])
+    assert sps_sample_from_uniforms([0], q, p, [0.999, 0.5]) == [0, 1]
+    assert chain_sample_trusted("sps", np.array([0]), q, p, np.array([0.999, 0.5])) == [0, 1]
+    tree = DraftTree.build([-1, -1], [0, 1], "iid", {-1: q[0]}, 2)
+    near = DraftTree.build([-1, -1], [0, 1], "iid", {-1: [1e-300, 1.0]}, 2)
+    rows = p[[0, 1, 1]]
+    got = kseq_kernel(tree, rows)
+    assert got.sum() == pytest.approx(1.0, abs=1e-15)
+    np.testing.assert_allclose(got, kseq_kernel(near, rows), rtol=0, atol=1e-12)
