@@ -35,7 +35,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from tmc.toy import Path, ToyModel
-from tmc.validate import check_int, check_prob_rows
+from tmc.validate import check_int, check_prob_rows, given_dtype
 
 FloatArray = NDArray[np.float64]
 
@@ -73,7 +73,7 @@ def draft_rows(draft: DraftModel, paths: Sequence[Path]) -> FloatArray:
         raise ValueError(
             f"draft model returned rows of shape {arr.shape} for {len(paths)} paths; expected ({len(paths)}, {draft.vocab})"
         )
-    given = getattr(raw, "dtype", None)  # the rows' own precision sets the tolerance
+    given = given_dtype(raw)  # the rows' own precision sets the tolerance
     try:
         return check_prob_rows("draft rows", arr, dtype=given)
     except ValueError:

@@ -112,7 +112,7 @@ from numpy.typing import ArrayLike, NDArray
 from tmc.multidraft import ROOT, Draw, DraftTree, check_tree_p_rows, residual_node_rule, residual_walk_step
 from tmc.noise import categorical, check_uniforms
 from tmc.residual import acceptance_probability
-from tmc.validate import as_real_array, as_rng, check_int, check_prob_rows
+from tmc.validate import as_real_array, as_rng, check_int, check_prob_rows, given_dtype
 
 FloatArray = NDArray[np.float64]
 
@@ -282,7 +282,7 @@ def _check_pair(p_row: ArrayLike, q_row: ArrayLike, k: object) -> tuple[FloatArr
         arr = as_real_array(name, row)
         if arr.ndim != 1:
             raise ValueError(f"{name} must be a 1-D probability row, got shape {arr.shape}")
-        rows.append(check_prob_rows(name, arr[None, :], dtype=getattr(row, "dtype", None))[0])
+        rows.append(check_prob_rows(name, arr[None, :], dtype=given_dtype(row))[0])
     p, q = rows
     if p.shape != q.shape:
         raise ValueError(f"p_row has {p.shape[0]} tokens but q_row has {q.shape[0]}")

@@ -74,7 +74,7 @@ from scipy.optimize import linprog
 from tmc.drafts import chain_drafts, one_level_draft_law
 from tmc.multidraft import Draw
 from tmc.toy import Path, ToyModel
-from tmc.validate import real_scalar, check_int, check_prob_rows
+from tmc.validate import check_int, check_prob_rows, given_dtype, real_scalar
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
@@ -392,7 +392,7 @@ def hu_closed_form_acceptance(p_row: ArrayLike, joint: Mapping[tuple[int, ...], 
     enumerated (by subset sums), so ``V`` must be small.  ``joint`` maps each
     ordered draft tuple to its probability.
     """
-    p = check_prob_rows("p_row", np.asarray(p_row, dtype=np.float64)[None, :], dtype=getattr(p_row, "dtype", None))[0]
+    p = check_prob_rows("p_row", np.asarray(p_row, dtype=np.float64)[None, :], dtype=given_dtype(p_row))[0]
     vocab = p.shape[0]
     if vocab > MAX_CLOSED_FORM_VOCAB:
         raise ValueError(f"p_row has V = {vocab} > {MAX_CLOSED_FORM_VOCAB}: 2^V sets are too many")

@@ -43,7 +43,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from tmc.noise import categorical, check_uniforms
 from tmc.residual import acceptance_probability, residual
-from tmc.validate import as_real_array, as_rng, check_int, check_prob_rows, row_sum_tol
+from tmc.validate import as_real_array, as_rng, check_int, check_prob_rows, given_dtype
 
 Path = tuple[int, ...]
 FloatArray = NDArray[np.float64]
@@ -73,7 +73,7 @@ class Draw(str, Enum):
 ALL_DRAWS: tuple[Draw, ...] = (Draw.IID, Draw.SWOR, Draw.TOPK)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # == and hash below: the generated ones compared numpy rows (and raised)
 class DraftTree:
     """A token tree proposed by the draft model, with how each node was drawn.
 
@@ -92,6 +92,19 @@ class DraftTree:
     vocab: int  # vocabulary size V
     _kids: tuple[tuple[int, ...], ...] = field(init=False, repr=False, compare=False)  # children of node i at [i + 1]
     _depths: tuple[int, ...] = field(init=False, repr=False, compare=False)  # depth of node i (root's children: 1)
+
+    def __eq__(self, other: object) -> bool:
+        """Same nodes (parents, tokens, draws), vocabulary and draft rows (as stored: renormalised)."""
+        if not isinstance(other, DraftTree):
+            return NotImplemented
+        return (
+            (self.parents, self.tokens, self.draws, self.vocab) == (other.parents, other.tokens, other.draws, other.vocab)
+            and self.q_rows.keys() == other.q_rows.keys()
+            and all(np.array_equal(row, other.q_rows[k]) for k, row in self.q_rows.items())
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.parents, self.tokens, self.draws, self.vocab, tuple(sorted(self.q_rows))))
 
     def __post_init__(self) -> None:
         vocab = check_int("vocab", self.vocab, minimum=1)
@@ -208,9 +221,9 @@ def _check_rows(q_rows: Mapping[Any, Any], vocab: int) -> dict[int, FloatArray]:
             raise ValueError(f"q_rows[{k}] has shape {arr.shape}; expected ({vocab},)")
     if not arrs:
         return {}
-    dtypes = [getattr(v, "dtype", None) for v in q_rows.values()]
-    try:  # rows given in mixed precisions: the tolerance of the least precise
-        table = check_prob_rows("q_rows", np.stack(arrs), dtype=max(dtypes, key=row_sum_tol))
+    dtypes = [given_dtype(v) for v in q_rows.values()]
+    try:  # rows given in mixed precisions: each row at its own precision's tolerance
+        table = check_prob_rows("q_rows", np.stack(arrs), row_dtypes=dtypes)
     except ValueError:
         for k, arr, dtype in zip(keys, arrs, dtypes):  # name the offending node's row
             check_prob_rows(f"q_rows[{k}]", arr[None, :], dtype=dtype)

@@ -245,6 +245,8 @@ def walk_kernel(rule: StepRule, *, max_nodes: int = 1_000_000) -> PrefixKernel:
             if stop > 0.0:
                 law[node] = law.get(node, 0.0) + weight * stop
             stack.extend((node + (a,), weight * p) for a, p in row.items())
+        if not stack:  # the walk ended at its max_nodes-th node
+            return law
         raise ValueError(f"rule: walk from {prefix} visits more than max_nodes={max_nodes} nodes")
 
     return kernel

@@ -37,6 +37,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from tmc.validate import check_int
+
 #: A path sigma = (sigma_1, ..., sigma_n) of token ids (Def A.1); () is the root.
 Path = tuple[int, ...]
 #: Sigma: the allowed child tokens of a node (finite).
@@ -58,10 +60,13 @@ def is_prefix(prefix: Path, path: Path) -> bool:
 
 
 def _as_path(name: str, path: Sequence[int]) -> Path:
-    """``path`` as a tuple of Python ints, or ValueError naming ``name``."""
+    """``path`` as a tuple of Python ints, or ValueError naming ``name`` (``0.9``, ``True`` and text are not
+    tokens: :func:`tmc.validate.check_int`)."""
+    if isinstance(path, str | bytes):
+        raise ValueError(f"{name} must be a sequence of int tokens, got {path!r}")
     try:
-        return tuple(int(t) for t in path)
-    except (TypeError, ValueError) as exc:
+        return tuple(check_int(f"{name}[{i}]", t) for i, t in enumerate(path))
+    except TypeError as exc:
         raise ValueError(f"{name} must be a sequence of int tokens, got {path!r}") from exc
 
 

@@ -56,14 +56,50 @@ FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
 
 
+def given_dtype(values: object) -> object:
+    """The precision ``values`` came in: its own ``dtype`` (numpy arrays and scalars, torch tensors), else
+    that of the array numpy builds from it (a list of float32 rows is float32), else ``None``."""
+    dtype = getattr(values, "dtype", None)
+    if dtype is not None or values is None or isinstance(values, str | bytes):
+        return dtype
+    try:
+        return np.asarray(values).dtype
+    except (ValueError, TypeError):  # ragged or odd input: as_real_array names the fault
+        return None
+
+
+def _bool_at(values: object) -> tuple[int, ...] | None:
+    """Where a (nested) list or tuple holds a boolean (``True``, ``np.True_`` or a boolean array), else
+    ``None``: numpy reads ``[0.5, True]`` as ``[0.5, 1.0]`` and ``[1, True]`` as ``[1, 1]``."""
+    if isinstance(values, bool | np.bool_) or (isinstance(values, np.ndarray) and values.dtype == np.bool_):
+        return ()
+    if isinstance(values, list | tuple):
+        for i, v in enumerate(values):
+            inner = _bool_at(v)
+            if inner is not None:
+                return (i, *inner)
+    return None
+
+
+def _refuse_bools(name: str, values: object, what: str) -> None:
+    """``ValueError`` naming ``name`` and the place when a list or tuple holds a boolean among numbers."""
+    if isinstance(values, list | tuple):
+        at = _bool_at(values)
+        if at is not None:
+            place = "".join(f"[{i}]" for i in at)
+            raise ValueError(f"{name}{place} is a boolean; expected {what}")
+
+
 def as_real_array(name: str, values: object) -> FloatArray:
-    """``values`` as a float64 array; ``ValueError`` for complex, text, objects or ``None``."""
+    """``values`` as a float64 array; ``ValueError`` for complex, text, booleans, objects or ``None``."""
     if values is None:
         raise ValueError(f"{name} is None; expected an array of probabilities")
     try:
         raw = np.asarray(values)
     except ValueError:  # numpy's "inhomogeneous shape" message names no argument
         raise ValueError(f"{name} is ragged: its rows differ in length") from None
+    if raw.dtype.kind in "fiu":
+        _refuse_bools(name, values, "real numbers")
     if raw.dtype == np.bool_ or raw.dtype.kind not in "fiu":
         if raw.dtype.kind == "c":
             raise ValueError(f"{name} has complex entries; expected real numbers")
@@ -117,16 +153,27 @@ def as_rng(rng: object, name: str = "rng") -> np.random.Generator:
     return np.random.default_rng(check_int(name, rng, minimum=0))
 
 
-def check_prob_rows(name: str, rows: ArrayLike, *, dtype: object = None) -> FloatArray:
+def check_prob_rows(
+    name: str, rows: ArrayLike, *, dtype: object = None, row_dtypes: Sequence[object] | None = None
+) -> FloatArray:
     """Return ``rows`` as a renormalised float64 ``(m, V)`` array or raise.
 
     ``name`` is the argument name used in error messages.  ``dtype``: the precision the caller gave the
-    rows in, which sets the row-sum tolerance (:func:`row_sum_tol`); by default ``rows``' own.
+    rows in, which sets the row-sum tolerance (:func:`row_sum_tol`); ``row_dtypes``: one per row, for rows
+    given in different precisions; by default ``rows``' own (:func:`given_dtype`), row by row for a list or
+    tuple of rows.
     """
-    tol = row_sum_tol(getattr(rows, "dtype", None) if dtype is None else dtype)
+    if row_dtypes is None and dtype is None and isinstance(rows, list | tuple):
+        row_dtypes = [given_dtype(row) for row in rows]
     arr = as_real_array(name, rows)
     if arr.ndim != 2:
         raise ValueError(f"{name} must be a 2-D array of probability rows, got shape {arr.shape}")
+    if row_dtypes is not None:
+        if len(row_dtypes) != arr.shape[0]:
+            raise ValueError(f"{name}: {len(row_dtypes)} row precisions for {arr.shape[0]} rows")
+        tol: float | FloatArray = np.array([row_sum_tol(d) for d in row_dtypes])
+    else:
+        tol = row_sum_tol(given_dtype(rows) if dtype is None else dtype)
     if arr.shape[1] == 0:
         raise ValueError(f"{name} has vocabulary size 0; need at least one token")
     # two reductions decide: a row's sum is NaN or infinite if the row holds NaN or ±inf, and its
@@ -144,8 +191,9 @@ def check_prob_rows(name: str, rows: ArrayLike, *, dtype: object = None) -> Floa
     if (arr < 0).any():
         row, col = (int(i) for i in np.argwhere(arr < 0)[0])
         raise ValueError(f"{name} row {row} has a negative entry {float(arr[row, col])!r} at token {col}")
-    row = int(np.argmax(np.abs(sums - 1.0) > tol))
-    raise ValueError(f"{name} row {row} sums to {float(sums[row])!r}, not 1 (tolerance {tol})")
+    tols = np.broadcast_to(tol, sums.shape)
+    row = int(np.argmax(np.abs(sums - 1.0) > tols))
+    raise ValueError(f"{name} row {row} sums to {float(sums[row])!r}, not 1 (tolerance {float(tols[row]):g})")
 
 
 def check_tokens(name: str, tokens: ArrayLike | Sequence[int], vocab: int) -> IntArray:
@@ -153,6 +201,8 @@ def check_tokens(name: str, tokens: ArrayLike | Sequence[int], vocab: int) -> In
     if tokens is None:
         raise ValueError(f"{name} is None; expected a sequence of integer token ids")
     arr = np.asarray(tokens)
+    if arr.dtype.kind in "fiu":
+        _refuse_bools(name, tokens, "an integer token id")
     if arr.ndim != 1:
         raise ValueError(f"{name} must be a 1-D sequence of token ids, got shape {arr.shape}")
     if arr.size and not np.issubdtype(arr.dtype, np.integer):
@@ -186,7 +236,7 @@ def check_chain(
     if q_arr.ndim == 2 and q_arr.shape[0] == 0:
         q: FloatArray = np.zeros((0, q_arr.shape[1]), dtype=np.float64)
     else:
-        q = check_prob_rows("q_rows", q_arr, dtype=getattr(q_rows, "dtype", None))
+        q = check_prob_rows("q_rows", q_rows)  # the rows as given: their precision sets the tolerance
     toks = check_tokens("ref", ref, vocab)
     n = toks.shape[0]
     if q.shape != (n, vocab):

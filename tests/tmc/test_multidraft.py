@@ -214,3 +214,18 @@ def test_a_node_the_tree_lacks_is_refused_not_wrapped_around():
             tree.children(node)
         with pytest.raises(ValueError, match=rf"node {node} is not a node"):
             proposal_laws(tree, node)
+
+
+def test_draft_trees_compare_and_hash_by_value():
+    """The generated ``==`` compared the numpy rows inside ``q_rows`` and raised (the truth value of an array),
+    and ``hash`` raised on the mapping: two trees could be neither compared nor put in a set."""
+    def build(rows):
+        return DraftTree.build([-1, -1, 0], [0, 1, 2], "iid", rows, 3)
+
+    a = build({-1: [0.2, 0.3, 0.5], 0: [0.1, 0.1, 0.8]})
+    b = build({-1: np.array([0.2, 0.3, 0.5]), 0: (0.1, 0.1, 0.8)})
+    assert a == b and hash(a) == hash(b) and len({a, b}) == 1
+    assert a != build({-1: [0.2, 0.3, 0.5], 0: [0.1, 0.2, 0.7]})  # another row
+    assert a != DraftTree.build([-1, -1, 0], [0, 1, 2], "swor", {-1: [0.2, 0.3, 0.5], 0: [0.1, 0.1, 0.8]}, 3)
+    assert a != DraftTree.build([-1, -1, 0], [0, 1, 2], "iid", {-1: [0.2, 0.3, 0.5, 0.0], 0: [0.1, 0.1, 0.8, 0.0]}, 4)
+    assert a != "tree" and a != build({-1: [0.2, 0.3, 0.5], 0: [0.1, 0.1, 0.8], 1: [1.0, 0.0, 0.0]})

@@ -307,3 +307,15 @@ def test_bad_arguments_raise_naming_them() -> None:
         self_compose_kernel(truncating_kernel(p, 0.5), -1)
     with pytest.raises(ValueError, match="n_samples"):
         empirical_law(truncating_sampler(p, 0.5), (), 0, np.random.default_rng(0))
+
+
+def test_walk_kernel_takes_a_walk_of_exactly_max_nodes_nodes():
+    """A walk that ends on its ``max_nodes``-th node raised "visits more than max_nodes" (the loop looked
+    for an empty stack only at the top of the next turn)."""
+    from tmc.prefix import walk_kernel
+
+    assert walk_kernel(lambda prefix, node: {}, max_nodes=1)(()) == {(): 1.0}
+    rule = lambda prefix, node: {0: 0.5} if len(node) < 2 else {}  # noqa: E731  # three nodes
+    assert walk_kernel(rule, max_nodes=3)(()) == pytest.approx({(): 0.5, (0,): 0.25, (0, 0): 0.25})
+    with pytest.raises(ValueError, match="more than max_nodes=2"):
+        walk_kernel(rule, max_nodes=2)(())

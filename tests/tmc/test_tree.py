@@ -261,3 +261,15 @@ def test_space_bad_arguments_raise() -> None:
         TreeSpace.full(0, 2)
     with pytest.raises(ValueError, match="max_depth must be >= 0"):
         TreeSpace(lambda s: (0,), -1)
+
+
+@pytest.mark.parametrize("path", [[0.9], (1.7, 0), [True], "10", b"\x01", [None]])
+def test_paths_must_hold_integer_tokens(path):
+    """``int()`` read 0.9 as token 0, 1.7 as 1, True as 1 and the text "10" as (1, 0): a wrong answer
+    instead of a ValueError.  Integral floats (1.0) and numpy integers are tokens (tmc.validate.check_int)."""
+    dist = TreeDistribution.from_point_masses(TreeSpace.full(2, 2), {(0,): 0.25, (1, 0): 0.75})
+    with pytest.raises(ValueError, match=r"^path"):
+        dist.path_prob(path)
+    with pytest.raises(ValueError, match=r"^prefix"):
+        dist.condition(path)
+    assert dist.path_prob([1.0, 0]) == dist.path_prob((1, 0)) == 0.75

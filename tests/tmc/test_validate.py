@@ -298,6 +298,33 @@ def test_row_sum_tolerance_follows_the_precision_the_rows_came_in():
     check_prob_rows("p_rows", f32.astype(np.float64), dtype=np.float32)
 
 
+def test_rows_given_as_lists_are_checked_at_each_row_precision():
+    """A list of float32 rows (a float32 softmax off by 2e-5) was refused at float64's 1e-6: a list has no
+    dtype.  A DraftTree whose rows mix precisions checked every row at the least precise one's tolerance, so
+    a float64 row off by 5e-3 passed beside a float16 row.  Each row is now checked at its own precision."""
+    from tmc import DraftTree, traversal_kernel
+    from tmc.validate import check_prob_rows, given_dtype
+
+    f32 = _off_by(4096, 2e-5, np.float32)
+    assert given_dtype(list(f32)) == np.float32 and given_dtype([[0.5, 0.5]]) == np.float64
+    assert abs(check_prob_rows("p_rows", list(f32)).sum() - 1.0) < 1e-12
+    assert abs(check_prob_rows("p_rows", [f32[0], f32[0]]).sum() - 2.0) < 1e-12
+    with pytest.raises(ValueError, match=r"p_rows row 1 sums to .*tolerance 1e-06"):  # row by row
+        check_prob_rows("p_rows", [f32[0], f32[0].astype(np.float64)])
+    ref = [0]
+    q, p = [f32[0]], [f32[0], f32[0]]
+    assert sps_kernel(ref, q, p).sum() == pytest.approx(1.0, abs=1e-12)
+    tree = DraftTree.chain([0], np.array(q))
+    assert traversal_kernel(tree, list(p)).sum() == pytest.approx(1.0, abs=1e-12)
+    off64 = np.array([0.4, 0.605])  # sums to 1.005: refused in float64 whatever the other rows' precision
+    for other in (np.array([0.5, 0.5]), np.array([0.5, 0.5], dtype=np.float16)):
+        with pytest.raises(ValueError, match=r"q_rows\[-1\] row 0 sums to 1.005.*tolerance 1e-06"):
+            DraftTree.build([-1, 0], [0, 1], "iid", {-1: off64, 0: other}, 2)
+    off16 = np.array([0.4, 0.605], dtype=np.float16)  # within float16's 1e-2: accepted beside a float64 row
+    tree = DraftTree.build([-1, 0], [0, 1], "iid", {-1: off16, 0: np.array([0.5, 0.5])}, 2)
+    assert tree.q_rows[-1].sum() == pytest.approx(1.0, abs=1e-15)
+
+
 def test_float32_rows_off_by_their_rounding_are_accepted_by_every_chain_sampler():
     """Rows whose float64 sums are 1 + 1.2e-5 in float32 (a float32 softmax over 128k tokens is off by about
     that much, :data:`tmc.validate.ROW_SUM_TOLS`): every sampler gives the tokens of the same rows renormalised
@@ -321,3 +348,19 @@ def test_float32_rows_off_by_their_rounding_are_accepted_by_every_chain_sampler(
 def test_uniforms_must_be_real_numbers(u):
     with pytest.raises(ValueError, match=r"^u "):
         sps_sample_from_uniforms(REF, Q, P, u)
+
+
+@pytest.mark.parametrize(
+    ("call", "where"),
+    [(lambda: sps_kernel([1, True], [[0.4, 0.6], [0.4, 0.6]], [[0.5, 0.5]] * 3), r"ref\[1\]"),
+     (lambda: sps_sample_from_uniforms([0, True], [[0.4, 0.6], [0.4, 0.6]], [[0.5, 0.5]] * 3, [0.1] * 3), r"ref\[1\]"),
+     (lambda: sps_kernel([1], [[0.0, True]], [[0.5, 0.5]] * 2), r"q_rows\[0\]\[1\]"),
+     (lambda: sps_kernel([1], [np.array([0.0, 1.0]), np.array([False, True])], [[0.5, 0.5]] * 2), r"q_rows\[1\]"),
+     (lambda: sps_sample_from_uniforms([0], [[0.4, 0.6]], [[0.5, 0.5]] * 2, [0.5, True]), r"u\[1\]"),
+     (lambda: sps_sample_from_uniforms([0], [[0.4, 0.6]], [[0.5, 0.5]] * 2, (np.False_, 0.3)), r"u\[0\]")],
+)
+def test_a_boolean_among_numbers_is_refused(call, where):
+    """numpy reads ``[1, True]`` as ``[1, 1]`` and ``[0.5, True]`` as ``[0.5, 1.0]``, so a boolean inside a list
+    passed the checks that refuse a boolean array; it is refused where it stands."""
+    with pytest.raises(ValueError, match=where + r" is a boolean"):
+        call()
