@@ -9,9 +9,15 @@ probabilities along its path.  An expanded node gets its ``B(u)`` most likely
 tokens, ``B(u) = B_min`` if its confidence ``c(u) = max q(· | u) ≥ τ_h``,
 ``B_max`` if ``c(u) < τ_ℓ``, else ``B_mid``; children are added until the
 node budget ``N_max`` is reached.  Afterwards every leaf with ``p(u) < τ`` is
-pruned (§3.3).  Tokens are chosen, not sampled, so every node is recorded
-``topk`` and verified with the point-mass rule: lossless at any temperature
-(DynaTree itself targets greedy decoding, §3.6).
+pruned (§3.3).  The rule prunes leaves, never the tree's root: §3.3's tree is
+rooted at the prefix, App. D's at the draft's top-1 token ``u_0`` (Alg. 1
+line 10), which Alg. 1 keeps whatever its ``p`` (lines 14–15 only skip
+expanding it).  So with ``root_top1`` (App. D) every tree holds ``u_0``: a
+flat draft over a large vocabulary (top-1 ``q < τ``) gives the one-node tree,
+not an empty one that ``next_state`` cannot learn from.  Tokens are chosen,
+not sampled, so every node is recorded ``topk`` and verified with the
+point-mass rule: lossless at any temperature (DynaTree itself targets greedy
+decoding, §3.6).
 
 **History adaptation** (§3.3): after each step the acceptance statistic
 ``a = accepted draft tokens / drafted tokens`` enters a window of the last
@@ -24,6 +30,11 @@ pruned (§3.3).  Tokens are chosen, not sampled, so every node is recorded
 at least ``τ_ℓ`` so the three confidence bands stay ordered (the paper clips
 to ``[0, 1]``).  The state depends only on earlier steps' outcomes, so it
 cannot bias the step it shapes — the tests check whole step sequences.
+``state=None`` means the initial state; any other state must be a
+:class:`DynaTreeState` inside the ranges this adaptation keeps (``D_0`` in
+``[1, D_max − 1]``, ``τ_h`` in ``[τ_ℓ, 1]``, at most ``W`` statistics in
+``[0, 1]``), else ``ValueError`` naming it (a mistyped state, such as a dict
+read back from JSON, used to be replaced by the initial one without a word).
 """
 
 from __future__ import annotations
@@ -42,11 +53,26 @@ from tmc.validate import check_int
 
 @dataclass(frozen=True)
 class DynaTreeState:
-    """What DynaTree carries from step to step."""
+    """What DynaTree carries from step to step (``initial_state()``, then ``next_state(...)``).
+
+    Checked here: numbers, ``D_0 ≥ 1`` (§3.3 assumes ``1 ≤ D_0``), ``τ_h`` and each statistic in
+    ``[0, 1]``.  The ranges set by a builder's parameters are checked by the builder that uses the state.
+    """
 
     base_depth: float  # D_0
     tau_high: float  # τ_h
     history: tuple[float, ...] = ()  # acceptance statistics of the last W steps, oldest first
+
+    def __post_init__(self) -> None:
+        # kept as floats and a tuple: the state is compared and hashed (spec.acceptance keys branches by it)
+        set_ = functools.partial(object.__setattr__, self)
+        set_("base_depth", check_positive("base_depth", self.base_depth))  # a finite number, then >= 1
+        if self.base_depth < 1.0:
+            raise ValueError(f"base_depth must be >= 1, got {self.base_depth!r}")
+        set_("tau_high", check_prob("tau_high", self.tau_high, low_open=False))
+        if not isinstance(self.history, tuple | list):
+            raise ValueError(f"history must be a tuple of acceptance statistics in [0, 1], got {self.history!r}")
+        set_("history", tuple(check_prob(f"history[{i}]", a, low_open=False) for i, a in enumerate(self.history)))
 
 
 @dataclass(frozen=True)
@@ -101,8 +127,30 @@ class DynaTreeBuilder(TreeBuilder):
     def initial_state(self) -> DynaTreeState:
         return DynaTreeState(float(self.base_depth), float(self.tau_high))
 
+    def _checked_state(self, state: object) -> DynaTreeState:
+        """``state`` if it is a :class:`DynaTreeState` this builder's adaptation can reach (``None``: the
+        initial state); else ``ValueError`` naming it.
+
+        ``next_state`` clips ``D_0`` to ``[1, D_max − 1]`` and ``τ_h`` to ``[τ_ℓ, 1]`` and keeps at most ``W``
+        statistics, each in ``[0, 1]``; the initial state lies inside (the builder's ``__post_init__`` checks its
+        ``D_0`` and ``τ_h``), so no state the builder makes is refused (tested over long runs of steps).
+        """
+        if state is None:
+            return self.initial_state()
+        if not isinstance(state, DynaTreeState):
+            raise ValueError("state must be a DynaTreeState (from initial_state() or next_state()) or None, "
+                             f"got {type(state).__name__} {state!r}")
+        if not 1.0 <= state.base_depth <= self.max_depth - 1:
+            raise ValueError(f"state.base_depth must be in [1, max_depth - 1] = [1, {self.max_depth - 1}], "
+                             f"got {state.base_depth}")
+        if not self.tau_low <= state.tau_high <= 1.0:
+            raise ValueError(f"state.tau_high must be in [tau_low, 1] = [{self.tau_low}, 1], got {state.tau_high}")
+        if len(state.history) > self.window:
+            raise ValueError(f"state.history holds {len(state.history)} statistics, more than window = {self.window}")
+        return state
+
     def next_state(self, state: Any, tree: DraftTree, accepted: int) -> DynaTreeState:
-        st = state if isinstance(state, DynaTreeState) else self.initial_state()
+        st = self._checked_state(state)
         if not self.adapt or tree.size == 0:
             return st
         accepted = check_int("accepted", accepted, minimum=0)
@@ -132,7 +180,7 @@ class DynaTreeBuilder(TreeBuilder):
     def _grow(self, grow: Growing, budget: int, sampler: Sampler, state: Any) -> None:
         # Only each node's b_max best tokens and their q are read: an LLM draft ranks them on its device
         # (spec.draft.TopDraft) and ships no row; other drafts' rows are fetched and ranked here.
-        st = state if isinstance(state, DynaTreeState) else self.initial_state()
+        st = self._checked_state(state)
         prob: dict[int, float] = {ROOT: 1.0}
         frontier = [ROOT]
         if self.root_top1:
@@ -153,13 +201,14 @@ class DynaTreeBuilder(TreeBuilder):
                     prob[kid] = prob[u] * q
                     nxt.append(kid)
             frontier = nxt
-        _prune_leaves(grow, prob, self.prune)
+        _prune_leaves(grow, prob, self.prune, keep_first=self.root_top1)
 
 
-def _prune_leaves(grow: Growing, prob: dict[int, float], tau: float) -> None:
-    """Drop every leaf with path probability below ``tau`` (renumbering the rest)."""
+def _prune_leaves(grow: Growing, prob: dict[int, float], tau: float, *, keep_first: bool) -> None:
+    """Drop every leaf with path probability below ``tau`` (renumbering the rest); with ``keep_first``
+    node 0 stays whatever its ``p``: it is App. D's root ``u_0``, not a leaf of the tree rooted there."""
     has_kids = set(grow.parents)
-    keep = [i for i in range(grow.size) if i in has_kids or prob[i] >= tau]
+    keep = [i for i in range(grow.size) if i in has_kids or prob[i] >= tau or (keep_first and i == 0)]
     if len(keep) == grow.size:
         return
     new = {ROOT: ROOT, **{old: k for k, old in enumerate(keep)}}

@@ -50,7 +50,7 @@ def test_every_builder_respects_budget_and_records_draws(name: str) -> None:
         for budget in (1, 3, 6):
             tree = make_builder(name, **SMALL[name]).build(ToyDraft(m), budget, np.random.default_rng(budget))
             assert isinstance(tree, DraftTree)
-            assert 1 <= tree.size <= budget or (name == "dynatree" and tree.size <= budget)
+            assert 1 <= tree.size <= budget  # DynaTree too: its tree starts from the top-1 token u0 (App. D line 10)
             assert set(tree.draws) <= expected
 
 
@@ -345,6 +345,137 @@ def test_dynatree_refuses_more_accepted_tokens_than_nodes() -> None:
     assert b.next_state(b.initial_state(), tree, tree.size).history == (1.0,)
     with pytest.raises(ValueError, match="exceeds the tree's"):
         b.next_state(b.initial_state(), tree, tree.size + 1)
+
+
+def _flat_model(vocab: int = 300) -> ToyModel:
+    """A flat draft (every row the same): top-1 token 0 with q = 0.0043, below DynaTree's τ = 0.005."""
+    q = np.full(vocab, 1.0 / vocab)
+    q[0] += 0.001
+    q /= q.sum()
+    return ToyModel(vocab, {}, {}, q, q)
+
+
+def test_dynatree_keeps_the_root_token_u0_under_a_flat_draft() -> None:
+    """Regression (audit D1): App. D Alg. 1 line 10 starts the tree from the top-1 token u0 and never removes it
+    (lines 14-15 only skip expanding a node with p < τ); the §3.3 leaf pruning then dropped u0 itself, and a
+    budget of 16 gave an empty tree that next_state could not learn from."""
+    m = _flat_model()
+    for b in (DynaTreeBuilder(), DynaTreeBuilder(rho_stop=0.001, prune=0.005)):  # u0: p < τ, so not expanded
+        tree = b.build(ToyDraft(m), 16, 0)
+        assert (tree.parents, tree.tokens, tree.draws) == ((ROOT,), (0,), (Draw.TOPK,))
+        st = b.next_state(b.initial_state(), tree, 0)  # the step is seen: a = 0 enters the window
+        assert st.history == (0.0,) and st.base_depth < b.base_depth and st.tau_high > b.tau_high
+    # τ below p(u0) and its children's p = 0.0043 · 0.0033: u0 gets B_max = 3 children (c(u0) < τ_ℓ), kept
+    expanded = DynaTreeBuilder(rho_stop=1e-4, prune=1e-5).build(ToyDraft(m), 16, 0)
+    assert (expanded.parents, expanded.tokens) == ((ROOT, 0, 0, 0), (0, 0, 1, 2))
+    # §3.3's own tree is rooted at the prefix: there every drafted node is a leaf the rule may prune
+    assert DynaTreeBuilder(root_top1=False).build(ToyDraft(m), 16, 0).size == 0
+
+
+@pytest.mark.parametrize("concentration", [0.05, 1.0, 5.0])
+def test_dynatree_prunes_every_low_leaf_but_u0(concentration: float) -> None:
+    """On drafts from peaked to flat (V = 1000; at concentration 5 the top-1 q is below τ), node 0 is the root's
+    top-1 token and every other leaf has p(u) >= τ, the product of q along its path (§3.3, App. D)."""
+    b = DynaTreeBuilder()
+    for seed in range(4):
+        draft = HashedDraft(1000, seed=seed, concentration=concentration)
+        tree = b.build(draft, 16, 0)
+        assert tree.size >= 1 and tree.parents[0] == ROOT
+        root_row = draft.rows([()])[0]
+        assert tree.tokens[0] == int(np.argmax(root_row))
+        paths = tree.paths()[1:]
+        rows = draft.rows([path[:-1] for path in paths])
+        prob = [math.prod(float(draft.rows([path[:k]])[0][path[k]]) for k in range(len(path))) for path in paths]
+        assert all(float(rows[i][path[-1]]) > 0.0 for i, path in enumerate(paths))
+        has_kids = set(tree.parents)
+        assert all(i == 0 or i in has_kids or prob[i] >= b.prune for i in range(tree.size))
+
+
+@pytest.mark.parametrize("bad", [{"base_depth": 1.0, "tau_high": 0.45}, "garbage", (1.0, 0.45), 0, []])
+def test_dynatree_refuses_a_state_of_another_type(bad: object) -> None:
+    """Regression (audit D2): a state that is not a DynaTreeState (a dict read back from JSON) was replaced by the
+    initial state without a word: build grew the step-0 tree and next_state restarted the history."""
+    m, b = models(3, range(1))[0], DynaTreeBuilder()
+    tree = b.build(ToyDraft(m), 4, 0)
+    with pytest.raises(ValueError, match="state must be a DynaTreeState"):
+        b.build(ToyDraft(m), 4, 0, state=bad)
+    with pytest.raises(ValueError, match="state must be a DynaTreeState"):
+        b.next_state(bad, tree, 1)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ((-5.0, 7.0), "base_depth must be a finite number > 0"),
+        ((0.5, 0.9), "base_depth must be >= 1"),
+        ((math.nan, 0.9), "base_depth must be a finite number"),
+        (("deep", 0.9), "base_depth must be a number"),
+        ((5.0, 7.0), "tau_high must be in \\[0, 1\\]"),
+        ((5.0, True), "tau_high must be a number, got True"),
+        ((5.0, 0.9, (0.5, 1.5)), "history\\[1\\] must be in \\[0, 1\\]"),
+        ((5.0, 0.9, "ab"), "history must be a tuple"),
+    ],
+)
+def test_dynatree_state_refuses_bad_fields(fields: tuple[object, ...], message: str) -> None:
+    """Regression (audit D2): DynaTreeState(base_depth=-5, tau_high=7) was taken and used as given."""
+    with pytest.raises(ValueError, match=message):
+        DynaTreeState(*fields)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("state", "message"),
+    [
+        (DynaTreeState(7.5, 0.9), "state.base_depth must be in \\[1, max_depth - 1\\] = \\[1, 7\\]"),
+        (DynaTreeState(5.0, 0.3), "state.tau_high must be in \\[tau_low, 1\\] = \\[0.4, 1\\]"),
+        (DynaTreeState(5.0, 0.9, (0.5,) * 6), "state.history holds 6 statistics, more than window = 5"),
+    ],
+)
+def test_dynatree_refuses_a_state_outside_its_ranges(state: DynaTreeState, message: str) -> None:
+    """A state no step of this builder can reach (D_0 in [1, D_max - 1], τ_h in [τ_ℓ, 1], at most W statistics)
+    is refused by build and next_state, not used as given."""
+    m, b = models(3, range(1))[0], DynaTreeBuilder()
+    tree = b.build(ToyDraft(m), 4, 0)
+    with pytest.raises(ValueError, match=message):
+        b.build(ToyDraft(m), 4, 0, state=state)
+    with pytest.raises(ValueError, match=message):
+        b.next_state(state, tree, 1)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {},
+        {"eta_depth": 40.0, "eta_conf": 5.0, "window": 1},  # big steps: every clip bound is reached
+        {"max_depth": 2, "base_depth": 1, "tau_low": 0.1, "tau_high": 0.2, "window": 3, "target_acceptance": 0.9},
+        {"adapt": False},
+    ],
+)
+def test_dynatree_accepts_every_state_its_adaptation_reaches(params: dict[str, object]) -> None:
+    """200 steps of next_state with accepted counts from none to all: every state is taken by build and by
+    next_state (the checks of audit D2 refuse none), and the clip bounds themselves are reached."""
+    b = DynaTreeBuilder(**params)  # type: ignore[arg-type]
+    m = models(4, range(1), concentration=0.5)[0]
+    rng = np.random.default_rng(7)
+    state, seen = b.initial_state(), set()
+    assert b.next_state(None, b.build(ToyDraft(m), 6, 0), 0) == b.next_state(state, b.build(ToyDraft(m), 6, 0), 0)
+    for step in range(200):
+        tree = b.build(ToyDraft(m), 6, 0, state=state)
+        assert tree.size >= 1
+        high = step % 40 < 20  # runs of all-accepted, then of none, so both ends of each clip are hit
+        accepted = tree.size if high else int(rng.integers(0, 1 + tree.size // 4))
+        state = b.next_state(state, tree, accepted)
+        assert isinstance(state, DynaTreeState) and len(state.history) <= b.window
+        seen.add((state.base_depth, state.tau_high))
+    if b.adapt and b.eta_depth >= 40:
+        depths, taus = {d for d, _ in seen}, {t for _, t in seen}
+        assert {1.0, float(b.max_depth - 1)} <= depths and {b.tau_low, 1.0} <= taus
+
+
+def test_dynatree_state_fields_are_kept_as_floats_and_a_tuple() -> None:
+    """A state is compared and hashed (spec.acceptance keys its branches by it): ints and a list are normalised."""
+    assert DynaTreeState(5, 1, [0, 1]) == DynaTreeState(5.0, 1.0, (0.0, 1.0))
+    assert hash(DynaTreeState(5, 1, [0, 1])) == hash(DynaTreeState(5.0, 1.0, (0.0, 1.0)))
+    assert type(DynaTreeState(5, 1).base_depth) is float
 
 
 def test_bad_budget_and_rng() -> None:
