@@ -82,11 +82,13 @@ def _scaled_excess(log_w: float, p_row: FloatArray, q_row: FloatArray) -> FloatA
 def _log_ratio(p_tok: float, q_tok: float) -> float:
     """``log(p / q)`` with full relative accuracy when ``p`` and ``q`` are close.
 
-    Python floats, not numpy scalars: ``p / q`` past the float range (a subnormal ``q``) is ``inf``
-    without numpy's overflow warning, which the test configuration makes an error."""
+    ``log1p((p − q) / q)`` only for ``q/2 ≤ p ≤ 2q`` (and ``p > 0``), where ``p − q`` is exact (Sterbenz) and
+    the quotient lies in ``[−1/2, 1]``; elsewhere ``log p − log q``, which is finite for every positive pair.
+    (The quotient overflowed to +inf beside a subnormal ``q``, and ``−inf + inf`` after a draft of ``p = 0``
+    made the running weight NaN, which ``min(0, NaN)`` turned into a weight of 1; ``q = 5e-324`` rounds
+    ``q/2`` to 0, so ``p = 0`` took ``log1p(−1)``, a domain error.)"""
     p_tok, q_tok = float(p_tok), float(q_tok)
-    if p_tok >= 0.5 * q_tok:
-        # p − q is exact here (Sterbenz), so log1p keeps the tiny log ratio exact.
+    if 0.0 < p_tok and 0.5 * q_tok <= p_tok <= 2.0 * q_tok:
         return math.log1p((p_tok - q_tok) / q_tok)
     return _log(p_tok) - math.log(q_tok)
 

@@ -146,9 +146,14 @@ def _best_of(a: FloatArray, b: FloatArray, m: int) -> FloatArray:
     return out
 
 
-def _binom_tail(m: int, pi: float, rest: float, c: int) -> float:
-    """``P(Bin(m, π) ≥ c)`` with ``rest = 1 − π`` given as computed by the caller (not by subtraction)."""
-    return float(sum(comb(m, j) * pi**j * rest ** (m - j) for j in range(c, m + 1)))
+def _binom_terms(m: int, pi: float, rest: float, c: int) -> list[float]:
+    """``C(m, j) π^(j − c) (1 − π)^(m − j)`` for ``j = c .. m``: ``P(Bin(m, π) = j) / π^c``, with ``rest = 1 − π``
+    given as computed by the caller (not by subtraction).
+
+    Their sum is ``P(Bin(m, π) ≥ c) / π^c``; the laws need only ratios of such sums, and without the
+    common ``π^c`` no sum underflows (``π = 1e-310`` and ``c = 2`` made ``P(≥ c)`` 0: a ZeroDivisionError).
+    """
+    return [comb(m, j) * pi ** (j - c) * rest ** (m - j) for j in range(c, m + 1)]
 
 
 def _one_minus(q_row: FloatArray) -> FloatArray:
@@ -182,13 +187,14 @@ def iid_sorted_law(q_row: FloatArray, order: Sequence[int] | IntArray, k: int, p
     m = k - (len(prefix) - c)
     # π and 1 − π as shares of q(w) + B(w): 1.0 − π cancels to 0 when B(w) is below q(w)'s rounding
     pi, rest_pi = float(q_row[w] / (q_row[w] + after[w])), float(after[w] / (q_row[w] + after[w]))
-    at_least = _binom_tail(m, pi, rest_pi, c)
+    terms = _binom_terms(m, pi, rest_pi, c)
+    at_least = float(sum(terms))  # P(Bin(m, π) ≥ c) / π^c
     out = np.zeros(len(q_row))
-    out[w] = _binom_tail(m, pi, rest_pi, c + 1) / at_least
+    out[w] = float(sum(terms[1:])) / at_least
     rest = float(after[w])
     if rest > 0.0:
         below = _ranked_after(order, w)
-        exact = comb(m, c) * pi**c * rest_pi ** (m - c) / at_least
+        exact = terms[0] / at_least  # P(Bin(m, π) = c) / P(Bin(m, π) ≥ c)
         out[below] = exact * _best_of(q_row[below] / rest, after[below] / rest, m - c)
     return _normalised(out)
 

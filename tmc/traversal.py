@@ -156,6 +156,10 @@ def _child_state(value: float, miss: float, row: FloatArray, law: FloatArray, to
     """``(a_i, 1 − a_i)`` of a child with token ``tok`` drawn from ``law``: ``a_i = min(1, a r(tok)/law(tok))``."""
     q_tok = float(law[tok])
     r_tok = float(row[tok])
+    if r_tok <= 0.0:
+        # never accepted, whatever law(tok) is: an ordered child's sorted law can underflow to 0 at a drawn
+        # token (a gap of 0 - 0 passed it at value 1, with target probability 0)
+        return 0.0, 1.0
     gap = (r_tok - q_tok) - miss * r_tok if value >= 0.5 else value * r_tok - q_tok
     if gap >= 0.0:
         return 1.0, 0.0

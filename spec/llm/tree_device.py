@@ -97,6 +97,7 @@ from spec.llm.verify import (
     _long_tensor,
     _mass_after_rows,
     _normalised_rows,
+    _one_minus_rows,
     _parse_draws,
     _prepare_tree,
     _prob_tensor,
@@ -303,9 +304,10 @@ def _child_state(value: Tensor, miss: Tensor, row: Tensor, law: Tensor, tok: Ten
     """``(a_i, 1 − a_i)`` of each child: :func:`tmc.traversal._child_state` row by row."""
     q_t, r_t = _at(law, tok), _at(row, tok)
     gap = torch.where(value >= 0.5, (r_t - q_t) - miss * r_t, value * r_t - q_t)
-    passed = gap >= 0.0
-    child_miss = torch.clamp_max(-gap / q_t, 1.0)
-    child_value = torch.where(child_miss <= 0.5, 1.0 - child_miss, _acceptance(value * r_t, q_t))
+    never = r_t <= 0.0  # never accepted, whatever law(tok) is (an underflowed sorted law)
+    passed = (gap >= 0.0) & ~never
+    child_miss = torch.where(never, 1.0, torch.clamp_max(-gap / q_t, 1.0))
+    child_value = torch.where(never, 0.0, torch.where(child_miss <= 0.5, 1.0 - child_miss, _acceptance(value * r_t, q_t)))
     return torch.where(passed, 1.0, child_value), torch.where(passed, 0.0, child_miss)
 
 
@@ -471,19 +473,19 @@ def _best_of_rows(a: Tensor, b: Tensor, m: Tensor, top: int) -> Tensor:
     return a * total
 
 
-def _binomial_terms(binomial: Tensor, m: Tensor, pi: Tensor, rest: Tensor, top: int) -> Tensor:
-    """``C(m, j) π^j (1 − π)^(m − j)`` for ``j = 0 .. top`` ``(B, top + 1)``, per-row ``m``, ``π`` and
-    ``rest = 1 − π`` (formed by the caller, not by subtraction) ``(B, 1)`` (entries past ``m`` are not used):
-    :func:`tmc.ordered_traversal._binom_tail`'s terms, formed in its order."""
+def _binomial_terms(binomial: Tensor, m: Tensor, c: Tensor, pi: Tensor, rest: Tensor, top: int) -> Tensor:
+    """``C(m, j) π^(j − c) (1 − π)^(m − j)`` for ``j = 0 .. top`` ``(B, top + 1)``, per-row ``m``, ``c``, ``π`` and
+    ``rest = 1 − π`` (formed by the caller, not by subtraction) ``(B, 1)`` (entries outside ``c .. m`` are not
+    used): :func:`tmc.ordered_traversal._binom_terms`, formed in its order (no ``π^c``, which underflowed)."""
     powers_pi = torch.cat([pi**j for j in range(top + 1)], dim=1)
     powers_rest = torch.cat([rest**j for j in range(top + 1)], dim=1)
     j = torch.arange(top + 1, device=pi.device)
     choose = binomial[: top + 1, : top + 1].index_select(0, m[:, 0])
-    return choose * powers_pi * powers_rest.gather(1, (m - j).clamp(0, top))
+    return choose * powers_pi.gather(1, (j - c).clamp(0, top)) * powers_rest.gather(1, (m - j).clamp(0, top))
 
 
 def _tail(terms: Tensor, m: Tensor, c: Tensor) -> Tensor:
-    """``P(Bin(m, π) ≥ c)``: the terms ``j = c .. m`` added left to right (zeros elsewhere add nothing)."""
+    """``P(Bin(m, π) ≥ c) / π^c0`` (the terms' scale): the terms ``j = c .. m`` added left to right."""
     j = torch.arange(terms.shape[1], device=terms.device)
     return _total(torch.where((c <= j) & (j <= m), terms, 0.0))
 
@@ -499,7 +501,7 @@ def _iid_sorted_laws(plan: TreePlan, q: Tensor, rank: Tensor, after: Tensor, tok
         m = (k - (i - c)).clamp(0, top)  # draws not pinned before w (clamped in rows with fewer than i + 1 children)
         q_w, rest = q.gather(1, w), after.gather(1, w)
         pi, rest_pi = q_w / (q_w + rest), rest / (q_w + rest)  # as tmc.ordered_traversal.iid_sorted_law
-        terms = _binomial_terms(plan.binomial, m, pi, rest_pi, top)
+        terms = _binomial_terms(plan.binomial, m, c, pi, rest_pi, top)
         at_least = _tail(terms, m, c)
         exact = terms.gather(1, c) / at_least  # P(Bin(m, π) = c) / P(Bin(m, π) ≥ c)
         below = (rank > rank.gather(1, w)) & (rest > 0.0)
@@ -511,10 +513,7 @@ def _iid_sorted_laws(plan: TreePlan, q: Tensor, rank: Tensor, after: Tensor, tok
 def _swor_sorted_laws(q: Tensor, order: Tensor, rank: Tensor, after: Tensor, tok: Tensor) -> list[Tensor]:
     """The two laws of a pair drawn without replacement, sorted: the first, and the second given the first
     ``tok[:, 0]`` (:func:`tmc.ordered_traversal.swor_sorted_law` with ``k = 2``, row by row)."""
-    # 1 − q(t), as the other tokens' mass where q(t) > 1/2 (tmc.ordered_traversal._one_minus)
-    big = q.argmax(dim=1, keepdim=True)
-    others = q.scatter(1, big, 0.0).sum(dim=1, keepdim=True)
-    left = torch.where(q > 0.5, others, 1.0 - q)
+    left = _one_minus_rows(q)  # mass left for the second draw
     inv = torch.where(left > 0.0, 1.0 / torch.clamp_min(left, 1e-300), 0.0)
     first = q * (after * inv + _mass_after_rows(q * inv, order))
     y = tok[:, :1]

@@ -473,12 +473,12 @@ def _raise_chain_errors(chain: _Chain) -> None:
 def _log_weights(p_tok: Tensor, q_tok: Tensor) -> Tensor:
     """``(n + 1,)`` log running weights ``L_0 = 0``, ``L_i = min(0, L_{i-1} + log(p(y)/q(y)))``.
 
-    The log ratio is :func:`tmc.chain._log_ratio` (``log1p`` where ``p ≥ q/2``,
-    exact for near-equal probabilities).  The recursion is evaluated without a
+    The log ratio is :func:`tmc.chain._log_ratio` (``log1p`` where ``q/2 ≤ p ≤ 2q``,
+    exact for near-equal probabilities; never +inf, so no ``inf − inf`` below).  The recursion is evaluated without a
     loop: with ``S`` the cumulative sums of the log ratios (``S_0 = 0``),
     ``L_i = S_i − max_{j ≤ i} S_j``.
     """
-    close = p_tok >= 0.5 * q_tok
+    close = (p_tok > 0.0) & (p_tok >= 0.5 * q_tok) & (p_tok <= 2.0 * q_tok)
     log_ratio = torch.where(close, torch.log1p((p_tok - q_tok) / q_tok), torch.log(p_tok) - torch.log(q_tok))
     s = torch.cat([torch.zeros(1, dtype=F64, device=p_tok.device), torch.cumsum(log_ratio, dim=0)])
     return s - torch.cummax(s, dim=0).values
@@ -877,6 +877,8 @@ def _excess(value: float, miss: float, row: Tensor, law: Tensor) -> Tensor:
 def _child_state(value: float, miss: float, row: Tensor, law: Tensor, tok: int) -> tuple[float, float]:
     """``(a_i, 1 − a_i)`` with ``a_i = min(1, a r(tok) / law(tok))``: :func:`tmc.traversal._child_state`."""
     q_tok, r_tok = float(law[tok]), float(row[tok])
+    if r_tok <= 0.0:  # never accepted (tmc.traversal._child_state)
+        return 0.0, 1.0
     gap = (r_tok - q_tok) - miss * r_tok if value >= 0.5 else value * r_tok - q_tok
     if gap >= 0.0:
         return 1.0, 0.0
@@ -945,6 +947,19 @@ def _mass_after_rows(x: Tensor, order: Tensor) -> Tensor:
     return torch.zeros_like(x).scatter(1, order, torch.cat([tail[:, 1:], torch.zeros_like(tail[:, :1])], dim=1))
 
 
+def _one_minus_rows(q: Tensor) -> Tensor:
+    """``1 − q(t)`` row by row ``(B, V)``, as the other tokens' mass where ``q(t) > 1/2``
+    (:func:`tmc.ordered_traversal._one_minus`: ``1.0 − q`` loses a mass of 1e-17 beside ``q = 1.0``)."""
+    big = q.argmax(dim=-1, keepdim=True)
+    others = q.scatter(-1, big, 0.0).sum(dim=-1, keepdim=True)
+    return torch.where(q > 0.5, others, 1.0 - q)
+
+
+def _one_minus(q_row: Tensor) -> Tensor:
+    """:func:`_one_minus_rows` of one row."""
+    return _one_minus_rows(q_row[None])[0]
+
+
 def _mass_after(q_row: Tensor, order: list[int]) -> Tensor:
     """``B(y)`` of one row."""
     return _mass_after_rows(q_row[None], torch.tensor([order], dtype=torch.int64))[0]
@@ -958,8 +973,9 @@ def _best_of(a: Tensor, b: Tensor, m: int) -> Tensor:
     return a * total
 
 
-def _binom_tail(m: int, pi: float, c: int) -> float:
-    return float(sum(math.comb(m, j) * pi**j * (1.0 - pi) ** (m - j) for j in range(c, m + 1)))
+def _binom_terms(m: int, pi: float, rest: float, c: int) -> list[float]:
+    """:func:`tmc.ordered_traversal._binom_terms`: ``P(Bin(m, π) = j) / π^c`` for ``j = c .. m``."""
+    return [math.comb(m, j) * pi ** (j - c) * rest ** (m - j) for j in range(c, m + 1)]
 
 
 def _normalised(row: Tensor) -> Tensor:
@@ -975,13 +991,14 @@ def _iid_sorted_law(q_row: Tensor, order: list[int], k: int, prefix: list[int]) 
     c = prefix.count(w)
     m = k - (len(prefix) - c)
     q_w, rest = float(q_row[w]), float(after[w])
-    pi = q_w / (q_w + rest)
-    at_least = _binom_tail(m, pi, c)
+    pi, rest_pi = q_w / (q_w + rest), rest / (q_w + rest)  # shares, not 1 − π (tmc.ordered_traversal)
+    terms = _binom_terms(m, pi, rest_pi, c)
+    at_least = float(sum(terms))
     out = torch.zeros_like(q_row)
-    out[w] = _binom_tail(m, pi, c + 1) / at_least
+    out[w] = float(sum(terms[1:])) / at_least
     if rest > 0.0:
         below = torch.tensor(order[order.index(w) + 1 :], dtype=torch.int64)
-        exact = math.comb(m, c) * pi**c * (1.0 - pi) ** (m - c) / at_least
+        exact = terms[0] / at_least
         out[below] = exact * _best_of(q_row[below] / rest, after[below] / rest, m - c)
     return _normalised(out)
 
@@ -990,7 +1007,8 @@ def _swor_sorted_law(q_row: Tensor, order: list[int], k: int, prefix: list[int])
     """:func:`tmc.ordered_traversal.swor_sorted_law`: next of ``k`` sorted draws without replacement."""
     vocab = q_row.shape[0]
     if k == 2:
-        inv = torch.where(q_row < 1.0, 1.0 / torch.clamp_min(1.0 - q_row, 1e-300), 0.0)
+        second = _one_minus(q_row)  # mass left for the second draw
+        inv = torch.where(second > 0.0, 1.0 / torch.clamp_min(second, 1e-300), 0.0)
         if not prefix:
             out = q_row * (_mass_after(q_row, order) * inv + _mass_after(q_row * inv, order))
         else:

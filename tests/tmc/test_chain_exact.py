@@ -211,3 +211,18 @@ def test_block_stop_at_full_weight_whose_residual_rounds_away():
     np.testing.assert_allclose(block_kernel(ref, q, p), exact, rtol=1e-12, atol=1e-300)
     np.testing.assert_allclose(block_kernel(ref, q, p), asps_kernel(ref, q, p), rtol=1e-12, atol=1e-300)
     assert block_sample_from_uniforms(ref, q, p, [0.5, 0.5, 0.5]) == [0, 1]
+
+
+def test_chain_kernels_at_the_subnormal_edge_equal_exact_rationals():
+    """Two valid inputs at the edge of the float range, against the literal exact-rational implementations:
+    a draft of ``p = 0`` (weight 0), then a draft of subnormal ``q``: ``p / q`` overflowed to +inf,
+    ``−inf + inf`` was NaN and ``min(0, NaN)`` a weight of 1, so ASpS and block accepted both (total variation 1);
+    a drafted ``q = 5e-324`` with ``p = 0``: ``q / 2`` rounds to 0, so ``log1p(−1)`` raised a domain error."""
+    cases = [([0, 1], [[0.5, 0.5], [1.0, 1e-310]], [[0.0, 1.0], [0.5, 0.5], [0.5, 0.5]]),
+             ([0], [[5e-324, 1.0]], [[0.0, 1.0], [0.5, 0.5]])]
+    literals = {"sps": sps_literal, "asps": asps_literal, "block": block_literal}
+    for ref, q, p in cases:
+        for name, kernel in KERNELS.items():
+            exact = np.array(to_float(literals[name](ref, rational_rows(q), rational_rows(p))))
+            np.testing.assert_allclose(kernel(ref, q, p), exact, rtol=1e-12, atol=1e-300, err_msg=name)
+            assert exact[0].tolist() == [0.0, 1.0]

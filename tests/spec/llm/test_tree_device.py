@@ -528,7 +528,32 @@ def test_ordered_traversal_beside_a_draft_token_of_mass_near_one_equals_numpy(dr
     for u in itertools.product(grid, repeat=3):
         want = NUMPY_TREE["ordered_traversal"](tree, p, list(u))
         assert run("ordered_traversal", tree, q, p, np.array(u), "cpu") == want, u
+        host = verify_tree("ordered_traversal", list(tree.tokens), list(tree.parents), tree.draws, q, p, list(u))
+        assert host.tokens.tolist() == want, u  # the host port kept the subtraction a day longer
         accepted_second += want[0] == 1
     # the second child's acceptance probability is ~5e-4 of the first child's rejection: only u = 0 or 1e-4 at
     # its test (at 0.005 and above it fails; at 0.5 it passed with the cancelled law)
     assert 0 < accepted_second < len(grid) ** 3 // 4
+
+
+@pytest.mark.parametrize(("draw", "tokens", "q_root", "p_root", "u", "want"), [
+    # a sorted law that underflows to 0 at a drawn token of target probability 0: the gap 0 - 0 passed it at
+    # value 1 (numpy and the device walk emitted [4, 2]); exactly it is never accepted
+    ("swor", [4, 0], [1e-30, 1.0, 1e-30, 2.0**-53, 1e-310], [1e-310, 1e-310, 1.0, 2.0**-53, 0.0], [0.5] * 3, [2]),
+    # P(Bin(m, pi) >= c) underflowed to 0 at pi = 1e-310, c = 2: ZeroDivisionError in numpy and the host port
+    ("iid", [1, 1, 4], [2.0**-53, 1e-310, 1e-310, 0.0, 1.0], [1.0, 1e-310, 1e-16, 5e-324, 0.0], [0.5, 1e-300, 1e-300, 0.3],
+     [0]),
+])
+def test_ordered_traversal_at_the_subnormal_edge_in_every_port(draw, tokens, q_root, p_root, u, want):
+    """Two valid drafts at the edge of the float range, found by an audit against exact rational laws (the
+    expected tokens are its exact answers): numpy, the host torch walk and the device walk agree with them."""
+    vocab = len(q_root)
+    tree = DraftTree.build([-1] * len(tokens), tokens, draw, {-1: q_root}, vocab)
+    p = np.array([p_root] + [[1 / vocab] * vocab] * len(tokens))
+    q = np.array([q_root] + [[1 / vocab] * vocab] * len(tokens))
+    assert NUMPY_TREE["ordered_traversal"](tree, p, u) == want
+    assert run("ordered_traversal", tree, q, p, np.array(u), "cpu") == want
+    host = verify_tree("ordered_traversal", tokens, [-1] * len(tokens), tree.draws, q, p, u)
+    assert host.tokens.tolist() == want
+    kernel = __import__("tmc").ordered_traversal_kernel(tree, p)
+    assert kernel.sum() == pytest.approx(1.0, abs=1e-12) and (kernel >= 0).all()

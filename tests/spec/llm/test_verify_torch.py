@@ -676,3 +676,24 @@ def test_block_stop_at_full_weight_whose_residual_rounds_away_equals_numpy(devic
                            as_tensor(u, device))
         assert check_verified(out, device) == want, u0
     assert want == [0, 1]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_chain_ports_at_the_subnormal_edge_equal_numpy(device):
+    """A draft of ``p = 0`` then one of subnormal ``q``: the torch closed form of the running weights met
+    ``−inf + inf`` (NaN) where the log ratio overflowed; a drafted ``q = 5e-324`` with ``p = 0``: numpy raised.
+    Both ports now reject at the first draft (tests/tmc/test_chain_exact.py has the exact law)."""
+    cases = [([0, 1], [[0.5, 0.5], [1.0, 1e-310]], [[0.0, 1.0], [0.5, 0.5], [0.5, 0.5]]),
+             ([1], [[1.0, 1e-310]], [[0.5, 0.5], [0.25, 0.75]]),
+             ([0], [[5e-324, 1.0]], [[0.0, 1.0], [0.5, 0.5]])]
+    for ref, q, p in cases:
+        q, p = np.array(q), np.array(p)
+        for method in ("sps", "asps", "block"):
+            for u0 in EDGE_UNIFORMS:
+                u = np.array([u0]) if method == "asps" else np.full(len(ref) + 1, u0)
+                want = NUMPY_CHAIN[method](ref, q, p, u)
+                out = verify_chain(method, torch.tensor(ref, dtype=torch.int64), as_tensor(q, device),
+                                   as_tensor(p, device), as_tensor(u, device))
+                assert check_verified(out, device) == want, (method, ref, u0)
+                if ref == [0, 1] or ref == [0]:
+                    assert want == [1], (method, ref, u0)
