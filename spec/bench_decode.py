@@ -55,7 +55,15 @@ forward round differently, so an argmax tie can flip.
 
 HF generate is called with ``min_new_tokens = max_new_tokens`` (EOS masked)
 and, at temperature > 0, ``top_k=0, top_p=1.0`` so its law is the plain
-softmax our methods use.  Timings are wall-clock seconds with the device
+softmax our methods use; the models' own ``generation_config`` is set aside
+for the call (only its special tokens, and the assistant's schedule, are
+kept), so no ``repetition_penalty``, ``no_repeat_ngram_size``, ``min_p``,
+``suppress_tokens`` ... of a checkpoint's config reaches the baselines (our
+loops never read it).  A decode that would run past a model's learned
+position table is refused before any run.  The prompts are held out by the
+corpus options of the pair's training (``report.json`` of
+:mod:`spec.llm.train` in the pair's folder), or by its defaults when there is
+no such file.  Timings are wall-clock seconds with the device
 synchronised; one untimed warm-up decode per method (the first prompt, full length) comes
 first, after the shared static caches are sized for the longest run, so no timed run grows a
 cache or captures a graph the warm-up did not.  Batch size 1.
@@ -78,13 +86,14 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DEFAULT_METHODS", "Method", "add_options", "bench", "heldout_prompts", "parse_method", "render",
-           "run_as_module", "run_decode_bench"]
+__all__ = ["DEFAULT_METHODS", "Method", "add_options", "bench", "heldout_options", "heldout_prompts", "parse_method",
+           "render", "run_as_module", "run_decode_bench"]
 
 #: Printed by the command line when a multi-threaded CPU run has sleeping OpenMP workers.
 PASSIVE_WARNING = (
@@ -244,19 +253,28 @@ def parse_method(text: str, budget: int, chain_budget: int) -> Method:
     return Method(text, builder, verifier, n, on_host, params, backend, draft_temperature, step_graph, compile_step)
 
 
-def heldout_prompts(tokenizer: Any, n: int, length: int, val_every: int = 50) -> list[list[int]]:
+def heldout_prompts(tokenizer: Any, n: int, length: int, val_every: int = 50, max_chars: int | None = None,
+                    roots: Sequence[str] | None = None) -> list[list[int]]:
     """``n`` prompts of exactly ``length`` tokens from standard-library files that training held out.
 
-    :mod:`spec.llm.train` holds out every ``val_every``-th file of the same
-    walk, standard library first, so on the machine that trained the pair
-    these files were never trained on.  Each prompt is a window starting a
-    third of the way into its file; files too short are skipped.
+    :mod:`spec.llm.train` holds out every ``val_every``-th file of its walk
+    of ``roots`` (the standard library first; default: the standard library
+    alone), capped at ``max_chars`` characters, so the split rebuilt here with
+    the options the pair was trained with (:func:`heldout_options`) names
+    files it never trained on, on the machine that trained it.  Only held-out
+    files under the first root (the standard library) give prompts.  Each
+    prompt is a window starting a third of the way into its file; files too
+    short are skipped.
     """
     from spec.llm.train import collect_corpus, source_roots, split_corpus
 
-    _, val = split_corpus(collect_corpus(source_roots(False)), val_every)
+    roots = tuple(roots) if roots else source_roots(False)
+    _, val = split_corpus(collect_corpus(roots, max_chars), val_every)
+    stdlib = f"{Path(roots[0]).name}/"  # collect_corpus names a file by its root's folder name
     prompts = []
     for doc in val:
+        if not doc.name.startswith(stdlib):
+            continue
         ids = tokenizer(doc.text)["input_ids"]
         start = len(ids) // 3
         if len(ids) - start >= length:
@@ -267,6 +285,43 @@ def heldout_prompts(tokenizer: Any, n: int, length: int, val_every: int = 50) ->
     return [prompts[int(i * step)] for i in range(n)]
 
 
+def heldout_options(folder: str | Path | None) -> tuple[dict[str, Any], str]:
+    """(:func:`heldout_prompts`' corpus options, a line saying where they come from) for a pair in ``folder``.
+
+    From ``folder/report.json`` when :mod:`spec.llm.train` wrote one there (its ``config``: ``val_every``,
+    ``max_chars``, ``roots``); recorded roots that are not on this machine are replaced by this machine's
+    (:func:`spec.llm.train.source_roots`, the same files if it has the same Python).  Without such a file,
+    spec.llm.train's defaults (every 50th standard-library file, no cap): a pair trained with other corpus
+    options may then have trained on some of the prompts.  A ``report.json`` that cannot be read raises a
+    one-line ``ValueError`` naming it.
+    """
+    from spec.llm.train import TrainConfig, source_roots
+
+    report = None if folder is None else Path(folder, "report.json")
+    config: Any = None
+    if report is not None and report.is_file():
+        try:
+            config = json.loads(report.read_text(encoding="utf-8")).get("config")
+        except (OSError, UnicodeDecodeError, ValueError, AttributeError) as err:
+            raise ValueError(f"{report}: cannot read spec.llm.train's report: {' '.join(str(err).split())[:200]}") from None
+    if not isinstance(config, dict) or "val_every" not in config:
+        default = TrainConfig(out="")
+        where = ("target and draft are not in one folder" if folder is None
+                 else f"no spec.llm.train report.json in {folder}")
+        return ({"val_every": default.val_every, "max_chars": default.max_chars, "roots": list(source_roots(False))},
+                f"prompts: {where}, so held out as spec.llm.train's defaults hold out (every {default.val_every}th "
+                f"standard-library file, no --max-chars); a pair trained with other corpus options may have trained "
+                f"on them")
+    options = {"val_every": config["val_every"], "max_chars": config.get("max_chars"),
+               "roots": list(config.get("roots") or source_roots(False))}
+    note = ""
+    if not all(Path(r).is_dir() for r in options["roots"]):
+        options["roots"] = list(source_roots(bool(config.get("site_packages", len(options["roots"]) > 1))))
+        note = f"; its roots are not on this machine, this machine's are used ({', '.join(options['roots'])})"
+    return options, (f"prompts: held out as the pair's training held them out ({report}: val_every="
+                     f"{options['val_every']}, max_chars={options['max_chars']}){note}")
+
+
 def _hf_kwargs(temperature: float, new_tokens: int, pad: int) -> dict[str, Any]:
     kw: dict[str, Any] = {"max_new_tokens": new_tokens, "min_new_tokens": new_tokens, "pad_token_id": pad}
     if temperature > 0:
@@ -274,6 +329,43 @@ def _hf_kwargs(temperature: float, new_tokens: int, pad: int) -> dict[str, Any]:
     else:
         kw.update(do_sample=False, temperature=None, top_k=None, top_p=None)
     return kw
+
+
+#: What a baseline keeps of a model's ``generation_config``: its special tokens (the EOS that
+#: ``min_new_tokens`` masks, the pad token), ...
+_TOKEN_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
+#: ... and, for the assistant, the schedule of assisted generation (how far it drafts; not the law)
+_SCHEDULE_FIELDS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
+
+
+@contextmanager
+def _plain_generation_config(models: Sequence[tuple[Any, tuple[str, ...]]]) -> Iterator[None]:
+    """Each ``(model, fields)``'s ``generation_config`` replaced, for the ``with`` block, by a fresh one that
+    holds only ``fields`` of it.
+
+    HF ``generate`` fills every setting the call does not give from the model's config, and in
+    transformers 5 every ``None`` field of a config passed to it too (so a fresh ``GenerationConfig``
+    argument is not enough): a checkpoint's ``repetition_penalty``, ``no_repeat_ngram_size``, ``min_p``,
+    ``suppress_tokens``, ... would change the law a baseline samples from, while our loops never read
+    them (with ``repetition_penalty`` 1.05 a tiny pair's ``ar`` agreed with ``ar-loop`` on 1 prompt of 4
+    at T = 0).  The schedule fields are copied back on the way out: a ``heuristic`` schedule carries its
+    ``num_assistant_tokens`` from one call to the next.
+    """
+    from transformers import GenerationConfig
+
+    saved = [(model, getattr(model, "generation_config", None), fields) for model, fields in models]
+    try:
+        for model, old, fields in saved:
+            kept = {f: getattr(old, f, None) for f in fields}
+            model.generation_config = GenerationConfig(  # type: ignore[no-untyped-call]
+                **{f: v for f, v in kept.items() if v is not None})
+        yield
+    finally:
+        for model, old, fields in saved:
+            if old is not None:
+                for f in set(fields) & set(_SCHEDULE_FIELDS):
+                    setattr(old, f, getattr(model.generation_config, f, None))
+            model.generation_config = old
 
 
 def _run_one(method: Method, target: Any, draft: Any, prompt: list[int], temperature: float, new_tokens: int,
@@ -309,19 +401,22 @@ def _run_one(method: Method, target: Any, draft: Any, prompt: list[int], tempera
         kw["cache_implementation"] = "static"
     calls = [0]
     handle = None
+    plain: list[tuple[Any, tuple[str, ...]]] = [(target, _TOKEN_FIELDS)]
     if method.name == "hf-assisted":
         kw["assistant_model"] = draft
+        plain.append((draft, _TOKEN_FIELDS + _SCHEDULE_FIELDS))
         handle = target.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
-    torch.manual_seed(seed)
-    sync(device)
-    t0 = time.perf_counter()
     try:
-        seq = target.generate(ids, attention_mask=torch.ones_like(ids), **kw)
-        sync(device)
+        with _plain_generation_config(plain):
+            torch.manual_seed(seed)
+            sync(device)
+            t0 = time.perf_counter()
+            seq = target.generate(ids, attention_mask=torch.ones_like(ids), **kw)
+            sync(device)
+            seconds = time.perf_counter() - t0
     finally:
         if handle is not None:
             handle.remove()
-    seconds = time.perf_counter() - t0
     tokens = seq[0, len(prompt):].tolist()
     steps = calls[0] if method.name == "hf-assisted" else len(tokens)
     return {"tokens": tokens, "seconds": seconds, "steps": steps, "tree": None,
@@ -429,6 +524,24 @@ def _schedule(n_methods: int, n_prompts: int, rnd: int, order: str) -> list[tupl
     return out
 
 
+def _check_positions(target: Any, draft: Any, prompts: Sequence[Sequence[int]], methods: Sequence[Method],
+                     new_tokens: int) -> None:
+    """Refuse, before any run, a decode that would feed a model past its learned position table.
+
+    Our loops check this themselves (:func:`~spec.llm.adapter.check_positions`, a one-line ``ValueError``),
+    but only when their turn comes; HF ``generate`` does not, and a baseline failed with an ``IndexError``
+    deep in the forward (a 32-position GPT-2 pair, a 40-token prompt).  A speculative row feeds both
+    models up to its budget further; HF's assistant drafts no further than its target.
+    """
+    from spec.llm.adapter import check_positions
+
+    reach = max(len(p) for p in prompts) + new_tokens - 1
+    ahead = max((m.budget or 0 for m in methods if m.builder is not None), default=0)
+    check_positions(target, "target", reach + ahead)
+    if any(m.builder is not None or m.name == "hf-assisted" for m in methods):
+        check_positions(draft, "draft", reach + ahead)
+
+
 def _presize_static_caches(target: Any, draft: Any, prompts: Sequence[Sequence[int]], methods: Sequence[Method],
                            new_tokens: int) -> None:
     """Grow the models' shared static caches to the largest capacity any of our runs asks for.
@@ -507,6 +620,7 @@ def run_decode_bench(
     from spec.llm.generate import resolve_cache
     from spec.llm.static_cache import model_device
 
+    _check_positions(target, draft, prompts, methods, new_tokens)
     cache = resolve_cache(target, cache, draft)
     device = model_device(target)
     if cache == "static" or any(m.step_graph for m in methods):  # no timed run may grow a shared cache:
@@ -646,7 +760,8 @@ def plot(report: dict[str, Any], path: str | Path) -> None:
 def add_options(parser: argparse.ArgumentParser) -> None:
     """The ``decode:`` options of ``tmc bench`` (also used by ``python -m spec.bench_decode``)."""
     g = parser.add_argument_group("decode (tmc bench decode)")
-    g.add_argument("--pair", metavar="DIR", help="decode: a folder with target/ and draft/ (spec.llm.train's output)")
+    g.add_argument("--pair", metavar="DIR", help="decode: a folder with target/ and draft/ (spec.llm.train's output; "
+                                                  "its report.json decides which files the prompts are held out from)")
     g.add_argument("--target", metavar="DIR", help="decode: target model folder (instead of --pair)")
     g.add_argument("--draft", metavar="DIR", help="decode: draft model folder (instead of --pair)")
     g.add_argument("--methods", default=",".join(DEFAULT_METHODS),
@@ -729,21 +844,28 @@ def bench(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
             fail(f"--save {args.save}: {err.strerror or err}")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    from spec.llm.models import load_for_decoding, parse_device
+    from spec.llm.models import DRAFT_DIR, TARGET_DIR, load_for_decoding, parse_device
 
     try:
         device = parse_device(args.device)
     except ValueError as err:
         fail(str(err))
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
+    if args.pair:  # a folder, never a hub id: a missing one went to the hub (55 s of retries, a network error)
+        missing = [f"{d}/" for d in (TARGET_DIR, DRAFT_DIR) if not Path(args.pair, d).is_dir()]
+        if missing:
+            fail(f"--pair {args.pair}: " + ("no such folder" if not Path(args.pair).is_dir() else
+                                            f"no {' or '.join(missing)} folder in it")
+                 + " (--pair takes a folder with target/ and draft/, as spec.llm.train writes it)")
+    # the folder that holds both models may hold spec.llm.train's report.json: which files it held out
+    folder = Path(target_dir).parent
     try:
+        options, note = heldout_options(folder if Path(draft_dir).parent == folder and folder.is_dir() else None)
         target, draft, tok = load_for_decoding(target_dir, draft_dir, device, dtype)
+        prompts = heldout_prompts(tok, args.prompts, args.prompt_tokens, **options)
     except ValueError as err:
         fail(str(err))
-    try:
-        prompts = heldout_prompts(tok, args.prompts, args.prompt_tokens)
-    except ValueError as err:
-        fail(str(err))
+    print(note, file=sys.stderr)
     print(f"decoding {args.prompts} prompts x {args.new_tokens} tokens with {len(methods)} methods ({args.order}, "
           f"{args.rounds} round{'s' if args.rounds > 1 else ''}) at T in {temps} "
           f"on {device} ({str(dtype).replace('torch.', '')}) ...", file=sys.stderr)
@@ -753,15 +875,18 @@ def bench(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
                               cache=args.cache, progress=lambda m: print(m, file=sys.stderr, flush=True),
                               rounds=args.rounds, order=args.order, count_ops=args.count_ops)
     report["pair"] = {"target": target_dir, "draft": draft_dir}
+    report["heldout"] = {**options, "note": note}
     text = render(report)
     if args.save:
         out = Path(args.save)
         (out / "decode.json").write_text(json.dumps(report, indent=2))
+        written = [out / "decode.json"]
         try:
             plot(report, out / "decode.png")
+            written.append(out / "decode.png")
         except ImportError:
             print("tmc bench decode: matplotlib is not installed; decode.png not written", file=sys.stderr)
-        print(f"wrote {out / 'decode.json'} and {out / 'decode.png'}", file=sys.stderr)
+        print(f"wrote {' and '.join(map(str, written))}", file=sys.stderr)
     return report, text
 
 

@@ -232,9 +232,12 @@ def _cmd_decode(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2))
         return 0
     print(report["text"])
+    times = (f"builder {summary['build_s']:.2f} s, target {summary['target_s']:.2f} s, "
+             f"verifier {summary['verify_s']:.2f} s")
+    if summary["graph_s"] > 0:  # a fused step records its time whole (graph_s), none of it in the three above
+        times = f"unfused steps: {times}; fused steps {summary['graph_s']:.2f} s, not split"
     print(f"\n{len(out.tokens)} tokens in {len(out.steps)} steps: {out.tokens_per_step:.2f} tokens/step, "
-          f"{summary['tokens_per_s']:.1f} tokens/s (builder {summary['build_s']:.2f} s, target {summary['target_s']:.2f} s, "
-          f"verifier {summary['verify_s']:.2f} s)")
+          f"{summary['tokens_per_s']:.1f} tokens/s ({times})")
     if ar is not None:
         print(f"autoregressive: {report['ar_tokens_per_s']:.1f} tokens/s; speedup {report['speedup_vs_ar']:.2f}x")
     return 0

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import shutil
+import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -385,7 +389,7 @@ def test_command_on_a_saved_pair(saved_pair: SavedPair, tmp_path: Path, capsys: 
     [
         (["--methods", "ar"], "--pair DIR or --target DIR and --draft DIR"),
         (["--pair", "P", "--target", "T"], "not both"),
-        (["--pair", "{tmp}/missing", "--methods", "ar"], "cannot load a tokenizer"),
+        (["--pair", "{tmp}/missing", "--methods", "ar"], "--pair {tmp}/missing: no such folder"),
         (["--pair", "P", "--methods", "ar,bogus"], "method 'bogus'"),
         (["--pair", "P", "--methods", "ar,wetap/w_max=0:traversal"], "w_max"),
         (["--pair", "P", "--temperatures", "0,-1"], "--temperatures"),
@@ -395,10 +399,12 @@ def test_command_on_a_saved_pair(saved_pair: SavedPair, tmp_path: Path, capsys: 
         (["--pair", "P", "--device", "gpu"], "device 'gpu' is not a torch device"),
         (["--pair", "P", "--device", "meta"], "device 'meta' holds shapes without data"),
         (["--pair", "{tmp}/missing", "--save", "{tmp}/a_file"], "--save {tmp}/a_file: File exists"),  # before loading
+        (["--pair", "{tmp}/half", "--methods", "ar"], "--pair {tmp}/half: no draft/ folder in it"),
     ],
 )
 def test_command_errors_are_one_line(argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "a_file").write_text("")
+    (tmp_path / "half" / "target").mkdir(parents=True)
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
     message = message.replace("{tmp}", str(tmp_path))
     assert main(argv) == 2  # the same function as `tmc bench decode` (test_command_on_a_saved_pair runs both)
@@ -431,3 +437,156 @@ def test_thread_wait_policy_is_recorded_and_passive_is_flagged(pair: tuple[objec
             assert capsys.readouterr().err.count(PASSIVE_WARNING) == int(warned), n
     finally:
         torch.set_num_threads(threads)
+
+
+def test_hf_baselines_ignore_the_models_generation_config() -> None:
+    """HF ``generate`` reads every setting the call leaves out from the model's ``generation_config``; a
+    checkpoint's processors there (``repetition_penalty``, ``no_repeat_ngram_size``, ``suppress_tokens``)
+    gave ``ar`` / ``ar-static`` / ``hf-assisted`` another law than our rows (audit D1: ``=ar`` 0.25 with a
+    penalty of 1.05).  Now greedy rows all equal ``ar-loop``, sampled baselines draw suppressed tokens, and
+    the configs are the models' own again afterwards."""
+    target, draft = tiny_pair(29, seed=0)
+    configs = (target.generation_config, draft.generation_config)
+    methods = _methods(("ar", "ar-static", "hf-assisted", "ar-loop", "chain:sps@3"))
+    prompts = [[3, 4, 5, 3], [7, 8, 9, 10, 7]]
+    for config in configs:
+        config.repetition_penalty, config.no_repeat_ngram_size = 2.0, 1
+    greedy = run_decode_bench(target, draft, prompts, methods, temperatures=(0.0,), new_tokens=10, warmup=False)
+    assert {r["method"]: r["agree_ar"] for r in greedy["rows"]} == dict.fromkeys(
+        ("ar", "ar-static", "hf-assisted", "ar-loop", "chain+sps@3"), 1.0)
+    assert greedy["rows"][0]["tokens"] == greedy["rows"][3]["tokens"]  # ar, ar-loop
+    for config in configs:
+        config.no_repeat_ngram_size, config.suppress_tokens = None, list(range(2, 20))
+    sampled = run_decode_bench(target, draft, prompts, methods[:3], temperatures=(1.0,), new_tokens=10,
+                               warmup=False)
+    for row in sampled["rows"]:  # 20 draws, 18 of the 29 tokens suppressed: all outside them has odds 4e-9
+        assert {t for run in row["tokens"][0] for t in run} & set(range(2, 20)), row["method"]
+    assert target.generation_config is configs[0] and draft.generation_config is configs[1]
+    assert configs[0].repetition_penalty == 2.0 and configs[1].suppress_tokens == list(range(2, 20))
+
+
+def _gpt2(positions: int, seed: int) -> Any:
+    torch.manual_seed(seed)
+    config = transformers.GPT2Config(vocab_size=29, n_embd=16, n_layer=1, n_head=2, n_positions=positions)
+    return transformers.GPT2LMHeadModel(config).eval()
+
+
+@pytest.mark.parametrize(("methods", "target_positions", "draft_positions", "message"), [
+    (("ar", "chain:sps@3"), 14, 14, "target has position embeddings for 14 positions, and this decode may feed it 19"),
+    (("ar-static",), 12, 12, "target has position embeddings for 12 positions, and this decode may feed it 16"),
+    (("ar", "hf-assisted"), 64, 8, "draft has position embeddings for 8 positions, and this decode may feed it 16"),
+])
+def test_a_decode_past_a_position_table_is_refused_before_any_run(
+        methods: tuple[str, ...], target_positions: int, draft_positions: int, message: str) -> None:
+    """A prompt + new tokens past a learned position table: the HF baselines failed with an ``IndexError``
+    from the embedding (audit D3: exit 1 and a traceback), our rows with the one-line ``ValueError`` only
+    when their turn came.  Now every run is refused up front, the same way, naming the model."""
+    target, draft = _gpt2(target_positions, 0), _gpt2(draft_positions, 1)
+    with pytest.raises(ValueError, match=message):
+        run_decode_bench(target, draft, [list(range(2, 15))], _methods(methods), temperatures=(0.0,),
+                         new_tokens=4, warmup=False)
+    # the draft's table does not matter to rows that do not use it; a prompt that fits runs
+    ok = run_decode_bench(_gpt2(64, 0), draft, [list(range(2, 15))], _methods(("ar", "ar-loop")),
+                          temperatures=(0.0,), new_tokens=4, warmup=False)
+    assert [r["agree_ar"] for r in ok["rows"]] == [1.0, 1.0]
+
+
+def test_a_missing_pair_folder_fails_at_once_naming_it(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--pair DIR`` is a folder, never a hub id: a relative one that does not exist (or lacks draft/) went to
+    the hub, 55 s of retries and an error blaming the network (audit D4).  Now one line names the folder at once
+    (the hub is switched off here, so the old code fails on the message, not on the clock)."""
+    import huggingface_hub.constants
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "half" / "target").mkdir(parents=True)
+    for pair, said in (("nosuchpair", "--pair nosuchpair: no such folder"),
+                       ("half", "--pair half: no draft/ folder in it")):
+        t0 = time.perf_counter()
+        assert main(["--pair", pair, "--methods", "ar"]) == 2
+        assert time.perf_counter() - t0 < 3.0, pair
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and said in err[0], err
+
+
+def _windows(tokenizer: Any, docs: list[Any], length: int) -> set[tuple[int, ...]]:
+    """The prompt each document can give (``heldout_prompts``: ``length`` tokens from a third of the way in)."""
+    out = set()
+    for doc in docs:
+        ids = tokenizer(doc.text)["input_ids"]
+        out.add(tuple(ids[len(ids) // 3: len(ids) // 3 + length]))
+    return out
+
+
+def test_prompts_are_held_out_by_the_pairs_own_training_options(
+        saved_pair: SavedPair, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The prompts come from files the pair's training held out, under the corpus options its ``report.json``
+    records (``val_every``, ``max_chars``, ``roots``); the bench rebuilt the split with the defaults, so a pair
+    trained with ``--val-every 100`` got 4 prompts of 8 from its training files (audit D2).  Without a
+    report.json the defaults are used, and the command says so; an unreadable one is a one-line error."""
+    import spec.bench_decode as bench_decode
+    from spec.llm.train import collect_corpus, source_roots, split_corpus
+
+    seen: list[list[list[int]]] = []
+    real = bench_decode.run_decode_bench
+
+    def spy(target: Any, draft: Any, prompts: list[list[int]], *args: Any, **kwargs: Any) -> Any:
+        seen.append([list(p) for p in prompts])
+        return real(target, draft, prompts, *args, **kwargs)
+
+    monkeypatch.setattr(bench_decode, "run_decode_bench", spy)
+    pair = tmp_path / "pair"
+    shutil.copytree(saved_pair.path, pair)
+    roots, max_chars, val_every = list(source_roots(False)), 300_000, 7  # a small corpus: a fast split
+    (pair / "report.json").write_text(json.dumps({"config": {"val_every": val_every, "max_chars": max_chars,
+                                                             "roots": roots}}))
+    argv = ["--pair", str(pair), "--prompts", "2", "--prompt-tokens", "8", "--new-tokens", "1", "--methods", "ar",
+            "--temperatures", "0", "--device", "cpu", "--threads", "1", "--json"]
+    assert main(argv) == 0
+    out = capsys.readouterr()
+    train, val = split_corpus(collect_corpus(roots, max_chars), val_every)
+    held = _windows(saved_pair.tokenizer, val, 8)
+    assert len(seen[-1]) == 2 and all(tuple(p) in held for p in seen[-1]), "a prompt outside the held-out files"
+    assert not {tuple(p) for p in seen[-1]} & _windows(saved_pair.tokenizer, train, 8)
+    assert f"held out as the pair's training held them out ({pair / 'report.json'}: val_every=7" in out.err
+    assert json.loads(out.out)["heldout"]["val_every"] == val_every
+
+    assert main([*argv[:1], str(saved_pair.path), *argv[2:]]) == 0  # no report.json: the defaults, said so
+    assert f"no spec.llm.train report.json in {saved_pair.path}" in capsys.readouterr().err
+
+    (pair / "report.json").write_text("{")
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "report.json: cannot read spec.llm.train's report" in err[0], err
+
+
+def test_heldout_options_use_this_machines_roots_for_roots_it_lacks(tmp_path: Path) -> None:
+    """A pair trained on another machine records roots this one may not have: the split is rebuilt from this
+    machine's standard library (with the recorded val_every and max_chars), and the note says so."""
+    from spec.bench_decode import heldout_options
+    from spec.llm.train import source_roots
+
+    (tmp_path / "report.json").write_text(json.dumps({"config": {"val_every": 9, "max_chars": 1000,
+                                                                 "roots": ["/nonexistent/python3.0"]}}))
+    options, note = heldout_options(tmp_path)
+    assert options == {"val_every": 9, "max_chars": 1000, "roots": list(source_roots(False))}
+    assert "not on this machine" in note
+
+
+def test_save_without_matplotlib_names_only_the_json(saved_pair: SavedPair, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--save`` without matplotlib writes decode.json only, and says so: it printed "decode.png not written"
+    and then "wrote .../decode.json and .../decode.png" (audit D6)."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises ImportError
+    out = tmp_path / "out"
+    assert main(["--pair", str(saved_pair.path), "--prompts", "1", "--prompt-tokens", "8", "--new-tokens", "1",
+                 "--methods", "ar", "--temperatures", "0", "--device", "cpu", "--threads", "1",
+                 "--save", str(out)]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert sorted(p.name for p in out.iterdir()) == ["decode.json"]
+    assert "tmc bench decode: matplotlib is not installed; decode.png not written" in err
+    assert [line for line in err if line.startswith("wrote ")] == [f"wrote {out / 'decode.json'}"]

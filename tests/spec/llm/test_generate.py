@@ -925,6 +925,30 @@ def test_decode_command_runs_fused_steps(saved_pair: SavedPair, capsys: pytest.C
     assert "invalid choice: 'yes'" in capsys.readouterr().err
 
 
+@needs_decode_command
+def test_decode_command_prints_the_fused_steps_time(saved_pair: SavedPair, capsys: pytest.CaptureFixture[str]) -> None:
+    """A fused step records its time whole (``graph_s``), none of it as builder, target or verifier time, and
+    the printed breakdown left it out: "target 0.00 s" for 11 fused target forwards (audit D5).  With fused
+    steps it now says its three times are the unfused steps' and prints the fused steps' time; without, as
+    before."""
+    import re
+
+    from tmc.cli import main
+
+    pair = saved_pair.path
+    base = ["decode", "--target", str(pair / "target"), "--draft", str(pair / "draft"), "--prompt", "def f(x):",
+            "--max-new-tokens", "10", "--temperature", "0", "--no-ar", "--builder", "chain", "--verifier", "sps",
+            "--budget", "3", "--cache", "static"]
+    stats = r"\d+ tokens in \d+ steps: [\d.]+ tokens/step, [\d.]+ tokens/s \("
+    times = r"builder [\d.]+ s, target [\d.]+ s, verifier [\d.]+ s"
+    assert main([*base, "--step-graph", "on"]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert re.fullmatch(stats + r"unfused steps: " + times + r"; fused steps [\d.]+ s, not split\)", line), line
+    assert main([*base, "--step-graph", "off"]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert re.fullmatch(stats + times + r"\)", line), line
+
+
 #: (builder, verifier, params, draft temperature) under the plain target law at T = 1: a cooler draft, a warmer
 #: one, and a one-hot (greedy) draft whose sampled nodes all record a point mass
 WARM_CONFIGS = [("chain", "sps", {}, 0.5), ("dyspec", "traversal", {}, 2.0), ("fixed", "multidraft", {"width": 2}, 0.0)]
