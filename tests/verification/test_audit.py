@@ -47,7 +47,7 @@ from verification.audit import (
 )
 from verification.audit.space import draft_nodes, vocab_limit
 from verification.audit.evaluate import Evaluation, sample_size
-from verification.audit.search import CaseSearch, confirm
+from verification.audit.search import CaseSearch, CellLog, confirm, run_search, settle
 from verification.examples import (
     ASPS,
     BIASED_EXAMPLES,
@@ -263,6 +263,100 @@ def test_tutorial_and_wetap_stay_biased_on_iid_drafts_where_q_is_the_right_propo
     assert tutorial.counterexample.case.vocab == wetap.counterexample.case.vocab == 2
 
 
+# ------------------------------------------------- minimal among earlier cells
+
+
+def test_rows_found_on_a_later_cell_are_moved_to_an_earlier_cell_where_they_are_biased():
+    # Audit D1: at seed 3 the search first finds the bias on [3] swor, V = 3, with rows
+    # q = (2/3, 0, 1/3), p = (0, 1/2, 1/2) (the README's case): q has support 2, so a width-3 draw without
+    # replacement draws the same two children as a width-2 one and the rows are biased (TV 1/3, the
+    # derivation on MINIMAL) on [2], an earlier cell that the search had tried and passed.  The case must
+    # move to [2]; there the rows must be exact on [1] swor (one swor child is drawn from q: the i.i.d. rule
+    # is SpS), the only earlier cell of V = 3 and swor.
+    result = audit(IID_RULE_ON_SWOR, config=AuditConfig(seed=3, **FAST))
+    case = result.counterexample.case
+    assert (case.vocab, case.widths, case.draw) == (3, (2,), Draw.SWOR)
+    assert result.moves == ((Cell(3, (3,), Draw.SWOR), Cell(3, (2,), Draw.SWOR)),)
+    assert result.counterexample.evaluation.tv > 0.1
+    assert exact_evaluation(IID_RULE_ON_SWOR, case.on(Cell(3, (1,), Draw.SWOR))).tv < 1e-12
+    assert "found on V=3 [3] swor, biased already on V=3 [2] swor" in result.render()
+    assert result.to_dict()["moves"] == [{"from": {"vocab": 3, "widths": [3], "draw": "swor"},
+                                          "to": {"vocab": 3, "widths": [2], "draw": "swor"}}]
+
+
+def _verdicts(biased) -> CaseSearch:
+    """A search whose verdict on a case is ``biased(case)``."""
+    return CaseSearch(lambda case: Evaluation({}, {}, {}, 0.5 * biased(case), biased(case)), shrink_cap=20)
+
+
+def _cell_verdicts(biased_on) -> CaseSearch:
+    """A search whose verdict depends on the cell only: biased exactly on the cells in ``biased_on``."""
+    return _verdicts(lambda case: case.cell in biased_on)
+
+
+def test_settle_moves_to_the_first_earlier_cell_of_the_same_vocabulary_and_repeats():
+    cells = search_cells("chain", max_vocab=2, chain_lengths=(1, 2, 3))  # V = 1 (n = 1, 2, 3), then V = 2
+    v2n1, v2n2, v2n3 = cells[3:]
+    case = shared_case(2, (1, 1, 1), None, [0.5, 0.5], [0.25, 0.75])
+    # biased on every V = 1 cell too, which cannot hold V = 2 rows: only V = 2 cells are re-checked
+    search = _cell_verdicts({*cells[:3], v2n2, v2n3})
+    assert settle(search, cells, 5, case, seed=0).cell == v2n2  # no share recorded: the moved case stands
+    assert search.moves == [(v2n3, v2n2)] and search.rechecks == 2  # v2n1 (exact), v2n2 (biased)
+    # With a share, the moved-to cell is searched again and what hypothesis finds there is re-checked on
+    # the cells before it: here the found rows (relation 'identical') are exact on n = 1 and biased on n = 2;
+    # the search on n = 2 finds its simplest case (relation 'independent'), which is biased on n = 1.
+    identical = AuditCase(v2n3, ToyModel(2, {}, {}, np.array([0.5, 0.5]), np.array([0.5, 0.5])), "identical",
+                          "shared")
+    search = _verdicts(lambda c: c.cell in (v2n2, v2n3) or (c.cell == v2n1 and c.relation != "identical"))
+    search.cells[v2n2] = CellLog(share=3)
+    settled = settle(search, cells, 5, identical, seed=0)
+    assert settled.cell == v2n1 and settled.relation == "independent"
+    assert search.moves == [(v2n3, v2n2), (v2n2, v2n1)]
+    # exact everywhere before: the case stays
+    search = _cell_verdicts({v2n3})
+    assert settle(search, cells, 5, case, seed=0) is case and search.moves == [] and search.rechecks == 2
+
+
+def test_a_case_moves_only_to_cells_its_rows_cover():
+    shared = shared_case(2, (1, 1), Draw.IID, [0.5, 0.5], [0.25, 0.75])
+    assert shared.on(Cell(2, (1, 1, 1), Draw.IID)).cell == Cell(2, (1, 1, 1), Draw.IID)  # one pair fits any depth
+    assert shared.on(Cell(3, (1,), Draw.IID)) is None and shared.on(Cell(2, (1,), Draw.SWOR)) is None
+    rows = {pre: np.array([0.5, 0.5]) for pre in [(), (0,), (1,), (0, 0), (0, 1), (1, 0), (1, 1)]}
+    per_depth = AuditCase(Cell(2, (1, 1), Draw.IID), ToyModel(2, rows, rows), "identical", "per_depth")
+    assert per_depth.on(Cell(2, (2,), Draw.IID)).model is per_depth.model
+    assert per_depth.on(Cell(2, (1, 1, 1), Draw.IID)) is None  # no rows after three tokens
+
+
+# ------------------------------------------------------------------- budget
+
+
+@pytest.mark.parametrize("verifier, budget", [(MULTIDRAFT, 1), (MULTIDRAFT, 30), (SPS, 5)],
+                         ids=["multidraft-1", "multidraft-30", "sps-5"])
+def test_the_budget_is_a_hard_cap_and_cells_left_unsearched_are_reported(verifier, budget):
+    # Audit D2: every cell got at least one case, so --budget 1 tried 75 cases on MULTIDRAFT's 75 cells.
+    result = audit(verifier, config=AuditConfig(budget=budget, **FAST))
+    tried = [rep.cases_tried for rep in result.cells]
+    # fewer cases than cells: each searched cell takes one (V = 1 has one model; V = 2 gets a share of 1)
+    assert result.cases_tried == sum(tried) == budget and result.exit_code == 0
+    assert result.unsearched == len(result.cells) - budget and tried[budget:] == [0] * result.unsearched
+    text = result.render()
+    assert f"the budget was spent after {budget} of {len(result.cells)} cells" in text
+    assert f"the other {result.unsearched} were not searched (cases tried 0)" in text
+    assert result.to_dict()["cells_unsearched"] == result.unsearched
+
+
+def test_a_budget_of_one_case_per_cell_reaches_every_cell_and_the_default_is_raised_to_it():
+    cells = search_cells("tree")  # 75 cells: V = 1, 2 (9 shapes) and V = 3 (7 shapes), 3 draw kinds each
+    assert AuditConfig().budget_for("sampling", len(cells)) == 75  # not 40: the default reaches every cell
+    assert AuditConfig().budget_for("sampling", 16) == 40 and AuditConfig().budget_for("exact", 75) == 500
+    assert AuditConfig(budget=7).budget_for("sampling", 75) == 7
+    # shares are rounded down, at least one case, and vocabularies ascend: each cell leaves one case per cell left
+    search = _cell_verdicts(set())
+    assert run_search(search, cells, len(cells), seed=0) is None
+    tried = [search.cells[c].tried for c in cells]
+    assert min(tried) >= 1 and search.tried == sum(tried) <= len(cells) and search.unsearched == 0
+
+
 # ---------------------------------------------------------------- reach
 
 
@@ -435,8 +529,30 @@ def test_sampling_mode_flags_greedy_match_and_confirms_on_fresh_samples():
     assert ev is conf.runs[conf.confirmed] and ev is not found  # the verdict rests on the fresh sample
     level = result.alpha / len(conf.flagged)
     assert ev.samples == sample_size(len(ev.target), confirm_tv(found.tv, 0.2), level, result.beta)
-    assert ev.p_value < level
-    assert "estimated from" in result.render() and "confirmed" in result.render()
+    assert ev.p_value < level and not conf.conclusive
+    text = result.render()
+    assert f"estimated from {ev.samples} fresh steps" in text and "rests only on fresh samples" in text
+    assert "confirmed" in text
+
+
+def accept_every_draft(ref, q_rows, p_rows, rng):
+    """Accepts every draft token: emits drafted tokens of target probability 0 (a hard failure)."""
+    p = np.asarray(p_rows, dtype=np.float64)
+    return [int(t) for t in ref] + [categorical(p[-1], float(rng.random()))]
+
+
+def test_a_conclusive_sampled_finding_is_labelled_as_the_search_sample_not_a_fresh_one():
+    # Audit D3: the report said "estimated from 66 fresh steps" and "the verdict rests only on fresh
+    # samples" for the search's own 66 steps (an impossible output needs no fresh sample).
+    result = audit(accept_every_draft, "chain", config=AuditConfig(budget=20))
+    conf = result.confirmation
+    case, found = conf.flagged[conf.confirmed]
+    assert found.impossible > 0 and result.counterexample.evaluation is found  # the search's own sample
+    text = result.render()
+    assert "fresh steps" not in text and "rests only on fresh samples" not in text
+    assert f"estimated from the search's own {found.samples} steps, conclusive without a fresh sample" in text
+    assert "the verdict rests on the search's own sample, which is conclusive" in text
+    assert result.biased and conf.conclusive and result.to_dict()["confirmation"]["conclusive"] is True
 
 
 # ------------------------------------------------------ the exit-0 message
@@ -571,7 +687,9 @@ def test_cli_json_and_draw_options(capsys):
     assert out["counterexample"]["vocab"] == 3 and out["counterexample"]["tv"] == pytest.approx(1 / 3)
     assert out["counterexample"]["output_law"] == pytest.approx({"1": 1 / 6, "2,1": 5 / 12, "2,2": 5 / 12})
     assert sum(out["counterexample"]["target_law"].values()) == pytest.approx(1.0)
-    code = cli_main(["verification.examples:iid_rule_sample", "--kind", "tree", "--draw", "topk", "--budget", "6",
+    # topk alone has 25 cells (9 shapes on V 1..2, 7 on V = 3); the budget is a hard cap, so one case per
+    # cell is what reaches V = 2, where the rule is biased (a budget of 6 searched V = 1 only)
+    code = cli_main(["verification.examples:iid_rule_sample", "--kind", "tree", "--draw", "topk", "--budget", "25",
                      "--tv", "0.4"])
     assert code == 1
 

@@ -101,6 +101,24 @@ class AuditCase:
     def key(self) -> str:
         return self.digest
 
+    def on(self, cell: Cell) -> AuditCase | None:
+        """The same rows on another cell of the same vocabulary and draw kind; None where they cannot be.
+
+        Rows shared by every prefix fit any depth; rows per depth or per prefix
+        only the prefixes they were drawn for.
+        """
+        if (cell.vocab, cell.draw) != (self.vocab, self.draw):
+            return None
+        if cell == self.cell:
+            return self
+        try:
+            for pre in prefixes_up_to(cell.vocab, cell.depth):
+                self.model.q(pre)
+                self.model.p(pre)
+        except ValueError:  # no row for a prefix deeper than the rows drawn
+            return None
+        return AuditCase(cell, self.model, self.relation, self.layout)
+
 
 @st.composite
 def audit_cases(draw: st.DrawFn, *, cell: Cell) -> AuditCase:

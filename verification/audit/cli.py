@@ -51,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("target", metavar="MODULE:FUNCTION", help="the verifier, e.g. verification.examples:SPS")
     parser.add_argument("--kind", choices=["chain", "tree"], help="calling convention (required for plain functions)")
     parser.add_argument("--budget", type=positive_int, default=None,
-                        help="cases to generate in all (default 500 exact, 40 sampling)")
+                        help="cases tried in all, a hard cap (default 500 exact, 40 sampling, raised to one per cell)")
     add_seed(parser, "search and of all sampling")
     add_json(parser)
     parser.add_argument("--draw", action="append", choices=[d.value for d in ALL_DRAWS],

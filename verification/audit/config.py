@@ -39,7 +39,7 @@ class AuditConfig:
     """How one audit searches and how its statistical tests are calibrated."""
 
     mode: ModeChoice = "auto"  # "auto": exact when the verifier exposes a kernel; "exact"; "sampling"
-    budget: int | None = None  # cases hypothesis generates in all; None: 500 exact, 40 sampling
+    budget: int | None = None  # cases searched in all, a hard cap; None: 500 exact, 40 sampling (or one per cell)
     seed: int = 0  # seed of the search and of every sampled step (>= 0); an audit is reproducible from it
     draws: tuple[Draw, ...] | None = None  # tree draw kinds searched; None: the kinds the verifier is paired with
     max_vocab: int = 3  # largest vocabulary searched, 1..4 (drafts of >= 5 nodes stop at 2, see space.py)
@@ -81,17 +81,22 @@ class AuditConfig:
         if not isinstance(self.check_sampler, bool):
             raise ValueError(f"check_sampler must be True or False, got {self.check_sampler!r}")
 
-    def budget_for(self, mode: Mode) -> int:
-        """The case budget of a search in ``mode``."""
+    def budget_for(self, mode: Mode, cells: int = 0) -> int:
+        """The case budget of a search in ``mode`` over ``cells`` cells.
+
+        The default is raised to one case per cell where the reach has more
+        cells than it (a tree verifier paired with three draw kinds has 75 in
+        sampling mode), so a default search reaches every cell.
+        """
         if self.budget is not None:
             return self.budget
-        return DEFAULT_EXACT_BUDGET if mode == "exact" else DEFAULT_SAMPLING_BUDGET
+        return max(DEFAULT_EXACT_BUDGET if mode == "exact" else DEFAULT_SAMPLING_BUDGET, cells)
 
-    def shrink_cap_for(self, mode: Mode) -> int:
-        """Distinct cases the shrinker may evaluate in ``mode``."""
+    def shrink_cap_for(self, mode: Mode, cells: int = 0) -> int:
+        """Distinct cases the shrinker may evaluate in ``mode`` (``cells``: as for :meth:`budget_for`)."""
         if self.shrink_cap is not None:
             return self.shrink_cap
-        budget = self.budget_for(mode)
+        budget = self.budget_for(mode, cells)
         return 5 * budget if mode == "exact" else budget
 
 

@@ -56,11 +56,11 @@ def audit(verifier: object, kind: str | None = None, config: AuditConfig | None 
         raise ValueError("draws (--draw) go with a tree verifier; a chain's tokens are drawn one per position")
     mode = _choose_mode(subject, cfg)
     preflight(subject)
-    budget = cfg.budget_for(mode)
     draws = subject.draws if isinstance(subject, TreeVerifier) else ()
     cells = search_cells(verifier_kind(subject), max_vocab=cfg.max_vocab, chain_lengths=cfg.chain_lengths,
                          tree_shapes=cfg.tree_shapes, draws=draws or ALL_DRAWS)
-    search = CaseSearch(_evaluator(subject, mode, cfg), cfg.shrink_cap_for(mode))
+    budget = cfg.budget_for(mode, len(cells))
+    search = CaseSearch(_evaluator(subject, mode, cfg), cfg.shrink_cap_for(mode, len(cells)))
     found = run_search(search, cells, budget, cfg.seed)
     counterexample, confirmation = _verdict(subject, mode, search, found, cfg)
     sampler = _check_sampler(subject, search, cells, cfg, counterexample) if mode == "exact" else None
@@ -80,6 +80,9 @@ def audit(verifier: object, kind: str | None = None, config: AuditConfig | None 
         sampler=sampler,
         confirmation=confirmation,
         note=_note(confirmation),
+        unsearched=search.unsearched,
+        rechecks=search.rechecks,
+        moves=tuple(search.moves),
     )
 
 

@@ -34,7 +34,7 @@ class Counterexample:
     """The minimal biased case found and the verifier's law on it."""
 
     case: AuditCase  # the shrunk draft/target pair and shape
-    evaluation: Evaluation  # exact, or the fresh confirming sample
+    evaluation: Evaluation  # exact, the fresh confirming sample, or the search's own conclusive sample
 
 
 @dataclass(frozen=True)
@@ -70,6 +70,8 @@ class Confirmation:
     runs: tuple[Evaluation, ...]  # fresh evaluation of each flagged case (same order; may stop early)
     alpha: float  # false-fail rate of the verdict, split evenly over the flagged cases
     confirmed: int | None  # index of the confirmed case, None when none was
+    conclusive: bool = False  # the confirmed case stands on the search's own sample (crash, invalid or
+    #                           impossible output: no lossless verifier produces one); no fresh sample ran for it
 
 
 @dataclass(frozen=True)
@@ -81,16 +83,19 @@ class AuditResult:
     mode: Mode  # "exact" (kernel enumerated) or "sampling" (calibrated tests)
     biased: bool  # a biased case was found (confirmed, in sampling mode) or the verifier failed on one
     config: AuditConfig  # the options the audit ran with
-    budget: int  # cases hypothesis was allowed to generate
+    budget: int  # cases the search could try in all (a hard cap on cases_tried)
     draws: tuple[Draw, ...]  # tree draw kinds searched (empty for chains)
     cells: tuple[CellReport, ...]  # every cell of the search space, in search order
-    cases_tried: int  # distinct cases evaluated before the first biased one (or in all)
-    shrink_evaluations: int  # distinct cases evaluated while shrinking
+    cases_tried: int  # distinct cases evaluated before the first biased one (or in all); at most budget
+    shrink_evaluations: int  # distinct cases evaluated while shrinking (and searching a cell moved to)
     counterexample: Counterexample | None  # minimal biased case, None if none found
     elapsed_s: float  # wall-clock time of the audit
     sampler: SamplerReport | None = None  # exact mode: sampler against kernel
     confirmation: Confirmation | None = None  # sampling mode: the fresh samples behind the verdict
     note: str = ""  # anything the verdict needs qualified
+    unsearched: int = 0  # cells left unsearched (cases tried 0) because the budget was spent
+    rechecks: int = 0  # (rows, cell) checks of found rows on earlier cells of their vocabulary and draw kind
+    moves: tuple[tuple[Cell, Cell], ...] = ()  # (from, to): a found case's rows were biased on an earlier cell
 
     @property
     def sampler_mismatch(self) -> SamplerCheck | None:
@@ -139,7 +144,7 @@ class AuditResult:
             lines.append(f"  note: {self.note}")
         lines.append(f"  time: {self.elapsed_s:.2f} s")
         if self.counterexample is not None:
-            lines.extend(["", *_render_counterexample(self.counterexample, self.mode)])
+            lines.extend(["", *_render_counterexample(self.counterexample, self.mode, self._law_source())])
         mismatch = self.sampler_mismatch
         if mismatch is not None and not self.biased:
             lines.extend(["", *_render_mismatch(mismatch)])
@@ -162,12 +167,20 @@ class AuditResult:
         reach = "; ".join(reach_lines(self.kind, cells))
         layouts = f"rows {'/'.join(LAYOUTS)} (per prefix only up to {PER_PREFIX_MAX_ROWS} prefixes)"
         ended = "the first biased one" if self.counterexample is not None else "stopping"
-        return [
+        lines = [
             f"  reach: {reach}",
             f"  cases: target relations {'/'.join(RELATIONS)}; {layouts}; cells searched smallest first",
             f"  search: budget {self.budget} cases (seed {self.seed}); {self.cases_tried} distinct cases"
             f" tried before {ended}, {self.shrink_evaluations} more while shrinking",
         ]
+        if self.unsearched:
+            searched = len(self.cells) - self.unsearched
+            lines.append(f"  unsearched: the budget was spent after {searched} of {len(self.cells)} cells; the other"
+                         f" {self.unsearched} were not searched (cases tried 0): any bias there could be missed")
+        if self.rechecks or self.moves:
+            lines.append(f"  earlier cells: the found rows were re-evaluated on {self.rechecks} earlier cell(s) of"
+                         f" their vocabulary and draw kind{_moves_text(self.moves)}")
+        return lines
 
     def _missable_lines(self) -> list[str]:
         if self.mode == "exact":
@@ -200,7 +213,8 @@ class AuditResult:
             row = [first.cell.shape_label(), *([draw.value] if draw else []), tried]
             if self.mode == "sampling":
                 row.append(str(max(r.samples for r in by_vocab.values())))
-            row.append(f"{max(r.missable_tv for r in by_vocab.values()):.3g}")
+            tried_reps = [r for r in by_vocab.values() if r.cases_tried]
+            row.append(f"{max(r.missable_tv for r in tried_reps):.3g}" if tried_reps else "not searched")
             rows.append(tuple(row))
         return rows
 
@@ -224,8 +238,13 @@ class AuditResult:
         conf = self.confirmation
         if conf is None:
             return []
-        lines = [f"  confirmation: the verdict rests only on fresh samples (false-fail rate {conf.alpha:g},"
-                 f" split over {len(conf.flagged)} flagged case(s)):"]
+        if conf.conclusive:
+            head = ("  confirmation: the verdict rests on the search's own sample, which is conclusive (a crash,"
+                    " an invalid output or an output of target probability 0: no lossless verifier produces one),"
+                    " so no fresh sample was drawn for it")
+        else:
+            head = "  confirmation: the verdict rests only on fresh samples"
+        lines = [f"{head} (false-fail rate {conf.alpha:g}, split over {len(conf.flagged)} flagged case(s)):"]
         for i, ((case, found), run) in enumerate(zip(conf.flagged, conf.runs)):
             outcome = "confirmed" if conf.confirmed == i else "not confirmed"
             if found.conclusive:
@@ -238,6 +257,16 @@ class AuditResult:
                 f" p = {_p(run.p_value)} -> {outcome}"
             )
         return lines
+
+    def _law_source(self) -> str:
+        """Where the counterexample's law comes from, in words."""
+        assert self.counterexample is not None
+        if self.mode == "exact":
+            return "exact"
+        samples = self.counterexample.evaluation.samples
+        if self.confirmation is not None and self.confirmation.conclusive:
+            return f"estimated from the search's own {samples} steps, conclusive without a fresh sample"
+        return f"estimated from {samples} fresh steps"
 
     # -------------------------------------------------------------- JSON
 
@@ -259,6 +288,9 @@ class AuditResult:
             "relations": list(RELATIONS),
             "cases_tried": self.cases_tried,
             "shrink_evaluations": self.shrink_evaluations,
+            "cells_unsearched": self.unsearched,
+            "rechecks": self.rechecks,
+            "moves": [{"from": _cell_dict_short(a), "to": _cell_dict_short(b)} for a, b in self.moves],
             "missable_tv": self.missable_tv,
             "tol": cfg.tol if self.mode == "exact" else None,
             "tv": cfg.tv,
@@ -301,12 +333,27 @@ def _p(value: float | None) -> str:
     return "-" if value is None else f"{value:.3g}"
 
 
+def _cell_dict_short(cell: Cell) -> dict[str, Any]:
+    return {"vocab": cell.vocab, "widths": list(cell.widths), "draw": cell.draw.value if cell.draw else None}
+
+
+def _cell_text(cell: Cell) -> str:
+    """``V=3 [2] swor`` or ``V=2 n=3``."""
+    draw = f" {cell.draw.value}" if cell.draw else ""
+    return f"V={cell.vocab} {cell.shape_label()}{draw}"
+
+
+def _moves_text(moves: tuple[tuple[Cell, Cell], ...]) -> str:
+    if not moves:
+        return ": unbiased on each"
+    steps = "; ".join(f"found on {_cell_text(a)}, biased already on {_cell_text(b)}" for a, b in moves)
+    return f" ({steps}): the case moved there, and hypothesis searched that cell again to shrink it there"
+
+
 def _cell_dict(rep: CellReport) -> dict[str, Any]:
     cell = rep.cell
     return {
-        "vocab": cell.vocab,
-        "widths": list(cell.widths),
-        "draw": cell.draw.value if cell.draw else None,
+        **_cell_dict_short(cell),
         "cases_tried": rep.cases_tried,
         "samples_per_case": rep.samples or None,
         "missable_tv": rep.missable_tv,
@@ -377,7 +424,8 @@ def _confirmation_dict(conf: Confirmation | None) -> dict[str, Any] | None:
             "fresh_p_value": None if run is None else run.p_value,
             "confirmed": conf.confirmed == i,
         })
-    return {"alpha": conf.alpha, "confirmed": conf.confirmed is not None, "cases": runs}
+    return {"alpha": conf.alpha, "confirmed": conf.confirmed is not None, "conclusive": conf.conclusive,
+            "cases": runs}
 
 
 def _json_law(law: dict[Path, float]) -> dict[str, float]:
@@ -413,13 +461,13 @@ def _render_model(case: AuditCase) -> list[str]:
     return ["  rows per prefix:", *_indent(format_table(["prefix", "draft q", "target p"], rows))]
 
 
-def _render_counterexample(cx: Counterexample, mode: Mode) -> list[str]:
+def _render_counterexample(cx: Counterexample, mode: Mode, how: str) -> list[str]:
+    """The case and its law; ``how``: where the law comes from ("exact", "estimated from N fresh steps", ...)."""
     case, ev = cx.case, cx.evaluation
     lines = [f"minimal counterexample: {case.describe()}", *_render_model(case)]
     if ev.error:
         lines.append(f"  the verifier failed on this valid input: {ev.error}")
         return lines
-    how = "exact" if mode == "exact" else f"estimated from {ev.samples} fresh steps"
     law_rows = [(_fmt_path(s), f"{m:.6g}") for s, m in sorted(ev.output_law.items())]
     lines.append(f"  law of the emitted tokens ({how}):")
     lines.extend(_indent(format_table(["emitted", "probability"], law_rows)))

@@ -4,13 +4,35 @@ Notation (DESIGN.md §3): ``p`` is the target, ``q`` the draft.
 
 **Search.**  Cells (:func:`verification.audit.cases.search_cells`) are visited
 smallest first; in each, :func:`hypothesis.find` draws cases from
-:func:`~verification.audit.cases.audit_cases` with an equal share of the
-budget left, seeded from the audit's seed, and shrinks the first biased case
-to the simplest rows.  So the reported case has the smallest vocabulary and
-shape among the cells searched before it.  A cell's share of the budget left
-is proportional to its vocabulary size.  :class:`CaseSearch` is the
-predicate: it caches each distinct case's evaluation, counts what was tried
-per cell and caps the shrinking work.
+:func:`~verification.audit.cases.audit_cases` with a share of the budget left,
+seeded from the audit's seed, and shrinks the first biased case to the
+simplest rows.  A cell's share is the budget left times its vocabulary size
+over the vocabulary sizes of the cells left, rounded down, and at least one
+case: budget unused by tiny cells (V = 1 has one model) goes to the larger
+ones, and a budget of at least one case per cell reaches every cell.  The
+budget is a hard cap on the distinct cases evaluated before the first biased
+one: when it is spent the search stops, and the cells left are reported
+unsearched (``cases tried`` 0).  :class:`CaseSearch` is the predicate: it
+caches each distinct case's evaluation, counts what was tried per cell, and
+caps the search at the budget and the shrinking work at ``shrink_cap``.
+
+**Earlier cells.**  A cell's search is random and bounded, so it can miss a
+biased case that a later cell then finds; the rows shrunk there can already be
+biased on an earlier cell.  So the found rows are re-evaluated, with the
+search's own evaluation, on every earlier cell of the same vocabulary and draw
+kind whose prefixes they cover (a shared row pair covers every depth; rows per
+depth or per prefix only the depths they were drawn for), in cell order.  On
+the first such cell where they are biased the case moves there, and
+hypothesis searches that cell again (a fresh seed, at most the cell's share
+and the shrinking work left) to find and shrink a case there; the moved case
+stands if that search finds none.  This repeats until the case stays in its
+cell.  So the reported case has the smallest vocabulary and shape among the
+cells searched before it: each of those cells was searched without a biased
+case being found, and the reported rows are unbiased on every one of them
+that can hold them (same vocabulary and draw kind, prefixes covered).  (A
+second search rather than more shrinking: hypothesis cannot resume shrinking
+from a given case under a fixed seed, since a seed turns its example database
+off.)
 
 **Confirmation** (sampling mode).  The search's tests only *select* a case;
 the verdict rests on fresh samples, independent of the search's noise.  The
@@ -24,12 +46,13 @@ the search measured on that case: a real bias of at least half the magnitude
 the search saw (and in any case of ``tv``) is confirmed with probability
 ``≥ 1 − beta``; the floor ``tv / 4`` caps the fresh sample at 16 times the
 search's.  Crashes, invalid outputs and outputs of target probability 0 are
-conclusive on their own (no lossless verifier produces them).
+conclusive on their own (no lossless verifier produces them): such a finding
+stands on the search's own sample, and the :class:`Confirmation` says so
+(``conclusive``).
 """
 
 from __future__ import annotations
 
-import math
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -51,6 +74,7 @@ from verification.examples import Verifier
 class CellLog:
     """What the search did in one cell (mutable bookkeeping of one audit)."""
 
+    share: int = 0  # cases hypothesis was allowed to generate there (0: not searched)
     tried: int = 0  # distinct cases evaluated
     samples: int = 0  # sampling mode: largest sample of one case
     spread_case: AuditCase | None = None  # exact mode: unbiased case with the most spread output law
@@ -59,36 +83,55 @@ class CellLog:
 
 @dataclass
 class CaseSearch:
-    """The search predicate: evaluates cases, caches verdicts, logs cells, caps shrinking work.
+    """The search predicate: evaluates cases, caches verdicts, logs cells, caps the search and shrinking work.
 
     Mutable bookkeeping of one audit call; never shared between audits.
     """
 
     evaluate: Callable[[AuditCase], Evaluation]  # the verdict on one case
     shrink_cap: int  # distinct cases evaluated after the first biased one
+    budget: int | None = None  # distinct cases evaluated before the first biased one (set by run_search)
     cache: dict[str, Evaluation] = field(default_factory=dict)  # case digest -> evaluation
     cells: dict[Cell, CellLog] = field(default_factory=dict)
     tried: int = 0  # distinct cases evaluated before the first biased one
-    shrunk: int = 0  # distinct cases evaluated after it
+    shrunk: int = 0  # distinct cases evaluated after it, by hypothesis
+    rechecked: set[str] = field(default_factory=set)  # digests of found rows checked on earlier cells
     first_flagged: AuditCase | None = None  # the first biased case, before shrinking
+    moves: list[tuple[Cell, Cell]] = field(default_factory=list)  # (from, to): the case moved to an earlier cell
+    unsearched: int = 0  # cells left unsearched because the budget was spent
 
     def __call__(self, case: AuditCase) -> bool:
         hit = self.cache.get(case.digest)
         if hit is None:
+            if self.first_flagged is None and self.budget is not None and self.tried >= self.budget:
+                return False  # budget spent: never evaluate past it
             if self.first_flagged is not None and self.shrunk >= self.shrink_cap:
                 return False  # shrink budget spent: treat untried candidates as not biased
-            hit = self.evaluate(case)
-            self.cache[case.digest] = hit
-            self._log(case, hit)
+            hit = self._evaluate(case)
+            if self.first_flagged is None:
+                self.tried += 1
+            else:
+                self.shrunk += 1
         if hit.biased and self.first_flagged is None:
             self.first_flagged = case
         return hit.biased
 
-    def _log(self, case: AuditCase, ev: Evaluation) -> None:
-        if self.first_flagged is None:
-            self.tried += 1
-        else:
-            self.shrunk += 1
+    @property
+    def rechecks(self) -> int:
+        """Distinct (rows, earlier cell) pairs checked, evaluated then or already by the search."""
+        return len(self.rechecked)
+
+    def recheck(self, case: AuditCase) -> Evaluation:
+        """The search's evaluation of found rows on an earlier cell (not capped: a handful per audit)."""
+        self.rechecked.add(case.digest)
+        hit = self.cache.get(case.digest)
+        if hit is None:
+            hit = self._evaluate(case)
+        return hit
+
+    def _evaluate(self, case: AuditCase) -> Evaluation:
+        ev = self.evaluate(case)
+        self.cache[case.digest] = ev
         log = self.cells.setdefault(case.cell, CellLog())
         log.tried += 1
         log.samples = max(log.samples, ev.samples)
@@ -96,6 +139,7 @@ class CaseSearch:
             spread = law_entropy(ev.output_law)
             if spread > log.spread:
                 log.spread_case, log.spread = case, spread
+        return ev
 
 
 def case_rng(seed: int, case: AuditCase, salt: str) -> np.random.Generator:
@@ -117,24 +161,56 @@ def search_settings(budget: int) -> settings:
 
 
 def run_search(search: CaseSearch, cells: Sequence[Cell], budget: int, seed: int) -> AuditCase | None:
-    """Search the cells in order with hypothesis; shrink and return the first biased case.
+    """Search the cells in order with hypothesis; return the first biased case, shrunk and settled.
 
     Each cell gets a share of the budget left proportional to its vocabulary
-    size (larger vocabularies hold more distinct cases), so budget unused by
-    tiny cells (V = 1 has one model) goes to the larger ones.
+    size (larger vocabularies hold more distinct cases), rounded down and at
+    least one case, so budget unused by tiny cells (V = 1 has one model) goes
+    to the larger ones; the search stops when the budget is spent (module doc).
     """
+    search.budget = budget
     for i, cell in enumerate(cells):
-        weight_left = sum(c.vocab for c in cells[i:])
-        share = max(1, math.ceil((budget - search.tried) * cell.vocab / weight_left))
-        try:
-            return find(
-                audit_cases(cell=cell),
-                search,
-                settings=search_settings(share),
-                random=Random(f"{seed}:{i}"),
-            )
-        except NoSuchExample:
-            continue
+        left = budget - search.tried
+        if left <= 0:
+            search.unsearched = len(cells) - i
+            return None
+        share = max(1, left * cell.vocab // sum(c.vocab for c in cells[i:]))  # <= left: never past the budget
+        search.cells.setdefault(cell, CellLog()).share = share
+        found = find_in_cell(search, cell, share, Random(f"{seed}:{i}"))
+        if found is not None:
+            return settle(search, cells, i, found, seed)
+    return None
+
+
+def find_in_cell(search: CaseSearch, cell: Cell, examples: int, random: Random) -> AuditCase | None:
+    """Hypothesis in one cell: the first biased case of ``examples`` generated, shrunk; None if none."""
+    try:
+        return find(audit_cases(cell=cell), search, settings=search_settings(examples), random=random)
+    except NoSuchExample:
+        return None
+
+
+def settle(search: CaseSearch, cells: Sequence[Cell], index: int, case: AuditCase, seed: int) -> AuditCase:
+    """Move a found case to the first earlier cell where its rows are biased too, search and shrink there,
+    and repeat until it stays (module doc: earlier cells).  ``index``: the case's cell in ``cells``."""
+    while True:
+        j = earliest_biased(search, cells[:index], case)
+        if j is None:
+            return case
+        moved = case.on(cells[j])
+        assert moved is not None
+        search.moves.append((case.cell, moved.cell))
+        examples = min(search.cells.get(moved.cell, CellLog()).share, search.shrink_cap - search.shrunk)
+        again = find_in_cell(search, moved.cell, examples, Random(f"{seed}:{j}:moved")) if examples > 0 else None
+        case, index = (moved if again is None else again), j
+
+
+def earliest_biased(search: CaseSearch, earlier: Sequence[Cell], case: AuditCase) -> int | None:
+    """Index of the first cell of ``earlier`` that holds the case's rows and on which they are biased."""
+    for j, cell in enumerate(earlier):
+        moved = case.on(cell)
+        if moved is not None and search.recheck(moved).biased:
+            return j
     return None
 
 
@@ -154,7 +230,7 @@ def confirm(subject: Verifier, search: CaseSearch, shrunk: AuditCase, config: Au
     runs: list[Evaluation] = []
     for i, (case, found) in enumerate(flagged):
         if found.conclusive:
-            return Confirmation(flagged, (*runs, found), config.alpha, i)
+            return Confirmation(flagged, (*runs, found), config.alpha, i, conclusive=True)  # the search's own sample
         fresh = sampled_evaluation(
             subject, case, tv=confirm_tv(found.tv, config.tv), alpha=level, beta=config.beta,
             rng=case_rng(config.seed, case, "confirm"),
