@@ -132,7 +132,7 @@ def run_gap_bench(
 ) -> dict[str, Any]:
     """Each tree verifier's expected length as % below the LP limit on a fixed set of toy models.
 
-    Model ``s`` of vocabulary ``V`` is ``ToyModel.random(V, depth, seed=s)``
+    Model ``s`` of vocabulary ``V`` is ``ToyModel.random(V, depth, s)``
     (exact zeros with probability 0.2, Dirichlet(1) rows), ``s = seed..seed+models-1``;
     every draw kind, every verifier that applies to it.  Drafts are enumerated
     once per (model, shape, draw) and shared by the verifiers and the LP.
