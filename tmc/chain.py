@@ -33,7 +33,10 @@ as logarithms and the products of rescaling factors are summed in log space
 (the paper works in log space too).  ``w p − q`` is formed as
 ``(p − q) − (1 − w) p`` when ``w ≥ 1/2``, so nearly equal draft and target
 rows (where the interesting mass is a tiny difference) keep full relative
-accuracy.  The kernels stay non-negative and normalised to ~1e-12 for
+accuracy; ``p − q`` at a token both rows hold above 1/2 is the difference of
+the rests (:func:`tmc.residual.row_difference`), and so is the ratio test's
+``p(y) − q(y)`` there.  ASpS divides each emitted row by its own ``D_j``
+before the later steps' factors apply (a tiny ``D_j`` made ``exp`` overflow).  The kernels stay non-negative and normalised to ~1e-12 for
 ``n = 64``, ``V = 32000`` with probabilities down to 1e-30.
 
 Noise layout of the samplers (each is a pure function of its uniforms):
@@ -55,7 +58,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from tmc.noise import categorical, check_uniforms
-from tmc.residual import residual
+from tmc.residual import difference_at, residual, row_difference
 from tmc.validate import as_rng, check_chain
 
 FloatArray = NDArray[np.float64]
@@ -74,12 +77,13 @@ def _one_minus_exp(log_x: float) -> float:
 def _scaled_excess(log_w: float, p_row: FloatArray, q_row: FloatArray) -> FloatArray:
     """``w · p − q`` elementwise, accurate for ``w`` near 1 and for tiny ``w``."""
     if log_w >= _LOG_HALF:
-        # p − q is exact for close values (Sterbenz); (1 − w) p carries the rest.
-        return (p_row - q_row) - _one_minus_exp(log_w) * p_row
+        # p − q is exact for close values (Sterbenz), and at a token both rows hold above 1/2 it is the
+        # difference of the rests (tmc.residual.row_difference); (1 − w) p carries the rest.
+        return row_difference(p_row, q_row) - _one_minus_exp(log_w) * p_row
     return math.exp(log_w) * p_row - q_row
 
 
-def _log_ratio(p_tok: float, q_tok: float) -> float:
+def _log_ratio(p_row: FloatArray, q_row: FloatArray, tok: int) -> float:
     """``log(p / q)`` with full relative accuracy when ``p`` and ``q`` are close.
 
     ``log1p((p − q) / q)`` only for ``q/2 ≤ p ≤ 2q`` (and ``p > 0``), where ``p − q`` is exact (Sterbenz) and
@@ -87,15 +91,17 @@ def _log_ratio(p_tok: float, q_tok: float) -> float:
     (The quotient overflowed to +inf beside a subnormal ``q``, and ``−inf + inf`` after a draft of ``p = 0``
     made the running weight NaN, which ``min(0, NaN)`` turned into a weight of 1; ``q = 5e-324`` rounds
     ``q/2`` to 0, so ``p = 0`` took ``log1p(−1)``, a domain error.)"""
-    p_tok, q_tok = float(p_tok), float(q_tok)
+    p_tok, q_tok = float(p_row[tok]), float(q_row[tok])
     if 0.0 < p_tok and 0.5 * q_tok <= p_tok <= 2.0 * q_tok:
-        return math.log1p((p_tok - q_tok) / q_tok)
+        # p − q as tmc.residual.difference_at forms it: at a token both rows hold above 1/2, the
+        # difference of the rests (1.0 − 1.0 lost a ratio of 1 − 1e-17)
+        return math.log1p(difference_at(p_row, q_row, tok) / q_tok)
     return _log(p_tok) - math.log(q_tok)
 
 
-def _next_log_weight(log_w: float, p_tok: float, q_tok: float) -> float:
-    """``log min(1, w · p(y) / q(y))``: the weight after accepting ``y``."""
-    return min(0.0, log_w + _log_ratio(p_tok, q_tok))
+def _next_log_weight(log_w: float, p_row: FloatArray, q_row: FloatArray, tok: int) -> float:
+    """``log min(1, w · p(y) / q(y))`` for ``y = tok``: the weight after accepting ``y``."""
+    return min(0.0, log_w + _log_ratio(p_row, q_row, tok))
 
 
 # --------------------------------------------------------------------- SpS
@@ -113,7 +119,7 @@ def sps_kernel(ref: ArrayLike | Sequence[int], q_rows: ArrayLike, p_rows: ArrayL
     log_reach = 0.0  # log P(ref[:k] all accepted)
     for k in range(n):
         a = int(toks[k])
-        log_acc = _next_log_weight(0.0, p[k, a], q[k, a])
+        log_acc = _next_log_weight(0.0, p[k], q[k], a)
         reject = _one_minus_exp(log_acc)
         if reject > 0.0:
             kernel[k] = math.exp(log_reach) * reject * residual(p[k], q[k], a)
@@ -169,7 +175,8 @@ def _asps_kernel(toks: NDArray[np.int64], q: FloatArray, p: FloatArray) -> Float
     """:func:`asps_kernel` on inputs already validated by :func:`check_chain`."""
     n = toks.shape[0]
     kernel = np.zeros_like(p)
-    log_factor = np.zeros(n)  # log of the rescaling applied at step j
+    log_factor = np.zeros(n)  # log of the rescaling applied at step j: log((1 − w_{j+1}) / D_j)
+    log_keep = np.zeros(n)  # its numerator, log(1 − w_{j+1}): row j is divided by D_j itself
     log_w = 0.0  # log P_N_s
     for j in range(n):
         a = int(toks[j])
@@ -179,7 +186,7 @@ def _asps_kernel(toks: NDArray[np.int64], q: FloatArray, p: FloatArray) -> Float
         # Whenever the step is not degenerate and its factor is positive,
         # q(a) > w p(a), so nothing is emitted at the drafted token itself.
         emitted[a] = 0.0
-        log_w_next = _next_log_weight(log_w, p[j, a], q[j, a])
+        log_w_next = _next_log_weight(log_w, p[j], q[j], a)
         if log_w == 0.0 and log_w_next < 0.0 and float(emitted.sum()) == 0.0:
             # a rejection at full weight with no residual mass left by rounding (q = [1e-300, 1.0] sums
             # to 1 in floats, and (p − q)_+ lost q's tiny entry): the kernel summed to 0 and the samplers
@@ -187,12 +194,21 @@ def _asps_kernel(toks: NDArray[np.int64], q: FloatArray, p: FloatArray) -> Float
             # (tmc.residual, as SpS and block do); every earlier row is 0 at full weight.
             emitted, mass_d = residual(p[j], q[j], a), 1.0
         if mass_d > 0.0:
-            log_factor[j] = _log(_one_minus_exp(log_w_next)) - math.log(mass_d)
+            log_keep[j] = _log(_one_minus_exp(log_w_next))
+            log_factor[j] = log_keep[j] - math.log(mass_d)
+            emitted = emitted / mass_d  # row j's own D_j divided here: a tiny D_j (1e-300) made exp(690)
         kernel[j] = emitted
         log_w = log_w_next
     if n:
-        suffix = np.cumsum(log_factor[::-1])[::-1]
-        kernel[:n] *= np.exp(suffix)[:, None]
+        # row j: (E_j / D_j) (1 − w_{j+1}) Π_{i>j} (1 − w_{i+1}) / D_i
+        suffix = log_keep + np.append(np.cumsum(log_factor[:0:-1])[::-1], 0.0)
+        with np.errstate(over="ignore"):
+            scale = np.exp(suffix)
+        big = np.isinf(scale)  # a factor past the float range (tiny D_i beside subnormal q's): in log space
+        kernel[:n] *= np.where(big, 1.0, scale)[:, None]
+        if big.any():
+            with np.errstate(divide="ignore"):  # log 0 = -inf: an entry of 0 stays 0
+                kernel[:n][big] = np.exp(np.log(kernel[:n][big]) + suffix[big][:, None])
     kernel[n] = math.exp(log_w) * p[n]
     return kernel
 
@@ -251,7 +267,7 @@ def block_forward(
         # probability (p ≈ q): fall back to the one residual rule.
         residuals[i] = res if h > 0.0 else residual(p[i], q[i], int(toks[i]))
         y = int(toks[i])
-        log_a_next = _next_log_weight(log_a, p[i, y], q[i, y])
+        log_a_next = _next_log_weight(log_a, p[i], q[i], y)
         if i > 0 and denom > 0.0:
             log_stop[i] = _log(h) - math.log(denom)
             log_keep[i] = _log(_one_minus_exp(log_a)) - math.log(denom)

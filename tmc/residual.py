@@ -29,6 +29,31 @@ from numpy.typing import NDArray
 FloatArray = NDArray[np.float64]
 
 
+def row_difference(r: FloatArray, law: FloatArray) -> FloatArray:
+    """``r − law`` for two probability rows, exact at a token where both exceed 1/2.
+
+    There the two entries stand for ``1 − (the rest of their row)``, and the difference of the rests is the
+    difference: ``Σ_{t ≠ m} (law_t − r_t)``.  ``1.0 − 1.0`` is 0 where ``q = [1e-17, 0, 1.0]`` and
+    ``p = [1e-30, 1e-30, 1.0]`` hold ``1 − 1e-17`` and ``1 − 2e-30`` at token 2, and the residual then went
+    to token 1 (total variation about 1 from the exact law of that draft).  At most one token of a row
+    exceeds 1/2; elsewhere the plain difference is as accurate.
+    """
+    diff: FloatArray = r - law
+    m = int(np.argmax(r))
+    if r[m] > 0.5 and law[m] > 0.5:
+        diff[m] = 0.0
+        diff[m] = -float(diff.sum())
+    return diff
+
+
+def difference_at(r: FloatArray, law: FloatArray, tok: int) -> float:
+    """``r(tok) − law(tok)``: :func:`row_difference`'s entry at ``tok``, without forming the row unless needed."""
+    r_tok, law_tok = float(r[tok]), float(law[tok])
+    if r_tok > 0.5 and law_tok > 0.5:
+        return float(row_difference(r, law)[tok])
+    return r_tok - law_tok
+
+
 def acceptance_probability(r_x: float, law_x: float) -> float:
     """``min(1, r(x) / law(x))`` for a draft token ``x``.
 
@@ -51,7 +76,7 @@ def residual(r: FloatArray, law: FloatArray, rejected: int) -> FloatArray:
     ``r`` and ``law`` are ``(V,)`` probability rows; ``rejected`` is the token
     that was just rejected.  Returns a new ``(V,)`` row summing to 1.
     """
-    res = np.maximum(r - law, 0.0)
+    res = np.maximum(row_difference(r, law), 0.0)
     total = float(res.sum())
     if total > 0.0:
         out: FloatArray = res / total

@@ -105,7 +105,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from tmc.multidraft import ROOT, DraftTree, check_tree_p_rows, proposal_laws
 from tmc.noise import categorical, check_uniforms
-from tmc.residual import acceptance_probability, residual
+from tmc.residual import acceptance_probability, difference_at, residual, row_difference
 from tmc.validate import as_rng
 
 FloatArray = NDArray[np.float64]
@@ -147,7 +147,7 @@ class _Frame:
 def _excess(value: float, miss: float, row: FloatArray, law: FloatArray) -> FloatArray:
     """``a · r − q`` elementwise, accurate when ``a`` is near 1 (as :mod:`tmc.chain` forms it)."""
     if value >= 0.5:
-        return (row - law) - miss * row
+        return row_difference(row, law) - miss * row
     out: FloatArray = value * row - law
     return out
 
@@ -160,7 +160,7 @@ def _child_state(value: float, miss: float, row: FloatArray, law: FloatArray, to
         # never accepted, whatever law(tok) is: an ordered child's sorted law can underflow to 0 at a drawn
         # token (a gap of 0 - 0 passed it at value 1, with target probability 0)
         return 0.0, 1.0
-    gap = (r_tok - q_tok) - miss * r_tok if value >= 0.5 else value * r_tok - q_tok
+    gap = difference_at(row, law, tok) - miss * r_tok if value >= 0.5 else value * r_tok - q_tok
     if gap >= 0.0:
         return 1.0, 0.0
     child_miss = min(1.0, -gap / q_tok)

@@ -102,6 +102,7 @@ from spec.llm.verify import (
     _prepare_tree,
     _prob_tensor,
     _residual_rows,
+    _row_difference,
     _rows_bad,
     _total,
     DrawsLike,
@@ -303,7 +304,8 @@ def _acceptance(r_x: Tensor, law_x: Tensor) -> Tensor:
 def _child_state(value: Tensor, miss: Tensor, row: Tensor, law: Tensor, tok: Tensor) -> tuple[Tensor, Tensor]:
     """``(a_i, 1 − a_i)`` of each child: :func:`tmc.traversal._child_state` row by row."""
     q_t, r_t = _at(law, tok), _at(row, tok)
-    gap = torch.where(value >= 0.5, (r_t - q_t) - miss * r_t, value * r_t - q_t)
+    diff = _at(_row_difference(row, law), tok)  # r(tok) − q(tok) as tmc.residual.difference_at forms it
+    gap = torch.where(value >= 0.5, diff - miss * r_t, value * r_t - q_t)
     never = r_t <= 0.0  # never accepted, whatever law(tok) is (an underflowed sorted law)
     passed = (gap >= 0.0) & ~never
     child_miss = torch.where(never, 1.0, torch.clamp_max(-gap / q_t, 1.0))
@@ -314,7 +316,8 @@ def _child_state(value: Tensor, miss: Tensor, row: Tensor, law: Tensor, tok: Ten
 def _delete_child(value: Tensor, miss: Tensor, row: Tensor, law: Tensor, tok: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """``(a, 1 − a, r)`` after deleting each row's child: :func:`tmc.traversal._delete_child` row by row."""
     near = (value >= 0.5)[:, None]
-    excess = torch.clamp_min(torch.where(near, (row - law) - miss[:, None] * row, value[:, None] * row - law), 0.0)
+    excess = torch.clamp_min(torch.where(near, _row_difference(row, law) - miss[:, None] * row,
+                                         value[:, None] * row - law), 0.0)
     h = _total(excess)
     new_row = torch.where(h > 0.0, excess / h, _residual_rows(row, law, tok))
     total = miss + h[:, 0]

@@ -374,12 +374,22 @@ def _normalised_rows(rows: Tensor) -> Tensor:
 # ------------------------------------------------- shared numerical rules
 
 
+def _row_difference(r: Tensor, law: Tensor) -> Tensor:
+    """:func:`tmc.residual.row_difference` row by row ``(..., V)``: ``r − law``, and at a token where both
+    exceed 1/2 the difference of the rests (``Σ_{t ≠ m} (law_t − r_t)``)."""
+    diff = r - law
+    m = r.argmax(dim=-1, keepdim=True)
+    both = (r.gather(-1, m) > 0.5) & (law.gather(-1, m) > 0.5)
+    rest = -diff.scatter(-1, m, 0.0).sum(dim=-1, keepdim=True)
+    return torch.where(both, diff.scatter(-1, m, rest), diff)
+
+
 def _residual_rows(r: Tensor, law: Tensor, rejected: Tensor) -> Tensor:
     """:func:`tmc.residual.residual` row by row: ``norm((r − law)_+)``, degenerate case included.
 
     ``r`` and ``law`` ``(m, V)``, ``rejected`` ``(m,)`` int64; returns ``(m, V)``.
     """
-    res = torch.clamp_min(r - law, 0.0)
+    res = torch.clamp_min(_row_difference(r, law), 0.0)
     total = _total(res)
     rest = r.scatter(1, rejected[:, None], 0.0)
     left = _total(rest)
@@ -470,16 +480,16 @@ def _raise_chain_errors(chain: _Chain) -> None:
     _check_uniforms(u)
 
 
-def _log_weights(p_tok: Tensor, q_tok: Tensor) -> Tensor:
+def _log_weights(p_tok: Tensor, q_tok: Tensor, diff_tok: Tensor) -> Tensor:
     """``(n + 1,)`` log running weights ``L_0 = 0``, ``L_i = min(0, L_{i-1} + log(p(y)/q(y)))``.
 
     The log ratio is :func:`tmc.chain._log_ratio` (``log1p`` where ``q/2 ≤ p ≤ 2q``,
     exact for near-equal probabilities; never +inf, so no ``inf − inf`` below).  The recursion is evaluated without a
     loop: with ``S`` the cumulative sums of the log ratios (``S_0 = 0``),
-    ``L_i = S_i − max_{j ≤ i} S_j``.
+    ``L_i = S_i − max_{j ≤ i} S_j``.  ``diff_tok`` is ``p(y) − q(y)`` as :func:`_row_difference` forms it.
     """
     close = (p_tok > 0.0) & (p_tok >= 0.5 * q_tok) & (p_tok <= 2.0 * q_tok)
-    log_ratio = torch.where(close, torch.log1p((p_tok - q_tok) / q_tok), torch.log(p_tok) - torch.log(q_tok))
+    log_ratio = torch.where(close, torch.log1p(diff_tok / q_tok), torch.log(p_tok) - torch.log(q_tok))
     s = torch.cat([torch.zeros(1, dtype=F64, device=p_tok.device), torch.cumsum(log_ratio, dim=0)])
     return s - torch.cummax(s, dim=0).values
 
@@ -489,10 +499,11 @@ def _drafted(rows: Tensor, tok: Tensor) -> Tensor:
     return rows[: tok.shape[0]].gather(1, tok[:, None])[:, 0]
 
 
-def _scaled_excess(log_w: Tensor, p: Tensor, q: Tensor) -> Tensor:
-    """``w p − q`` row by row (``log_w`` ``(n,)``), as :func:`tmc.chain._scaled_excess` forms it."""
+def _scaled_excess(log_w: Tensor, p: Tensor, q: Tensor, diff: Tensor) -> Tensor:
+    """``w p − q`` row by row (``log_w`` ``(n,)``; ``diff``: ``_row_difference(p, q)``), as
+    :func:`tmc.chain._scaled_excess` forms it."""
     miss = -torch.expm1(log_w)[:, None]  # 1 − w
-    near_one = (p - q) - miss * p
+    near_one = diff - miss * p
     return torch.where((log_w >= _LOG_HALF)[:, None], near_one, torch.exp(log_w)[:, None] * p - q)
 
 
@@ -518,18 +529,26 @@ def _sps_step(c: _Chain) -> tuple[Tensor, Tensor]:
 def _asps_step(c: _Chain) -> tuple[Tensor, Tensor]:
     """ASpS (:func:`tmc.chain.asps_sample_from_uniforms`): the kernel, then one inverse-CDF draw."""
     n, p, q = c.n, c.p, c.q
-    log_w = _log_weights(_drafted(p, c.tok), _drafted(q, c.tok))  # (n + 1,)
+    diff = _row_difference(p[:n], q)
+    log_w = _log_weights(_drafted(p, c.tok), _drafted(q, c.tok), _drafted(diff, c.tok))  # (n + 1,)
     miss = -torch.expm1(log_w)  # 1 − w
-    emitted = torch.clamp_min(_scaled_excess(log_w[:n], p[:n], q), 0.0)  # (n, V)
+    emitted = torch.clamp_min(_scaled_excess(log_w[:n], p[:n], q, diff), 0.0)  # (n, V)
     mass_d = miss[:n] + _total(emitted)[:, 0]  # D_j = Σ (q − w p)_+
     emitted = emitted.scatter(1, c.tok[:, None], 0.0)
     # a rejection at full weight whose residual rounded away: the residual rule, as tmc.chain._asps_kernel
     lost = (log_w[:n] == 0.0) & (log_w[1:] < 0.0) & (_total(emitted)[:, 0] == 0.0)
     emitted = torch.where(lost[:, None], _residual_rows(p[:n], q, c.tok), emitted)
     mass_d = torch.where(lost, 1.0, mass_d)
-    log_factor = torch.where(mass_d > 0.0, torch.log(miss[1:]) - torch.log(mass_d), 0.0)
-    suffix = torch.flip(torch.cumsum(torch.flip(log_factor, [0]), dim=0), [0])
-    kernel = torch.cat([emitted * torch.exp(suffix)[:, None], (torch.exp(log_w[n]) * p[n])[None]])
+    positive = mass_d > 0.0
+    log_keep = torch.where(positive, torch.log(miss[1:]), 0.0)  # log(1 − w_{j+1})
+    log_factor = torch.where(positive, log_keep - torch.log(mass_d), 0.0)
+    emitted = torch.where(positive[:, None], emitted / mass_d[:, None], emitted)  # row j's own D_j (tmc.chain)
+    later = torch.flip(torch.cumsum(torch.flip(log_factor[1:], [0]), dim=0), [0])  # Σ_{i>j} log factor_i
+    suffix = log_keep + torch.cat([later, torch.zeros(1, dtype=F64, device=later.device)])
+    scale = torch.exp(suffix)
+    big = torch.isinf(scale)[:, None]  # a factor past the float range: in log space (tmc.chain._asps_kernel)
+    scaled = torch.where(big, torch.exp(torch.log(emitted) + suffix[:, None]), emitted * torch.where(big, 1.0, scale[:, None]))
+    kernel = torch.cat([scaled, (torch.exp(log_w[n]) * p[n])[None]])
     cell = _categorical(kernel.reshape(-1), c.u[0])
     return cell // c.vocab, cell % c.vocab
 
@@ -537,8 +556,9 @@ def _asps_step(c: _Chain) -> tuple[Tensor, Tensor]:
 def _block_step(c: _Chain) -> tuple[Tensor, Tensor]:
     """Block verification (:func:`tmc.chain.block_sample_from_uniforms`)."""
     n, p, q, dev = c.n, c.p, c.q, c.p.device
-    log_a = _log_weights(_drafted(p, c.tok), _drafted(q, c.tok))  # (n + 1,)
-    res = torch.clamp_min(_scaled_excess(log_a[:n], p[:n], q), 0.0)  # (a_i p_i − q_i)_+
+    diff = _row_difference(p[:n], q)
+    log_a = _log_weights(_drafted(p, c.tok), _drafted(q, c.tok), _drafted(diff, c.tok))  # (n + 1,)
+    res = torch.clamp_min(_scaled_excess(log_a[:n], p[:n], q, diff), 0.0)  # (a_i p_i − q_i)_+
     h = _total(res)[:, 0]
     denom = h - torch.expm1(log_a[:n])  # h_i + 1 − a_i
     # no residual mass left by rounding: the one residual rule of tmc.residual
@@ -870,7 +890,7 @@ class _Frame:
 def _excess(value: float, miss: float, row: Tensor, law: Tensor) -> Tensor:
     """``a r − q``, formed as :func:`tmc.traversal._excess` does."""
     if value >= 0.5:
-        return (row - law) - miss * row
+        return _row_difference(row, law) - miss * row
     return value * row - law
 
 
@@ -879,7 +899,9 @@ def _child_state(value: float, miss: float, row: Tensor, law: Tensor, tok: int) 
     q_tok, r_tok = float(law[tok]), float(row[tok])
     if r_tok <= 0.0:  # never accepted (tmc.traversal._child_state)
         return 0.0, 1.0
-    gap = (r_tok - q_tok) - miss * r_tok if value >= 0.5 else value * r_tok - q_tok
+    # r(tok) − q(tok) as tmc.residual.difference_at forms it (the rests' difference where both exceed 1/2)
+    diff = float(_row_difference(row, law)[tok]) if r_tok > 0.5 and q_tok > 0.5 else r_tok - q_tok
+    gap = diff - miss * r_tok if value >= 0.5 else value * r_tok - q_tok
     if gap >= 0.0:
         return 1.0, 0.0
     child_miss = min(1.0, -gap / q_tok)

@@ -226,3 +226,25 @@ def test_chain_kernels_at_the_subnormal_edge_equal_exact_rationals():
             exact = np.array(to_float(literals[name](ref, rational_rows(q), rational_rows(p))))
             np.testing.assert_allclose(kernel(ref, q, p), exact, rtol=1e-12, atol=1e-300, err_msg=name)
             assert exact[0].tolist() == [0.0, 1.0]
+
+
+#: Drafts whose token lies below the rounding of an entry near 1.0 that both rows share, found by an audit
+#: against exact rationals: ``1.0 − 1.0`` is 0 where the rows stand for ``1 − 1e-17`` and ``1 − 2e-30``, and the
+#: residual (or the stop test, or the weight) went elsewhere: total variation about 1 for the draft.
+SHARED_DOMINANT_CHAINS = [
+    ([0], [[1e-17, 0.0, 1.0]], [[1e-30, 1e-30, 1.0], [1 / 3, 1 / 3, 1 / 3]]),
+    ([3], [[0.0, 0.0, 1.0, 1e-168]], [[1e-300, 0.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0]]),
+    ([2], [[0.0, 1.0, 1e-281]], [[5e-324, 1.0, 0.0], [0.2, 0.3, 0.5]]),
+    ([0, 1], [[1.0, 0.0], [1.0, 1e-30]], [[1.0, 1e-20], [1.0, 0.0], [0.5, 0.5]]),
+]
+
+
+@pytest.mark.parametrize(("ref", "q", "p"), SHARED_DOMINANT_CHAINS)
+def test_chain_kernels_beside_a_shared_entry_near_one_equal_exact_rationals(ref, q, p):
+    """Each kernel equals its literal exact-rational implementation on the float rows (renormalised exactly),
+    entry by entry to 1e-9 of its size: the difference at a token both rows hold above 1/2 is formed from
+    the rest of the rows (tmc.residual.row_difference)."""
+    literals = {"sps": sps_literal, "asps": asps_literal, "block": block_literal}
+    for name, kernel in KERNELS.items():
+        exact = np.array(to_float(literals[name](ref, rational_rows(q), rational_rows(p))))
+        np.testing.assert_allclose(kernel(ref, q, p), exact, rtol=1e-9, atol=1e-300, err_msg=name)

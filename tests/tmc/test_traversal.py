@@ -336,3 +336,25 @@ def test_broken_sampler_uses_the_same_noise_layout():
     # Leaf fails (u = 0.9 >= 1/2), node 0 passes (u = 0.1 < 1/2 kept): the BIASED step emits 1 1.
     assert broken_traversal_sample_from_uniforms(d.tree, d.p_rows, [0.1, 0.9, 0.7]) == [1, 1]
     assert traversal_sample_from_uniforms(d.tree, d.p_rows, [0.1, 0.9, 0.7]) == [0]
+
+
+def test_tree_kernels_beside_a_shared_entry_near_one_equal_the_exact_chain_laws():
+    """Trees whose rows stand for ``1 − tiny`` where floats hold 1.0 (found by an audit against exact rationals):
+    a one-node tree is SpS and a chain is block verification for Traversal (multi-draft: SpS), so the literal
+    exact-rational chain implementations give the exact law.  ``p = [1.0, 1e-20]`` beside ``q = [1, 0]`` has
+    ``a = 1 − 1e-20``: the child state kept ``1 − a = 0`` and the walk accepted node 0 (total variation 1)."""
+    from proofs_check.chain_literal import block_literal, rational_rows, sps_literal, to_float
+    from tmc import DraftTree, multidraft_kernel, traversal_kernel
+    from tmc.ordered_traversal import ordered_traversal_kernel
+
+    ref, q, p = [0], [[1e-17, 0.0, 1.0]], [[1e-30, 1e-30, 1.0], [1 / 3, 1 / 3, 1 / 3]]
+    one = DraftTree.chain(ref, np.array(q))
+    exact = np.array(to_float(sps_literal(ref, rational_rows(q), rational_rows(p))))
+    for kernel in (multidraft_kernel, traversal_kernel, ordered_traversal_kernel):
+        np.testing.assert_allclose(kernel(one, p), exact, rtol=1e-9, atol=1e-300, err_msg=kernel.__name__)
+    ref, q, p = [0, 1], [[1.0, 0.0], [1.0, 1e-30]], [[1.0, 1e-20], [1.0, 0.0], [0.5, 0.5]]
+    chain = DraftTree.chain(ref, np.array(q))
+    exact = np.array(to_float(block_literal(ref, rational_rows(q), rational_rows(p))))
+    assert exact[0].tolist() == [0.0, 1.0]
+    for kernel in (traversal_kernel, ordered_traversal_kernel):
+        np.testing.assert_allclose(kernel(chain, p), exact, rtol=1e-9, atol=1e-300, err_msg=kernel.__name__)

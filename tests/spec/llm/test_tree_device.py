@@ -557,3 +557,18 @@ def test_ordered_traversal_at_the_subnormal_edge_in_every_port(draw, tokens, q_r
     assert host.tokens.tolist() == want
     kernel = __import__("tmc").ordered_traversal_kernel(tree, p)
     assert kernel.sum() == pytest.approx(1.0, abs=1e-12) and (kernel >= 0).all()
+
+
+def test_device_walks_beside_a_shared_entry_near_one_equal_numpy():
+    """The chains of ``SHARED_DOMINANT_CHAINS`` as trees: the device walks take the difference of the rests at a
+    token both rows hold above 1/2 as numpy does (``p = [1.0, 1e-20]`` beside ``q = [1, 0]`` accepted node 0)."""
+    from tests.tmc.test_chain_exact import SHARED_DOMINANT_CHAINS
+
+    for ref, q, p in SHARED_DOMINANT_CHAINS:
+        q, p = np.array(q), np.array(p)
+        tree = DraftTree.chain(ref, q)
+        for u0 in (0.0, 5e-324, 1e-300, 1e-12, 0.5, 1.0 - 1e-12, math.nextafter(1.0, 0.0)):
+            u = np.full(len(ref) + 1, u0)
+            for method in DEVICE_TREE_METHODS:
+                got = run(method, tree, np.vstack([q, np.full(q.shape[1], 1 / q.shape[1])]), p, u, "cpu")
+                assert got == NUMPY_TREE[method](tree, p, u), (method, ref, u0)

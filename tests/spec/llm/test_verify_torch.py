@@ -697,3 +697,29 @@ def test_chain_ports_at_the_subnormal_edge_equal_numpy(device):
                 assert check_verified(out, device) == want, (method, ref, u0)
                 if ref == [0, 1] or ref == [0]:
                     assert want == [1], (method, ref, u0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_ports_beside_a_shared_entry_near_one_equal_numpy(device):
+    """The drafts of tests/tmc/test_chain_exact.py's ``SHARED_DOMINANT_CHAINS`` (rows standing for ``1 − tiny``
+    where floats hold 1.0; numpy's kernels equal exact rationals there): every chain port, and the host tree
+    walks on the same chains as trees, give numpy's tokens for every uniform."""
+    from tests.tmc.test_chain_exact import SHARED_DOMINANT_CHAINS
+
+    for ref, q, p in SHARED_DOMINANT_CHAINS:
+        q, p = np.array(q), np.array(p)
+        tree = DraftTree.chain(ref, q)
+        q_tree = np.vstack([q, np.full(q.shape[1], 1 / q.shape[1])])  # (N + 1, V): the last node's row is unread
+        for u0 in EDGE_UNIFORMS:
+            for method in ("sps", "asps", "block"):
+                u = np.array([u0]) if method == "asps" else np.full(len(ref) + 1, u0)
+                want = NUMPY_CHAIN[method](ref, q, p, u)
+                out = verify_chain(method, torch.tensor(ref, dtype=torch.int64), as_tensor(q, device),
+                                   as_tensor(p, device), as_tensor(u, device))
+                assert check_verified(out, device) == want, (method, ref, u0)
+            u = np.full(len(ref) + 1, u0)
+            for method in ("multidraft", "traversal", "ordered_traversal"):
+                want = NUMPY_TREE[method](tree, p, u)
+                got = verify_tree(method, list(tree.tokens), list(tree.parents), tree.draws, as_tensor(q_tree, device),
+                                  as_tensor(p, device), as_tensor(u, device))
+                assert got.tokens.tolist() == want, (method, ref, u0)
