@@ -304,10 +304,11 @@ def bench(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     """``tmc bench verify``."""
     from tmc.cli import fail
 
-    try:
+    try:  # spec.llm imports both (its models and decode modules load transformers)
         import torch  # noqa: F401
+        import transformers  # noqa: F401
     except ImportError:
-        fail("needs torch: pip install torch==2.13.0 (the CPU build)")
+        fail("needs torch and transformers: pip install 'tmc-spec[llm]' (CPU torch: pip install torch==2.13.0)")
     from spec.llm.models import parse_device
 
     try:

@@ -119,26 +119,27 @@ def iter_tree_drafts(
     shape = check_widths(widths)
     base = tuple(prefix)
 
-    def grow(
-        queue: list[tuple[int, Path]], parents: list[int], tokens: list[int], weight: float
-    ) -> Iterator[TreeDraft]:
+    # Depth first over the choices of each node's children, breadth first over the nodes, with an explicit
+    # stack (a recursion of one frame per node hit Python's limit at about 1000 nodes: `--tree 10,10,10`).
+    State = tuple[list[tuple[int, Path]], list[int], list[int], float]  # queue, parents, tokens, weight
+    stack: list[State] = [([(-1, ())], [], [], 1.0)]
+    while stack:
+        queue, parents, tokens, weight = stack.pop()
+        while queue and len(queue[0][1]) == len(shape):  # a leaf: no children to draw
+            queue = queue[1:]
         if not queue:
             tree = DraftTree(
                 tuple(parents), tuple(tokens), (kind,) * len(tokens), _draft_rows(model, base, parents, tokens, len(shape)), model.vocab
             )
             p_rows = np.array([model.p(base + path) for path in tree.paths()])
             yield TreeDraft(tree, weight, p_rows)
-            return
+            continue
         (node, path), rest = queue[0], queue[1:]
-        if len(path) == len(shape):
-            yield from grow(rest, parents, tokens, weight)
-            return
-        for combo, prob in child_options(model, base + path, shape[len(path)], kind):
-            first = len(tokens)
+        first = len(tokens)
+        options = child_options(model, base + path, shape[len(path)], kind)
+        for combo, prob in reversed(options):  # pushed last to first: popped in the order of child_options
             kids = [(first + i, path + (t,)) for i, t in enumerate(combo)]
-            yield from grow(rest + kids, parents + [node] * len(combo), tokens + list(combo), weight * prob)
-
-    yield from grow([(-1, ())], [], [], 1.0)
+            stack.append((rest + kids, parents + [node] * len(combo), tokens + list(combo), weight * prob))
 
 
 def tree_drafts(model: ToyModel, widths: Sequence[int], draw: Draw | str, prefix: Path = ()) -> list[TreeDraft]:

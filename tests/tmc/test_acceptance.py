@@ -150,6 +150,11 @@ def test_bench_gap_follows_the_seed(capsys):
     (["--random", "3", "--tree", "10,10,10"], "draft trees"),  # RecursionError
     (["--random", "3", "--tree", "4,4"], "10^9.5 draft trees"),  # 3.5e9 trees, no guard
     (["--random", "2", "--tree", ",".join(["1"] * 101), "--draw", "topk"], "at most 100"),
+    # swor caps each node at V children, so a wider tree has the same draft trees (it ran for hours)
+    (["--random", "3", "--tree", "4,4,4", "--draw", "swor"], "draft trees"),
+    (["--random", "4", "--tree", "5,5", "--draw", "swor"], "draft trees"),
+    # the LP limit's size: V = 7000 filled 8 GB in a minute
+    (["--random", "7000", "--chain", "1"], "(prefix, token) cells"),
 ])
 def test_shapes_too_large_to_enumerate_are_refused(capsys, argv, said):
     assert main(["acceptance", *argv]) == 2
@@ -172,3 +177,29 @@ def test_memory_errors_are_one_line(capsys, monkeypatch):
     assert main(["bench", "kernels", "--n", "1", "--vocab", "8"]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == ("tmc bench: out of memory: the options ask for more "
                                                                 "than this machine holds")
+
+
+def test_a_model_file_too_large_for_the_lp_is_refused(capsys, tmp_path):
+    """A 5000-token model file (the rows as "*"): every guard on ``--random`` passed it, and a 1e5-token file
+    took all the machine's memory until the kernel killed the command."""
+    row = [1 / 5000] * 5000
+    path = tmp_path / "flat.json"
+    path.write_text(json.dumps({"vocab": 5000, "draft": {"*": row}, "target": {"*": row}}))
+    assert main(["acceptance", str(path), "--chain", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "(prefix, token) cells" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_tree_of_a_thousand_nodes_is_enumerated(capsys):
+    """``--tree 10,10,10`` at V = 1 is one tree of 1110 nodes: the enumeration recursed once per node and
+    raised RecursionError (a traceback, exit 1)."""
+    assert main(["acceptance", "--random", "1", "--tree", "10,10,10", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["lp"]["expected_length"] == pytest.approx(4.0)
+
+
+def test_bench_gap_refuses_a_vocabulary_it_cannot_enumerate(capsys):
+    """``--gap-vocab 100`` ran without end (its [2,1,1] i.i.d. row alone has 1e12 trees)."""
+    assert main(["bench", "gap", "--gap-vocab", "3,100", "--models", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "--gap-vocab 100" in err and "draft trees" in err and len(err.strip().splitlines()) == 1

@@ -98,6 +98,11 @@ MAX_DEPTH = 100
 #: The most probabilities a ``--random V`` model may hold: two rows of ``V`` for every prefix up to the
 #: shape's depth, ``~2 V^(depth + 1)`` numbers (``--random 100000 --chain 1`` asked for 2e10).
 MAX_RANDOM_ENTRIES = 10**8
+#: The most (prefix, token) cells up to the shape's depth, ``Σ_{d ≤ depth} V^(d + 1)``: the LP limit has about
+#: that many variables and each draft's rows that many entries.  Measured on this 2-core machine: 2.6e5 cells
+#: (``--random 3 --chain 10``) 68 s and 0.4 GB, 9e4 (``--random 300 --chain 1``) 34 s; ``--random 7000
+#: --chain 1`` (4.9e7) filled 8 GB in a minute, and a 1e5-token model file took all 23 GB until killed.
+MAX_LP_CELLS = 300_000
 
 
 def _check_chain_count(vocab: int, n: int) -> None:
@@ -108,7 +113,7 @@ def _check_chain_count(vocab: int, n: int) -> None:
              f"takes at most {MAX_CHAIN_SEQUENCES:,} (shorten the chain)")
 
 
-def _check_tree_count(vocab: int, widths: Sequence[int], draw: str) -> None:
+def _check_tree_count(vocab: int, widths: Sequence[int], draw: str, flag: str = "--tree") -> None:
     """``fail`` when the tree shape has more draft trees than :data:`MAX_CHAIN_SEQUENCES` (``--tree 4,4``: 3.5e9)."""
     if len(widths) > MAX_DEPTH:
         fail(f"--tree has {len(widths)} levels: at most {MAX_DEPTH}")
@@ -117,14 +122,26 @@ def _check_tree_count(vocab: int, widths: Sequence[int], draw: str) -> None:
         if draw == "iid":
             per_node = w * math.log10(vocab)
         elif draw == "swor":
-            per_node = math.log10(math.perm(vocab, w)) if w <= vocab else 0.0
+            per_node = math.log10(math.perm(vocab, min(w, vocab)))  # a node draws at most V children
         else:  # topk: one way
             per_node = 0.0
         log_trees += parents * per_node
         parents *= w
     if log_trees > math.log10(MAX_CHAIN_SEQUENCES):
-        fail(f"--tree {','.join(map(str, widths))} drawn {draw} with V = {vocab} has about 10^{log_trees:.1f} draft "
+        fail(f"{flag} {','.join(map(str, widths))} drawn {draw} with V = {vocab} has about 10^{log_trees:.1f} draft "
              f"trees; exact enumeration takes at most {MAX_CHAIN_SEQUENCES:,} (a smaller tree or V)")
+
+
+def _check_lp_size(vocab: int, depth: int, what: str) -> None:
+    """``fail`` when the LP limit and the drafts' rows would hold more than :data:`MAX_LP_CELLS` cells."""
+    cells = sum(float(vocab) ** (d + 1) for d in range(depth + 1))
+    if cells > MAX_LP_CELLS:
+        fail(f"{what} with V = {vocab} has about {cells:.3g} (prefix, token) cells up to depth {depth}, the size of "
+             f"the LP limit; at most {MAX_LP_CELLS:,} (about a minute on 2 cores; a smaller V or shape)")
+
+
+def _shape_flag(args: argparse.Namespace) -> str:
+    return f"--chain {args.chain}" if args.chain is not None else f"--tree {','.join(map(str, args.tree))}"
 
 
 def _check_random_size(vocab: int, depth: int) -> None:
@@ -153,7 +170,9 @@ def _cmd_acceptance(args: argparse.Namespace) -> int:
         else:
             _check_tree_count(args.random, args.tree, draw)
         _check_random_size(args.random, depth)
+        _check_lp_size(args.random, depth, _shape_flag(args))
     model = load_model(args.model) if args.model else random_model(args.random, depth, args.seed)
+    _check_lp_size(model.vocab, depth, _shape_flag(args))
     if args.chain is not None:
         _check_chain_count(model.vocab, args.chain)
         report = chain_report(model, args.chain)
@@ -215,6 +234,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         text = bench.render(report)
     elif args.what == "gap":
         vocabs = _chain_lengths(args.gap_vocab, "--gap-vocab", minimum=1)
+        for vocab in vocabs:  # each row enumerates as `tmc acceptance --tree` does: the same limits, per model
+            for shape in bench.GAP_SHAPES:
+                for draw in ("iid", "swor", "topk"):
+                    _check_tree_count(vocab, shape, draw, flag=f"--gap-vocab {vocab}: its tree")
+                _check_lp_size(vocab, len(shape), f"--gap-vocab {vocab}: its tree {','.join(map(str, shape))}")
         print(f"exact E[len] of every tree verifier and the LP limit, V in {vocabs}, {args.models} models per row ...", file=sys.stderr)
         report = bench.run_gap_bench(vocabs, args.models, progress=lambda m: print(m, file=sys.stderr), seed=args.seed)
         text = bench.render_gap(report)

@@ -111,3 +111,14 @@ def test_tmc_bench_verify(capsys: pytest.CaptureFixture[str]) -> None:
 
     assert tmc_main(["bench", "verify", "--device", "cpu", "--vocabs", "8", "--rows", "2", "--calls", "1"]) == 0
     assert "chain verification on cpu" in capsys.readouterr().out
+
+
+def test_without_transformers_it_is_one_line(capsys, monkeypatch):
+    """torch without transformers (what the old message told the user to install): spec.llm's modules import
+    transformers, and the command raised ModuleNotFoundError with a traceback (exit 1)."""
+    from tmc.cli import main as tmc_main
+
+    monkeypatch.setitem(__import__("sys").modules, "transformers", None)
+    assert tmc_main(["bench", "verify", "--vocabs", "8", "--rows", "2", "--budgets", "0", "--calls", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "needs torch and transformers" in err[0]
