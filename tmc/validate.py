@@ -153,6 +153,12 @@ def as_rng(rng: object, name: str = "rng") -> np.random.Generator:
     return np.random.default_rng(check_int(name, rng, minimum=0))
 
 
+def _row_precisions(rows: object) -> list[object] | None:
+    """Each row's own dtype for a list or tuple of rows (arrays and tensors carry one; a row of Python numbers
+    is float64: ``None``), else ``None``.  Read off the rows, not by converting each one a second time."""
+    return [getattr(row, "dtype", None) for row in rows] if isinstance(rows, list | tuple) else None
+
+
 def check_prob_rows(
     name: str, rows: ArrayLike, *, dtype: object = None, row_dtypes: Sequence[object] | None = None
 ) -> FloatArray:
@@ -163,8 +169,8 @@ def check_prob_rows(
     given in different precisions; by default ``rows``' own (:func:`given_dtype`), row by row for a list or
     tuple of rows.
     """
-    if row_dtypes is None and dtype is None and isinstance(rows, list | tuple):
-        row_dtypes = [given_dtype(row) for row in rows]
+    if row_dtypes is None and dtype is None:
+        row_dtypes = _row_precisions(rows)
     arr = as_real_array(name, rows)
     if arr.ndim != 2:
         raise ValueError(f"{name} must be a 2-D array of probability rows, got shape {arr.shape}")
@@ -236,7 +242,8 @@ def check_chain(
     if q_arr.ndim == 2 and q_arr.shape[0] == 0:
         q: FloatArray = np.zeros((0, q_arr.shape[1]), dtype=np.float64)
     else:
-        q = check_prob_rows("q_rows", q_rows)  # the rows as given: their precision sets the tolerance
+        # converted once (as_real_array above); the rows as given set the tolerance
+        q = check_prob_rows("q_rows", q_arr, dtype=getattr(q_rows, "dtype", None), row_dtypes=_row_precisions(q_rows))
     toks = check_tokens("ref", ref, vocab)
     n = toks.shape[0]
     if q.shape != (n, vocab):
