@@ -35,7 +35,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from tmc.toy import Path, ToyModel
-from tmc.validate import check_int, check_prob_rows, given_dtype
+from tmc.validate import as_real_array_with_dtype, check_int, check_prob_rows
 
 FloatArray = NDArray[np.float64]
 
@@ -68,12 +68,12 @@ def draft_rows(draft: DraftModel, paths: Sequence[Path]) -> FloatArray:
     if not paths:
         return np.zeros((0, int(draft.vocab)))
     raw = draft.rows(list(paths))
-    arr = np.asarray(raw, dtype=np.float64) if not isinstance(raw, np.ndarray) else raw.astype(np.float64, copy=False)
+    # booleans, text and complex entries refused; the rows' own precision sets the tolerance
+    arr, given = as_real_array_with_dtype("draft rows", raw)
     if arr.shape != (len(paths), draft.vocab):
         raise ValueError(
             f"draft model returned rows of shape {arr.shape} for {len(paths)} paths; expected ({len(paths)}, {draft.vocab})"
         )
-    given = given_dtype(raw)  # the rows' own precision sets the tolerance
     try:
         return check_prob_rows("draft rows", arr, dtype=given)
     except ValueError:

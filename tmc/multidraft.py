@@ -43,7 +43,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from tmc.noise import categorical, check_uniforms
 from tmc.residual import acceptance_probability, residual
-from tmc.validate import as_real_array, as_rng, check_int, check_prob_rows, given_dtype
+from tmc.validate import as_real_array_with_dtype, as_rng, check_int, check_prob_rows
 
 Path = tuple[int, ...]
 FloatArray = NDArray[np.float64]
@@ -215,13 +215,14 @@ def _int_tuple(name: str, values: object) -> tuple[int, ...]:
 def _check_rows(q_rows: Mapping[Any, Any], vocab: int) -> dict[int, FloatArray]:
     """Validated, renormalised, read-only draft rows by node (one vectorised check for all rows)."""
     keys = [check_int("q_rows key", k) for k in q_rows]
-    arrs = [as_real_array(f"q_rows[{k}]", v) for k, v in zip(keys, q_rows.values())]
+    converted = [as_real_array_with_dtype(f"q_rows[{k}]", v) for k, v in zip(keys, q_rows.values())]
+    arrs = [arr for arr, _ in converted]
     for k, arr in zip(keys, arrs):
         if arr.shape != (vocab,):
             raise ValueError(f"q_rows[{k}] has shape {arr.shape}; expected ({vocab},)")
     if not arrs:
         return {}
-    dtypes = [given_dtype(v) for v in q_rows.values()]
+    dtypes = [given for _, given in converted]
     try:  # rows given in mixed precisions: each row at its own precision's tolerance
         table = check_prob_rows("q_rows", np.stack(arrs), row_dtypes=dtypes)
     except ValueError:

@@ -92,6 +92,21 @@ def _refuse_bools(name: str, values: object, what: str) -> None:
 
 def as_real_array(name: str, values: object) -> FloatArray:
     """``values`` as a float64 array; ``ValueError`` for complex, text, booleans, objects or ``None``."""
+    return as_real_array_with_dtype(name, values)[0]
+
+
+def as_real_array_with_dtype(name: str, values: object) -> tuple[FloatArray, object]:
+    """:func:`as_real_array` and :func:`given_dtype` from one conversion: ``(float64 array, precision given)``.
+
+    A list of rows is converted once, not a second time to read its precision (the array numpy builds from
+    it has that precision: float32 only if every entry is).
+    """
+    own = getattr(values, "dtype", None)
+    arr, raw_dtype = _as_real(name, values)
+    return arr, (own if own is not None else raw_dtype)
+
+
+def _as_real(name: str, values: object) -> tuple[FloatArray, object]:
     if values is None:
         raise ValueError(f"{name} is None; expected an array of probabilities")
     try:
@@ -105,7 +120,7 @@ def as_real_array(name: str, values: object) -> FloatArray:
             raise ValueError(f"{name} has complex entries; expected real numbers")
         if raw.dtype.kind != "O" or raw.size == 0:
             if raw.size == 0 and raw.dtype.kind in "OU":
-                return np.asarray(raw, dtype=np.float64)
+                return np.asarray(raw, dtype=np.float64), np.dtype(np.float64)
             raise ValueError(f"{name} must hold real numbers, got dtype {raw.dtype}")
         try:
             out: FloatArray = np.array(
@@ -113,8 +128,8 @@ def as_real_array(name: str, values: object) -> FloatArray:
             ).reshape(raw.shape)
         except TypeError:
             raise ValueError(f"{name} must hold real numbers (a ragged or nested row?)") from None
-        return out
-    return np.asarray(raw, dtype=np.float64)
+        return out, out.dtype
+    return np.asarray(raw, dtype=np.float64), raw.dtype
 
 
 def real_scalar(name: str, x: object) -> float:
@@ -153,10 +168,13 @@ def as_rng(rng: object, name: str = "rng") -> np.random.Generator:
     return np.random.default_rng(check_int(name, rng, minimum=0))
 
 
-def _row_precisions(rows: object) -> list[object] | None:
-    """Each row's own dtype for a list or tuple of rows (arrays and tensors carry one; a row of Python numbers
-    is float64: ``None``), else ``None``.  Read off the rows, not by converting each one a second time."""
-    return [getattr(row, "dtype", None) for row in rows] if isinstance(rows, list | tuple) else None
+def _row_precisions(rows: object, given: object) -> list[object] | None:
+    """Each row's precision for a list or tuple of rows, else ``None``: a row's own dtype (arrays and tensors
+    carry one), else ``given``, that of the array numpy built from all the rows (float32 only if every entry
+    is).  Read off the rows, not by converting each one a second time."""
+    if not isinstance(rows, list | tuple):
+        return None
+    return [own if (own := getattr(row, "dtype", None)) is not None else given for row in rows]
 
 
 def check_prob_rows(
@@ -169,9 +187,9 @@ def check_prob_rows(
     given in different precisions; by default ``rows``' own (:func:`given_dtype`), row by row for a list or
     tuple of rows.
     """
+    arr, given = as_real_array_with_dtype(name, rows)
     if row_dtypes is None and dtype is None:
-        row_dtypes = _row_precisions(rows)
-    arr = as_real_array(name, rows)
+        row_dtypes = _row_precisions(rows, given)
     if arr.ndim != 2:
         raise ValueError(f"{name} must be a 2-D array of probability rows, got shape {arr.shape}")
     if row_dtypes is not None:
@@ -179,7 +197,7 @@ def check_prob_rows(
             raise ValueError(f"{name}: {len(row_dtypes)} row precisions for {arr.shape[0]} rows")
         tol: float | FloatArray = np.array([row_sum_tol(d) for d in row_dtypes])
     else:
-        tol = row_sum_tol(given_dtype(rows) if dtype is None else dtype)
+        tol = row_sum_tol(given if dtype is None else dtype)
     if arr.shape[1] == 0:
         raise ValueError(f"{name} has vocabulary size 0; need at least one token")
     # two reductions decide: a row's sum is NaN or infinite if the row holds NaN or ±inf, and its
@@ -238,12 +256,11 @@ def check_chain(
     """
     p = check_prob_rows("p_rows", p_rows)
     vocab = p.shape[1]
-    q_arr = as_real_array("q_rows", q_rows)
+    q_arr, q_given = as_real_array_with_dtype("q_rows", q_rows)
     if q_arr.ndim == 2 and q_arr.shape[0] == 0:
         q: FloatArray = np.zeros((0, q_arr.shape[1]), dtype=np.float64)
-    else:
-        # converted once (as_real_array above); the rows as given set the tolerance
-        q = check_prob_rows("q_rows", q_arr, dtype=getattr(q_rows, "dtype", None), row_dtypes=_row_precisions(q_rows))
+    else:  # converted once (above); the rows as given set the tolerance
+        q = check_prob_rows("q_rows", q_arr, dtype=q_given, row_dtypes=_row_precisions(q_rows, q_given))
     toks = check_tokens("ref", ref, vocab)
     n = toks.shape[0]
     if q.shape != (n, vocab):

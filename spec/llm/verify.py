@@ -109,7 +109,7 @@ from numpy.typing import ArrayLike
 from spec.llm.sampling import categorical_draw as _categorical, point_rows
 from tmc.kseq import RHO_RTOL, _bisect_rho, _geometric
 from tmc.multidraft import ROOT, Draw
-from tmc.ordered_traversal import MAX_SWOR_TUPLES, mass_left
+from tmc.ordered_traversal import MAX_SWOR_TUPLES, _binom_terms, mass_left
 from tmc.validate import ROW_SUM_TOL, ROW_SUM_TOLS, as_real_array
 
 __all__ = [
@@ -993,11 +993,6 @@ def _best_of(a: Tensor, b: Tensor, m: int) -> Tensor:
     for j in range(m):
         total += (a + b) ** j * b ** (m - 1 - j)
     return a * total
-
-
-def _binom_terms(m: int, pi: float, rest: float, c: int) -> list[float]:
-    """:func:`tmc.ordered_traversal._binom_terms`: ``P(Bin(m, π) = j) / π^c`` for ``j = c .. m``."""
-    return [math.comb(m, j) * pi ** (j - c) * rest ** (m - j) for j in range(c, m + 1)]
 
 
 def _normalised(row: Tensor) -> Tensor:

@@ -266,7 +266,15 @@ class _BadDraft:
 
 @pytest.mark.parametrize(
     ("row", "message"),
-    [([0.5, float("nan"), 0.5], "NaN|finite"), ([0.5, -0.1, 0.6], "negative"), ([0.5, 0.2, 0.2], "sum"), ([0.5, 0.5], "shape")],
+    [
+        ([0.5, float("nan"), 0.5], "NaN|finite"),
+        ([0.5, -0.1, 0.6], "negative"),
+        ([0.5, 0.2, 0.2], "sum"),
+        ([0.5, 0.5], "shape"),
+        ([True, False, False], "draft rows must hold real numbers, got dtype bool"),  # was read as [1, 0, 0]
+        (["0.5", "0.5", "0"], "draft rows must hold real numbers"),  # text was parsed as numbers
+        ([0.5, 0.5j, 0.0], "draft rows has complex entries"),  # imaginary parts were dropped, with a warning
+    ],
 )
 def test_bad_draft_rows_are_refused(row: list[float], message: str) -> None:
     for name in BUILDERS:

@@ -394,3 +394,21 @@ def test_hu_closed_form_rejects_bad_joint():
         hu_closed_form_acceptance([0.5, 0.5], {(0, 1.5): 0.5, (1, 1): 0.5})
     with pytest.raises(ValueError, match="non-numeric entry"):
         hu_closed_form_acceptance([0.5, 0.5], {(0,): "0.5", (1,): 0.5})
+
+
+@pytest.mark.parametrize(
+    "p_row, joint, message",
+    [
+        ([True, False], {(0,): 1.0}, r"p_row must hold real numbers, got dtype bool"),  # was read as [1, 0]
+        ([1.0, False], {(0,): 1.0}, r"p_row\[1\] is a boolean; expected real numbers"),
+        ("ab", {(0,): 1.0}, r"p_row must hold real numbers"),  # numpy's message named no argument
+        ([0.5, 0.5j], {(0,): 1.0}, r"p_row has complex entries"),  # was a TypeError
+        ([[0.5, 0.5]], {(0,): 1.0}, r"p_row must be a 1-D probability row, got shape \(1, 2\)"),
+        ([0.5, 0.5], {}, r"joint must be a non-empty mapping"),
+        ([0.5, 0.5], [(0,), (1,)], r"joint must be a non-empty mapping"),  # was an AttributeError
+        ([0.5, 0.5], {(0,): 0.5, (0, 1): 0.5}, r"joint keys must all hold k tokens .* \[1, 2\]"),
+    ],
+)
+def test_hu_closed_form_names_a_bad_p_row_or_joint(p_row, joint, message):
+    with pytest.raises(ValueError, match=message):
+        hu_closed_form_acceptance(p_row, joint)

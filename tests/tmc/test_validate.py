@@ -325,6 +325,31 @@ def test_rows_given_as_lists_are_checked_at_each_row_precision():
     assert tree.q_rows[-1].sum() == pytest.approx(1.0, abs=1e-15)
 
 
+def test_rows_of_float32_numbers_keep_float32s_tolerance_and_are_converted_once():
+    """A list of rows that are themselves lists of float32 numbers is float32 (numpy builds a float32 array
+    from it); reading each row's precision off the row alone called such a row float64 and refused a float32
+    softmax off by 2e-5.  The precision now comes from the one conversion of the rows."""
+    from tmc.kseq import kseq_residual
+    from tmc.lp import hu_closed_form_acceptance
+    from tmc.validate import as_real_array_with_dtype, check_chain, check_prob_rows
+
+    f32 = np.repeat(_off_by(4096, 2e-5, np.float32), 2, axis=0)
+    as_numbers = [list(row) for row in f32]
+    assert type(as_numbers[0][0]) is np.float32
+    arr, given = as_real_array_with_dtype("p_rows", as_numbers)
+    assert given == np.float32 and arr.dtype == np.float64 and np.array_equal(arr, f32.astype(np.float64))
+    assert as_real_array_with_dtype("x", [[0.5, 0.5]])[1] == np.float64
+    assert as_real_array_with_dtype("x", np.array([0.5, 0.5], dtype=np.float16))[1] == np.float16
+    assert abs(check_prob_rows("p_rows", as_numbers).sum() - 2.0) < 1e-12
+    ref, q, p = check_chain([0], as_numbers[:1], as_numbers)
+    assert q.sum() == pytest.approx(1.0, abs=1e-12) and p.sum() == pytest.approx(2.0, abs=1e-12)
+    with pytest.raises(ValueError, match=r"p_rows row 0 sums to .*tolerance 1e-06"):  # Python floats: float64
+        check_prob_rows("p_rows", [[float(x) for x in f32[0]], f32[1]])
+    small = _off_by(3, 2e-5, np.float32)[0]
+    assert kseq_residual(list(small), list(small), 2).sum() == pytest.approx(1.0, abs=1e-12)
+    assert hu_closed_form_acceptance(list(small), {(0,): 1.0}) == pytest.approx(float(small[0] / small.sum()))
+
+
 def test_float32_rows_off_by_their_rounding_are_accepted_by_every_chain_sampler():
     """Rows whose float64 sums are 1 + 1.2e-5 in float32 (a float32 softmax over 128k tokens is off by about
     that much, :data:`tmc.validate.ROW_SUM_TOLS`): every sampler gives the tokens of the same rows renormalised
