@@ -779,7 +779,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--prompt-tokens", type=int, default=64, help="decode: tokens per prompt (default 64)")
     g.add_argument("--new-tokens", type=int, default=128, help="decode: new tokens per prompt (default 128)")
     g.add_argument("--temperatures", default="0,1", help="decode: comma-separated temperatures (default 0,1)")
-    g.add_argument("--device", default=None, help="decode: torch device (default cuda when available, else cpu)")
+    g.add_argument("--device", default=None, help="decode, verify: torch device (default cuda when available, else cpu)")
     g.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
                    help="decode: model dtype (default bfloat16 on cuda, float32 on cpu)")
     g.add_argument("--threads", type=int, default=None,

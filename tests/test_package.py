@@ -80,6 +80,43 @@ def test_bench_json_flag_prints_the_figures(capsys):
     assert all(r["sps_us"] > 0 and r["asps_us"] > 0 and r["block_us"] > 0 for r in report["results"])
 
 
+@pytest.mark.parametrize(
+    ("argv", "ignored"),
+    [
+        (["bench", "exact", "--models", "3"], "--models (read by gap)"),
+        (["bench", "gap", "--vocab", "10", "--n", "2"], "--n (read by kernels); --vocab (read by kernels)"),
+        (["bench", "kernels", "--pair", "x"], "--pair (read by decode)"),
+        (["bench", "masks", "--device", "cpu"], "--device (read by decode, verify)"),
+        (["bench", "verify", "--prompts", "3"], "--prompts (read by decode)"),
+    ],
+)
+def test_bench_refuses_an_option_its_benchmark_would_ignore(argv, ignored, capsys):
+    """``tmc bench kernels --pair x`` timed the kernels and dropped ``--pair`` without a word."""
+    assert main(argv) == 2
+    assert capsys.readouterr().err.strip() == f"tmc bench: {argv[1]} would ignore {ignored}"
+
+
+def test_bench_accepts_another_benchmarks_option_at_its_default(capsys):
+    assert main(["bench", "--n", "1", "--vocab", "50", "--repeat", "1", "--models", "20", "--prompts", "8"]) == 0
+    assert "ASpS/SpS" in capsys.readouterr().out
+
+
+def test_every_bench_option_names_registered_benchmarks():
+    """The refusal above reads an option's owners off its help ("kernels: ...", "decode, verify: ..."): each option
+    of ``tmc bench`` but the shared ones names benchmarks that exist."""
+    from tmc.cli import build_parser
+    from tmc.commands import _option_owners
+
+    parser = build_parser()
+    (bench,) = [p for a in parser._subparsers._group_actions for n, p in a.choices.items() if n == "bench"]
+    what = next(a for a in bench._actions if a.dest == "what")
+    owned = {action.dest: names for action, names in _option_owners(bench)}
+    shared = {a.dest for a in bench._actions if a.option_strings and a.dest not in owned}
+    assert shared == {"help", "seed", "json"}
+    assert {"n", "gap_vocab", "pair", "device", "vocabs"} <= owned.keys()
+    assert all(names <= set(what.choices) for names in owned.values()), owned
+
+
 def test_console_script_runs_demo():
     exe = Path(sys.executable).with_name("tmc")
     if not exe.exists():

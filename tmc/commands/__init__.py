@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 from collections.abc import Sequence
 from importlib.metadata import entry_points
@@ -28,7 +29,10 @@ BENCH_GROUP = "tmc.benchmarks"
 ACCEPTANCE_GROUP = "tmc.acceptance"
 #: Entry-point group through which a registered benchmark adds its own options
 #: to ``tmc bench``: each entry is a function ``add(parser)`` (keep it light: it
-#: runs whenever the parser is built).
+#: runs whenever the parser is built).  An option's help names the benchmarks
+#: that read it ("decode: ...", "decode, verify: ..."); given a value other than
+#: its default with another benchmark, it is refused (it would be ignored), and
+#: an option whose help names none belongs to every benchmark.
 BENCH_OPTIONS_GROUP = "tmc.bench_options"
 CORE_BENCHMARKS = ("kernels", "exact", "gap")
 
@@ -210,7 +214,30 @@ def _register_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             ep.load()(bench)
         except Exception as err:  # a broken package must not take the command down
             print(f"tmc: the {ep.name!r} bench options are unavailable: {' '.join(str(err).split())}", file=sys.stderr)
-    bench.set_defaults(func=_cmd_bench)
+    owners = _option_owners(bench)
+    bench.set_defaults(func=lambda args: _cmd_bench(args, owners))
+
+
+def _option_owners(parser: argparse.ArgumentParser) -> list[tuple[argparse.Action, frozenset[str]]]:
+    """The options of ``tmc bench`` that only some benchmarks read, each with those benchmarks' names, read off
+    the start of its help (``"kernels: ..."``, ``"decode, verify: ..."``; :data:`BENCH_OPTIONS_GROUP`)."""
+    out = []
+    for action in parser._actions:
+        found = re.match(r"([a-z][a-z-]*(?:, [a-z][a-z-]*)*): ", action.help or "")
+        if action.option_strings and found:
+            out.append((action, frozenset(found.group(1).split(", "))))
+    return out
+
+
+def _refuse_foreign_options(args: argparse.Namespace, owners: list[tuple[argparse.Action, frozenset[str]]]) -> None:
+    """``fail`` naming each option given a value that ``args.what`` would not read (it was silently ignored)."""
+    foreign = [
+        f"{action.option_strings[0]} (read by {', '.join(sorted(names))})"
+        for action, names in owners
+        if args.what not in names and getattr(args, action.dest, action.default) != action.default
+    ]
+    if foreign:
+        fail(f"{args.what} would ignore {'; '.join(foreign)}")
 
 
 def _chain_lengths(text: str, flag: str = "--n", minimum: int = 0) -> list[int]:
@@ -223,9 +250,10 @@ def _chain_lengths(text: str, flag: str = "--n", minimum: int = 0) -> list[int]:
     return ns
 
 
-def _cmd_bench(args: argparse.Namespace) -> int:
+def _cmd_bench(args: argparse.Namespace, owners: list[tuple[argparse.Action, frozenset[str]]] | None = None) -> int:
     from tmc.commands import bench
 
+    _refuse_foreign_options(args, owners or [])
     report: dict[str, Any]
     if args.what == "kernels":
         ns = _chain_lengths(args.n)
