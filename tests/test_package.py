@@ -68,6 +68,30 @@ def test_demo_prints_paper_tables_and_lengths(capsys):
     assert lines["b"][1:] == ["0.050", "0.050", "0.000", "0.300", "0.000"]  # Table 3's row b (last table)
 
 
+def test_demo_json_gives_the_paper_tables_and_lengths(capsys):
+    """``tmc demo --json``: ASpS's joint law is the paper's Table 3 (copied from the paper, rows aa ab ac aτ b c,
+    columns aa ab ac b c), and the lengths its 2.56 (SpS) and 2.60 (ASpS); the text is rendered from the same."""
+    assert main(["demo", "--json", "--seed", "3"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    table3 = {
+        "aa": [0.1, 0, 0, 0, 0], "ab": [0, 0.1, 0, 0, 0], "ac": [0, 0, 0.1, 0, 0], "aτ": [0, 0, 0, 0, 0],
+        "b": [0.05, 0.05, 0, 0.3, 0], "c": [0.05, 0.05, 0, 0, 0.2],
+    }
+    asps = report["paper"]["joint_tables"]["asps"]
+    assert list(asps) == list(table3)
+    for row, want in table3.items():
+        assert list(asps[row]) == ["aa", "ab", "ac", "b", "c"]
+        assert list(asps[row].values()) == pytest.approx(want, abs=1e-12), row
+    assert report["paper"]["joint_tables"]["sps"]["b"]["ac"] == pytest.approx(0.02, abs=1e-12)  # draft ac, output b: 0.02
+    lengths = report["paper"]["lengths"]
+    assert lengths["SpS"]["expected_length"] == pytest.approx(2.56, abs=1e-12)
+    assert lengths["ASpS"]["expected_length"] == pytest.approx(2.60, abs=1e-12)
+    assert report["random"]["seed"] == 3 and set(report["random"]["lengths"]) == {"SpS", "ASpS", "block"}
+    assert main(["demo", "--seed", "3"]) == 0
+    text = capsys.readouterr().out
+    assert f"{report['random']['lengths']['block']['expected_length']:.6f}" in text
+
+
 def test_bench_prints_ratio_table(capsys):
     assert main(["bench", "--n", "1,2", "--vocab", "50", "--repeat", "1"]) == 0
     assert "ASpS/SpS" in capsys.readouterr().out

@@ -13,8 +13,7 @@ same way (:mod:`tmc.commands.bench`).
 
 Conventions every subcommand follows (the helpers below define them once):
 
-* ``--json`` prints one JSON object on stdout instead of the table (every subcommand that reports figures;
-  ``demo`` prints the paper's worked example and has none);
+* ``--json`` prints one JSON object on stdout instead of the table (every subcommand that reports figures);
 * ``--seed`` is a non-negative integer;
 * progress goes to stderr, results to stdout;
 * exit status 0 success, 1 a failed check (a bias found, a failed suite),

@@ -42,15 +42,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     demo = sub.add_parser("demo", help="print the paper's toy example and a random toy model",
                           description="The TMC paper's Tables 2 and 3 and exact expected lengths on a random V = 4 model.")
     add_seed(demo, "random V = 4 model")
+    add_json(demo)
     demo.set_defaults(func=_cmd_demo)
     _register_acceptance(sub)
     _register_bench(sub)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from tmc.commands.demo import run_demo
+    from tmc.commands.demo import demo_report, render_demo
 
-    print(run_demo(seed=args.seed))
+    report = demo_report(seed=args.seed)
+    print(json.dumps(report, indent=2) if args.json else render_demo(report))
     return 0
 
 

@@ -9,6 +9,7 @@ same comparison on a random V = 4, n = 4 model.
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Any
 
 import numpy as np
 
@@ -45,45 +46,52 @@ def paper_joint_table(kernel_fn: ChainKernel) -> dict[tuple[str, str], float]:
     return dict(table)
 
 
-def _render_joint(name: str, kernel_fn: ChainKernel) -> str:
-    table = paper_joint_table(kernel_fn)
-    rows = [
-        [out] + [f"{table.get((out, col), 0.0):.3f}" for col in PAPER_DRAFT_COLUMNS]
-        for out in PAPER_OUTPUT_ROWS
-    ]
-    return format_table(["output \\ draft"] + PAPER_DRAFT_COLUMNS, rows, title=name)
-
-
-def _lengths(model: ToyModel, n: int) -> list[list[str]]:
-    out = []
+def _lengths(model: ToyModel, n: int) -> dict[str, dict[str, float]]:
+    """Exact expected output length and completion error of SpS, ASpS and block on chains of ``n``."""
+    out = {}
     for label, fn in (("SpS", sps_kernel), ("ASpS", asps_kernel), ("block", block_kernel)):
         law = chain_output_law(model, n, fn)
-        out.append([label, f"{law.expected_length:.6f}", f"{law.completion_error:.1e}"])
+        out[label] = {"expected_length": float(law.expected_length), "completion_error": float(law.completion_error)}
     return out
+
+
+def demo_report(seed: int = 0) -> dict[str, Any]:
+    """The demo's figures (``tmc demo --json``): the paper's joint tables (output row → draft column →
+    probability, the rows and columns of its Tables 2–3) and the exact lengths, then the random model's."""
+    model = ToyModel.random(4, 4, np.random.default_rng(seed), name=f"random(V=4, seed={seed})")
+    tables = {}
+    for key, fn in (("sps", sps_kernel), ("asps", asps_kernel)):
+        table = paper_joint_table(fn)
+        tables[key] = {out: {col: table.get((out, col), 0.0) for col in PAPER_DRAFT_COLUMNS} for out in PAPER_OUTPUT_ROWS}
+    return {
+        "paper": {"vocab": list(LETTERS), "n": 2, "joint_tables": tables, "lengths": _lengths(paper_toy_model(), 2)},
+        "random": {"name": model.name, "seed": seed, "vocab": 4, "n": 4, "lengths": _lengths(model, 4)},
+    }
+
+
+def _render_lengths(lengths: dict[str, dict[str, float]], title: str) -> str:
+    rows = [[label, f"{v['expected_length']:.6f}", f"{v['completion_error']:.1e}"] for label, v in lengths.items()]
+    return format_table(["verifier", "E[tokens/step]", "completion err"], rows, title=title)
+
+
+def render_demo(report: dict[str, Any]) -> str:
+    """The demo's text from :func:`demo_report`."""
+    paper, rand = report["paper"], report["random"]
+    joint = []
+    for key, name in (("sps", "SpS joint law (paper Table 2)"), ("asps", "ASpS joint law (paper Table 3)")):
+        table = paper["joint_tables"][key]
+        rows = [[out] + [f"{table[out][col]:.3f}" for col in PAPER_DRAFT_COLUMNS] for out in PAPER_OUTPUT_ROWS]
+        joint += [format_table(["output \\ draft"] + PAPER_DRAFT_COLUMNS, rows, title=name), ""]
+    return "\n".join([
+        "TMC paper toy example (vocabulary {a, b, c}, chain of n = 2 draft tokens)",
+        "",
+        *joint,
+        _render_lengths(paper["lengths"], "Exact expected output length (accepted + corrected/bonus token)"),
+        "",
+        _render_lengths(rand["lengths"], f"Random toy model V = 4, n = 4 (seed {rand['seed']}), all 256 draft chains enumerated"),
+    ])
 
 
 def run_demo(seed: int = 0) -> str:
     """Return the demo's text."""
-    parts = [
-        "TMC paper toy example (vocabulary {a, b, c}, chain of n = 2 draft tokens)",
-        "",
-        _render_joint("SpS joint law (paper Table 2)", sps_kernel),
-        "",
-        _render_joint("ASpS joint law (paper Table 3)", asps_kernel),
-        "",
-        format_table(
-            ["verifier", "E[tokens/step]", "completion err"],
-            _lengths(paper_toy_model(), 2),
-            title="Exact expected output length (accepted + corrected/bonus token)",
-        ),
-        "",
-    ]
-    model = ToyModel.random(4, 4, np.random.default_rng(seed), name=f"random(V=4, seed={seed})")
-    parts.append(
-        format_table(
-            ["verifier", "E[tokens/step]", "completion err"],
-            _lengths(model, 4),
-            title=f"Random toy model V = 4, n = 4 (seed {seed}), all 256 draft chains enumerated",
-        )
-    )
-    return "\n".join(parts)
+    return render_demo(demo_report(seed))
