@@ -272,9 +272,10 @@ def block_forward(
             log_stop[i] = _log(h) - math.log(denom)
             log_keep[i] = _log(_one_minus_exp(log_a)) - math.log(denom)
         elif i > 0 and log_a_next < 0.0:
-            # a_i = 1 and the residual mass rounded to 0 although p(y) < q(y) (q = [1e-168, 1.0] next to
-            # p = [1e-281, 1.0]: both sum to 1 in floats): exactly, h_i > 0 = 1 − a_i, so the scan stops
-            # here (stop_i = 1), as ASpS emits its residual at full weight (_asps_kernel); it passed.
+            # a_i = 1 and no residual mass although p(y) < q(y): rows equal but for an entry a few ulps lower
+            # in p (renormalised, p ≤ q everywhere; tests' ULP_DEFICIT_P).  Exactly (the float rows as
+            # rationals renormalised) the scan stops here, as ASpS emits its residual at full weight
+            # (_asps_kernel); passing on put that mass on an earlier draft, whose p may equal its q.
             log_stop[i], log_keep[i] = 0.0, -math.inf
         log_a = log_a_next
     log_stop[n] = log_a

@@ -17,6 +17,7 @@ from tmc import asps_kernel, block_kernel, chain_output_law, paper_toy_model, sp
 from tmc.commands.demo import PAPER_DRAFT_COLUMNS, PAPER_OUTPUT_ROWS, paper_joint_table
 from tmc.enumeration import enumerate_drafts
 from tmc.toy import ToyModel
+from tmc.validate import check_chain
 from verification.strategies import toy_models
 
 from .reference import asps_literal, block_literal, rational_rows, sps_literal, to_float
@@ -211,6 +212,33 @@ def test_block_stop_at_full_weight_whose_residual_rounds_away():
     np.testing.assert_allclose(block_kernel(ref, q, p), exact, rtol=1e-12, atol=1e-300)
     np.testing.assert_allclose(block_kernel(ref, q, p), asps_kernel(ref, q, p), rtol=1e-12, atol=1e-300)
     assert block_sample_from_uniforms(ref, q, p, [0.5, 0.5, 0.5]) == [0, 1]
+
+
+#: Rows equal but for one entry a few ulps lower in ``p`` (renormalised, ``p ≤ q`` everywhere): at full weight the
+#: residual ``(p − q)_+`` is exactly 0 and so is ``1 − a``, yet ``p(y) < q(y)``.  A fuzz of such rows hit this
+#: in 2792 of 20000 draws; the stop rule there (``block_forward``'s ``denom == 0`` branch) is needed by these.
+ULP_DEFICIT_Q = [0.23647332296682896, 0.21234389431188713, 0.1509652469496739, 0.40021753577161007]
+ULP_DEFICIT_P = [0.23647332296682896, 0.21234389431188708, 0.1509652469496739, 0.40021753577161007]
+
+
+def test_block_stops_where_a_row_falls_short_of_its_draft_by_ulps():
+    """First draft ``p = q`` (never rejected), then the ulp-deficit rows: exactly (``block_literal``) the scan
+    stops at position 1 with probability ~2e-16 and never at 0.  Without the stop rule at full weight the
+    scan passed position 1 and put that mass on position 0, rejecting a draft whose ``p`` equals its ``q``."""
+    from tmc.chain import block_forward
+
+    ref = [0, 1]
+    q = np.array([ULP_DEFICIT_Q, ULP_DEFICIT_Q])
+    p = np.array([ULP_DEFICIT_Q, ULP_DEFICIT_P, ULP_DEFICIT_Q])
+    toks, qq, pp = check_chain(ref, q, p)
+    assert float(np.maximum(pp[1] - qq[1], 0.0).sum()) == 0.0 and pp[1][1] < qq[1][1]  # the case itself
+    exact = np.array(to_float(block_literal(ref, rational_rows(q), rational_rows(p))))
+    assert exact[0].tolist() == [0.0] * 4 and 1e-16 < exact[1].sum() < 1e-15
+    kernel = block_kernel(ref, q, p)
+    assert kernel[0].tolist() == [0.0] * 4
+    np.testing.assert_allclose(kernel, exact, rtol=0, atol=1e-16)
+    assert block_forward(toks, qq, pp)[1][1] == 0.0  # log stop at position 1
+    np.testing.assert_allclose(kernel.sum(axis=1), sps_kernel(ref, q, p).sum(axis=1), rtol=0, atol=1e-30)
 
 
 def test_chain_kernels_at_the_subnormal_edge_equal_exact_rationals():

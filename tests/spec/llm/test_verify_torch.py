@@ -679,6 +679,24 @@ def test_block_stop_at_full_weight_whose_residual_rounds_away_equals_numpy(devic
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_block_stop_where_a_row_falls_short_by_ulps_equals_numpy(device):
+    """A first draft with ``p = q``, then rows equal but for an entry a few ulps lower in ``p``: no residual mass
+    and ``1 − a = 0`` at full weight; both ports stop there (tests/tmc/test_chain_exact.py has the exact law),
+    with the same tokens for every uniform, and neither rejects the first draft."""
+    from tests.tmc.test_chain_exact import ULP_DEFICIT_P, ULP_DEFICIT_Q
+
+    ref, q = [0, 1], np.array([ULP_DEFICIT_Q, ULP_DEFICIT_Q])
+    p = np.array([ULP_DEFICIT_Q, ULP_DEFICIT_P, ULP_DEFICIT_Q])
+    for u0 in EDGE_UNIFORMS:
+        for u in (np.array([u0, u0, u0]), np.array([0.5, u0, 0.5]), np.array([0.5, 0.5, u0])):
+            want = block_sample_from_uniforms(ref, q, p, u)
+            out = verify_chain("block", torch.tensor(ref, dtype=torch.int64), as_tensor(q, device),
+                               as_tensor(p, device), as_tensor(u, device))
+            assert check_verified(out, device) == want, u
+            assert want[:1] == [0], u
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_chain_ports_at_the_subnormal_edge_equal_numpy(device):
     """A draft of ``p = 0`` then one of subnormal ``q``: the torch closed form of the running weights met
     ``−inf + inf`` (NaN) where the log ratio overflowed; a drafted ``q = 5e-324`` with ``p = 0``: numpy raised.
