@@ -239,6 +239,14 @@ def test_block_stops_where_a_row_falls_short_of_its_draft_by_ulps():
     np.testing.assert_allclose(kernel, exact, rtol=0, atol=1e-16)
     assert block_forward(toks, qq, pp)[1][1] == 0.0  # log stop at position 1
     np.testing.assert_allclose(kernel.sum(axis=1), sps_kernel(ref, q, p).sum(axis=1), rtol=0, atol=1e-30)
+    # ASpS: at full weight its row is SpS's residual (D = 0 here left the row at 0: the kernel summed to
+    # 1 − 2.6e-16); SpS has no such branch
+    for name, fn, literal in (("asps", asps_kernel, asps_literal), ("sps", sps_kernel, sps_literal)):
+        want = np.array(to_float(literal(ref, rational_rows(q), rational_rows(p))))
+        got = fn(ref, q, p)
+        assert got[0].tolist() == [0.0] * 4 and got[1].sum() > 1e-16, name
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-16, err_msg=name)
+        assert abs(got.sum() - 1.0) <= 2.3e-16, name
 
 
 def test_chain_kernels_at_the_subnormal_edge_equal_exact_rationals():

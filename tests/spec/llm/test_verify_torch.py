@@ -679,21 +679,26 @@ def test_block_stop_at_full_weight_whose_residual_rounds_away_equals_numpy(devic
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_block_stop_where_a_row_falls_short_by_ulps_equals_numpy(device):
+def test_chain_ports_where_a_row_falls_short_by_ulps_equal_numpy(device):
     """A first draft with ``p = q``, then rows equal but for an entry a few ulps lower in ``p``: no residual mass
-    and ``1 − a = 0`` at full weight; both ports stop there (tests/tmc/test_chain_exact.py has the exact law),
-    with the same tokens for every uniform, and neither rejects the first draft."""
+    and ``1 − a = 0`` at full weight; block's scan stops there and ASpS takes SpS's residual there, in both ports
+    (tests/tmc/test_chain_exact.py has the exact laws), with the same tokens for every uniform."""
     from tests.tmc.test_chain_exact import ULP_DEFICIT_P, ULP_DEFICIT_Q
 
     ref, q = [0, 1], np.array([ULP_DEFICIT_Q, ULP_DEFICIT_Q])
     p = np.array([ULP_DEFICIT_Q, ULP_DEFICIT_P, ULP_DEFICIT_Q])
-    for u0 in EDGE_UNIFORMS:
-        for u in (np.array([u0, u0, u0]), np.array([0.5, u0, 0.5]), np.array([0.5, 0.5, u0])):
-            want = block_sample_from_uniforms(ref, q, p, u)
-            out = verify_chain("block", torch.tensor(ref, dtype=torch.int64), as_tensor(q, device),
-                               as_tensor(p, device), as_tensor(u, device))
-            assert check_verified(out, device) == want, u
-            assert want[:1] == [0], u
+    for method in ("sps", "asps", "block"):
+        for u0 in EDGE_UNIFORMS:
+            shapes = [np.array([u0])] if method == "asps" else [np.array([u0, u0, u0]), np.array([0.5, u0, 0.5]),
+                                                                 np.array([0.5, 0.5, u0])]
+            if method == "asps":  # the kernel's cells of rows 0 and 1 lie below ~2.6e-16
+                shapes.append(np.array([min(u0, 1e-16)]))
+            for u in shapes:
+                want = NUMPY_CHAIN[method](ref, q, p, u)
+                out = verify_chain(method, torch.tensor(ref, dtype=torch.int64), as_tensor(q, device),
+                                   as_tensor(p, device), as_tensor(u, device))
+                assert check_verified(out, device) == want, (method, u)
+                assert want[:1] == [0], (method, u)
 
 
 @pytest.mark.parametrize("device", DEVICES)
