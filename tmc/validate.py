@@ -74,6 +74,10 @@ def _bool_at(values: object) -> tuple[int, ...] | None:
     if isinstance(values, bool | np.bool_) or (isinstance(values, np.ndarray) and values.dtype == np.bool_):
         return ()
     if isinstance(values, list | tuple):
+        # the types present, read in C: a row of plain numbers is passed without a Python-level call per entry
+        kinds = set(map(type, values))
+        if not any(k is bool or k is np.bool_ or issubclass(k, list | tuple | np.ndarray) for k in kinds):
+            return None
         for i, v in enumerate(values):
             inner = _bool_at(v)
             if inner is not None:

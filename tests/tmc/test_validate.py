@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import pytest
 
@@ -375,6 +377,11 @@ def test_uniforms_must_be_real_numbers(u):
         sps_sample_from_uniforms(REF, Q, P, u)
 
 
+class _Row(NamedTuple):
+    a: object
+    b: object
+
+
 @pytest.mark.parametrize(
     ("call", "where"),
     [(lambda: sps_kernel([1, True], [[0.4, 0.6], [0.4, 0.6]], [[0.5, 0.5]] * 3), r"ref\[1\]"),
@@ -382,7 +389,11 @@ def test_uniforms_must_be_real_numbers(u):
      (lambda: sps_kernel([1], [[0.0, True]], [[0.5, 0.5]] * 2), r"q_rows\[0\]\[1\]"),
      (lambda: sps_kernel([1], [np.array([0.0, 1.0]), np.array([False, True])], [[0.5, 0.5]] * 2), r"q_rows\[1\]"),
      (lambda: sps_sample_from_uniforms([0], [[0.4, 0.6]], [[0.5, 0.5]] * 2, [0.5, True]), r"u\[1\]"),
-     (lambda: sps_sample_from_uniforms([0], [[0.4, 0.6]], [[0.5, 0.5]] * 2, (np.False_, 0.3)), r"u\[0\]")],
+     (lambda: sps_sample_from_uniforms([0], [[0.4, 0.6]], [[0.5, 0.5]] * 2, (np.False_, 0.3)), r"u\[0\]"),
+     # the scan reads the types of a row at once: a boolean late in long rows, a 0-d boolean array, a tuple subclass
+     (lambda: sps_kernel([0], [[1e-3] * 999 + [False]], [[1e-3] * 1000] * 2), r"q_rows\[0\]\[999\]"),
+     (lambda: sps_kernel([0], [[0.5, np.array(True)]], [[0.5, 0.5]] * 2), r"q_rows\[0\]\[1\]"),
+     (lambda: sps_kernel([0], [_Row(0.5, np.True_)], [[0.5, 0.5]] * 2), r"q_rows\[0\]\[1\]")],
 )
 def test_a_boolean_among_numbers_is_refused(call, where):
     """numpy reads ``[1, True]`` as ``[1, 1]`` and ``[0.5, True]`` as ``[0.5, 1.0]``, so a boolean inside a list
