@@ -67,7 +67,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from itertools import permutations
-from math import comb, fsum, perm
+from math import comb, frexp, fsum, ldexp, perm
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -222,19 +222,45 @@ def swor_sorted_law(q_row: FloatArray, order: Sequence[int] | IntArray, k: int, 
             f"{k} children drawn 'swor' from a draft row with {len(support)} possible tokens: the law would "
             f"enumerate {perm(len(support), k)} ordered tuples (limit MAX_SWOR_TUPLES = {MAX_SWOR_TUPLES})"
         )
-    rank = {t: i for i, t in enumerate(order.tolist())}
+    out[:] = swor_next_weights(q_row.tolist(), support, order.tolist(), k, prefix)
+    return _normalised(out)
+
+
+def swor_next_weights(q: Sequence[float], support: Sequence[int], order: Sequence[int], k: int,
+                      prefix: Sequence[int]) -> list[float]:
+    """Unnormalised law (one common factor) of the next of ``k`` draws without replacement from ``q`` sorted by
+    ``order``, given the sorted ``prefix``: every ordered tuple of ``support`` tokens enumerated.
+
+    Each tuple's probability is a product of ``k`` factors ``q(t) / left``, kept as a mantissa and a power of
+    two (``math.frexp``): with tiny ``q`` the product underflowed to 0 for every tuple left by a prefix
+    (``q = [1, 1e-200, 1e-200, 1e-200]``, ``k = 3``, prefix ``[1]``), and the law was 0 / 0.  The weights are
+    scaled by the largest tuple's power of two.
+    """
+    rank = {t: r for r, t in enumerate(order)}
     i = len(prefix)
+    want = list(prefix)
+    terms: list[tuple[int, float, int]] = []  # (next token, mantissa, exponent)
     for combo in permutations(support, k):
         ranked = sorted(combo, key=rank.__getitem__)
-        if ranked[:i] != list(prefix):
+        if ranked[:i] != want:
             continue
-        prob, left = 1.0, 1.0
+        mant, expo, left = 1.0, 0, 1.0
         for j, t in enumerate(combo):
-            left = mass_left(q_row, support, combo[:j], left)
-            prob *= q_row[t] / left
-            left -= q_row[t]
-        out[ranked[i]] += prob
-    return _normalised(out)
+            left = mass_left(q, support, combo[:j], left)
+            # q(t) / left as (m_t / m_left) 2^(e_t − e_left): a ratio of mantissas in (1/2, 2) neither underflows
+            # (q(t) subnormal) nor overflows (left subnormal once the large tokens are drawn)
+            m_t, e_t = frexp(q[t])
+            m_left, e_left = frexp(left)
+            mant, e = frexp(mant * (m_t / m_left))
+            expo += e + e_t - e_left
+            left -= q[t]
+        terms.append((ranked[i], mant, expo))
+    weights = [0.0] * len(q)
+    if terms:
+        top = max(e for _, _, e in terms)
+        for tok, mant, expo in terms:
+            weights[tok] += ldexp(mant, expo - top)
+    return weights
 
 
 def ratio_ordered_children(tree: DraftTree, node: int, p_row: FloatArray) -> tuple[Sequence[int], Sequence[FloatArray]]:

@@ -98,7 +98,6 @@ import bisect
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import permutations
 from types import MappingProxyType
 from typing import Any, NamedTuple, Protocol
 
@@ -109,7 +108,7 @@ from numpy.typing import ArrayLike
 from spec.llm.sampling import categorical_draw as _categorical, point_rows
 from tmc.kseq import RHO_RTOL, _bisect_rho, _geometric
 from tmc.multidraft import ROOT, Draw
-from tmc.ordered_traversal import MAX_SWOR_TUPLES, _binom_terms, mass_left
+from tmc.ordered_traversal import MAX_SWOR_TUPLES, _binom_terms, swor_next_weights
 from tmc.validate import ROW_SUM_TOL, ROW_SUM_TOLS, as_real_array
 
 __all__ = [
@@ -1036,20 +1035,8 @@ def _swor_sorted_law(q_row: Tensor, order: list[int], k: int, prefix: list[int])
         return _normalised(out)
     q = q_row.tolist()
     support = [t for t in range(vocab) if q[t] > 0.0]  # at most MAX_SWOR_TUPLES tuples: check_swor_enumeration
-    rank = {t: i for i, t in enumerate(order)}
-    i = len(prefix)
-    acc = [0.0] * vocab
-    for combo in permutations(support, k):
-        ranked = sorted(combo, key=rank.__getitem__)
-        if ranked[:i] != list(prefix):
-            continue
-        prob, left = 1.0, 1.0
-        for j, t in enumerate(combo):
-            left = mass_left(q, support, combo[:j], left)
-            prob *= q[t] / left
-            left -= q[t]
-        acc[ranked[i]] += prob
-    return _normalised(torch.tensor(acc, dtype=F64))
+    # the host enumeration itself, on the row's floats (a Python loop in either port)
+    return _normalised(torch.tensor(swor_next_weights(q, support, order, k, prefix), dtype=F64))
 
 
 def _ratio_ordered_children(tree: _Tree, node: int, p_row: Tensor) -> tuple[Sequence[int], Sequence[Tensor]]:

@@ -10,6 +10,8 @@ expected-length gain on depth ≥ 2 trees against Traversal and the LP limit.
 
 from __future__ import annotations
 
+import warnings
+
 from itertools import permutations, product
 from math import perm
 
@@ -194,6 +196,27 @@ def test_swor_sorted_law_of_a_row_whose_mass_one_token_holds() -> None:
         np.testing.assert_allclose(swor_sorted_law(q, order, 3, list(prefix)), want, rtol=1e-12, atol=0)
         checked += 1
     assert checked == 6
+
+
+@pytest.mark.parametrize("p_row", [[1.0, 0.0, 0.0, 0.0], [0.1, 0.5, 0.3, 0.1]], ids=["big-first", "tiny-first"])
+@pytest.mark.parametrize("tiny", [[1e-200, 1e-200, 1e-200], [1e-310, 2e-310, 3e-310], [1e-120, 5e-324, 1e-200]])
+def test_swor_sorted_laws_whose_tuples_underflow(tiny: list[float], p_row: list[float]) -> None:
+    """``k = 3`` draws without replacement from ``q = [1.0, tiny...]`` with token 0 ranked first (``p`` of the
+    others 0): a sorted prefix starting at a tiny token leaves only the tuple of the three tiny tokens, whose
+    probability (three factors of 1e-200, or subnormal) underflowed to 0, so that law was 0 / 0 (NaN, with a
+    warning).  With the tiny tokens ranked first, a factor ``q(t) / left`` with ``left`` subnormal must not
+    overflow.  Relative to each entry, against exact rational enumeration; the torch port's host loop shares
+    :func:`tmc.ordered_traversal.swor_next_weights`."""
+    q = np.array([1.0, *tiny])
+    order = ratio_order(np.array(p_row), q)
+    assert (order[0] == 0) == (p_row[0] == 1.0)
+    checked = 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for prefix, want in _exact_swor_sorted_laws(q, order, 3).items():
+            np.testing.assert_allclose(swor_sorted_law(q, order, 3, list(prefix)), want, rtol=1e-12, atol=0)
+            checked += 1
+    assert checked == 1 + 2 + 3  # (), two first tokens, three sorted pairs
 
 
 @pytest.mark.parametrize("iid", [True, False], ids=["iid", "swor"])

@@ -406,6 +406,27 @@ def test_tree_verifiers_equal_numpy_at_vocabulary_32000():
                 assert out.tokens.tolist() == NUMPY_TREE[method](tree, p, u), (kind, method)
 
 
+def test_ordered_traversal_with_three_tiny_swor_children_equals_numpy():
+    """Three children drawn without replacement from ``q = [1.0, 1e-200, 1e-200, 1e-200]``, the large token ranked
+    first (``p(t) = 1e-210`` for the others): each sorted law given a tiny first child was 0 / 0 in both ports
+    (the tuples' probabilities underflowed; tests/tmc/test_ordered_traversal.py has the exact laws).  Both share
+    the enumeration now and agree on every uniform, with no warning."""
+    import warnings
+
+    q_root = np.array([1.0, 1e-200, 1e-200, 1e-200])
+    rows = {-1: q_root, **{node: np.full(4, 0.25) for node in range(3)}}
+    tree = DraftTree.build([-1, -1, -1], [1, 2, 3], "swor", rows, 4)
+    q = np.array([rows[node] for node in range(-1, 3)])
+    p = np.array([[1.0, 1e-210, 1e-210, 1e-210], [0.1, 0.2, 0.3, 0.4], [0.4, 0.3, 0.2, 0.1], [0.25] * 4])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for u0 in EDGE_UNIFORMS:
+            u = np.full(tree.size + 1, u0)
+            want = ordered_traversal_sample_from_uniforms(tree, p, u)
+            out = verify_tree("ordered_traversal", [1, 2, 3], [-1, -1, -1], "swor", q, p, u)
+            assert out.tokens.tolist() == want, u0
+
+
 # ----------------------------------------------------------- edge cases
 
 
