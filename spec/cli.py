@@ -110,10 +110,10 @@ def _acceptance_hook(args: argparse.Namespace) -> int | None:
     model = load_model(args.model) if args.model else random_stationary_model(args.random, args.seed)
     builder = make_builder(args.builder, **dict(args.param))
     verifier = args.verifier or "multidraft"
-    print(f"{builder.name}, budget {args.budget}: enumerating the builder's trees ...", file=sys.stderr)
     report = builder_report(model, builder, args.budget, verifier,
                             max_runs=DEFAULT_MAX_RUNS if args.max_runs is None else args.max_runs,
-                            samples=2000 if args.samples is None else args.samples, seed=args.seed)
+                            samples=2000 if args.samples is None else args.samples, seed=args.seed,
+                            progress=lambda m: print(f"{builder.name}, budget {args.budget}: {m}", file=sys.stderr))
     entries = report["entries"]
     if args.json:
         out = {"model": model.name, "vocab": model.vocab, "budget": args.budget, "exact": report["exact"],

@@ -25,7 +25,7 @@ from tmc.validate import as_rng
 T = TypeVar("T")
 FloatArray = NDArray[np.float64]
 
-__all__ = ["RngSampler", "Sampler", "ScriptedSampler", "TooManyRuns", "as_sampler", "enumerate_runs"]
+__all__ = ["RngSampler", "Sampler", "ScriptedSampler", "TooManyRuns", "as_sampler", "enumerate_runs", "estimate_runs"]
 
 
 @runtime_checkable
@@ -113,3 +113,37 @@ def enumerate_runs(run: Callable[[ScriptedSampler], T], max_runs: int = 100_000)
             continue
         out.append((result, sampler.weight, sampler))
     return out
+
+
+@dataclass
+class _ProbeSampler:
+    """One probe of :func:`estimate_runs`: a token drawn uniformly from each law's support, the support sizes
+    multiplied along the way."""
+
+    rng: np.random.Generator
+    width: float = 1.0  # d_1 d_2 ... d_j: the choice tree's nodes at this depth, as this path sees them
+    nodes: float = 1.0  # 1 + d_1 + d_1 d_2 + ...
+
+    def draw(self, law: FloatArray) -> int:
+        support = np.flatnonzero(np.asarray(law, dtype=np.float64) > 0.0)
+        self.width *= len(support)
+        self.nodes += self.width
+        return int(support[self.rng.integers(len(support))])
+
+
+def estimate_runs(run: Callable[[Sampler], object], probes: int = 64, rng: np.random.Generator | int = 0) -> float:
+    """Estimate of the number of runs :func:`enumerate_runs` would make for ``run``, from ``probes`` runs.
+
+    Knuth's estimator of a search tree's size ("Estimating the efficiency of backtrack programs", 1975): follow
+    one random path through the choices, each branch with equal chance, and count ``1 + d_1 + d_1 d_2 + ...``
+    (``d_j`` the number of tokens with positive probability at the ``j``-th draw).  Its mean over paths is the
+    number of nodes of the tree of choices, which is the number of runs :func:`enumerate_runs` makes (one per
+    branching point and one per complete sequence); a few probes give its order of magnitude cheaply.
+    """
+    gen = as_rng(rng)
+    total = 0.0
+    for _ in range(probes):
+        probe = _ProbeSampler(gen)
+        run(probe)
+        total += probe.nodes
+    return total / probes

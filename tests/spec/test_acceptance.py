@@ -96,7 +96,8 @@ def test_report_exact_matches_pipeline_and_lp_bounds_it() -> None:
 def test_monte_carlo_fallback_interval() -> None:
     """The MC mean is within 4 standard errors of the exact value (false-fail rate ~6e-5 for a
     fresh seed; the seed is fixed, so the run is reproducible).  With 2000 trees the standard
-    error here is ~0.01, so a bias of 0.05 tokens/step would be caught."""
+    error here is ~0.015, so a bias of 0.10 tokens/step is caught with probability 0.999
+    ((4 + 3.09) standard errors; 0.05 only with probability ~0.3)."""
     m = models(3, range(1))[0]
     exact = builder_report(m, "dyspec", 5, "traversal")
     assert exact["exact"]
@@ -107,6 +108,28 @@ def test_monte_carlo_fallback_interval() -> None:
     se = (hi - lo) / (2 * 1.96)
     assert abs(e["expected_length"] - exact["entries"][0]["expected_length"]) < 4 * se
     assert 0 < se < 0.05
+
+
+def test_report_samples_at_once_when_the_enumeration_is_estimated_far_too_large() -> None:
+    """Knuth's estimate of the runs decides: above SKIP_FACTOR x max_runs the report samples without trying
+    (a budget-16 DySpec tree on V = 4: 37 s on 20,000 runs before); below, it enumerates, and falls back to
+    sampling when the runs pass max_runs after all."""
+    from spec.acceptance import SKIP_FACTOR
+
+    m = models(3, range(1))[0]
+    said: list[str] = []
+    report = builder_report(m, "dyspec", 5, "traversal", max_runs=2, samples=50, progress=said.append)
+    assert not report["exact"] and report["estimated_runs"] > SKIP_FACTOR * 2
+    assert len(said) == 1 and "sampling 50 trees" in said[0] and "enumerating" not in said[0]
+    runs = report["estimated_runs"]
+    said.clear()
+    limit = int(runs / 2)  # the estimate is within SKIP_FACTOR of it: enumeration tried, then too many runs
+    report = builder_report(m, "dyspec", 5, "traversal", max_runs=limit, samples=50, progress=said.append)
+    assert not report["exact"] and len(said) == 2
+    assert "enumerating" in said[0] and f"more than {limit} runs: sampling 50 trees" in said[1]
+    said.clear()
+    report = builder_report(m, "dyspec", 5, "traversal", progress=said.append)
+    assert report["exact"] and len(said) == 1 and "enumerating" in said[0]
 
 
 def test_monte_carlo_needs_two_trees() -> None:
