@@ -446,6 +446,30 @@ def test_a_biased_sampler_shipped_with_a_correct_kernel_fails_the_audit():
     assert result.to_dict()["sampler_check"]["passed"] is False
 
 
+def sps_shared_noise_sample(ref, q_rows, p_rows, rng):
+    """SpS with a sampler-only bug DESIGN §5 names: the correction is drawn with the uniform the accept test
+    just used (it lies above the acceptance probability, so it favours the residual's later tokens)."""
+    toks, q, p = check_chain(ref, q_rows, p_rows)
+    u = rng.random(len(toks) + 1)
+    for i, tok in enumerate(toks.tolist()):
+        if u[i] >= acceptance_probability(float(p[i, tok]), float(q[i, tok])):
+            return toks[:i].tolist() + [categorical(residual(p[i], q[i], tok), float(u[i]))]
+    return toks.tolist() + [categorical(p[len(toks)], float(u[-1]))]
+
+
+def test_a_sampler_that_reuses_the_accept_uniform_fails_the_audit():
+    """Found by a statistics audit: the sampler checks ran on the case with the most spread output law, which
+    in 4 of 6 chain groups had ``p = q`` (every draft accepted), where this sampler equals its kernel exactly,
+    so the audit passed it.  Cases are now chosen to reject into a spread residual."""
+    verifier = ChainVerifier("sps_shared_noise", sps_shared_noise_sample, sps_kernel)
+    result = audit(verifier)  # the default search
+    assert not result.biased and result.exit_code == 1
+    bad = result.sampler_mismatch
+    assert bad is not None and not bad.passed
+    for check in result.sampler.checks:  # every case chosen rejects its first draft with positive chance
+        assert not np.array_equal(check.case.model.p(()), check.case.model.q(()))
+
+
 def test_sample_size_is_computed_before_sampling_for_the_stated_tv():
     # One positive cell: any bias is mass on impossible outcomes, seen with probability
     # 1 - (1 - tv)^N >= 1 - beta: N = ceil(log(1e-3) / log(0.9)) = ceil(65.56) = 66.

@@ -9,8 +9,10 @@ a finding must be confirmed on fresh samples.
 
 **Sampler against kernel** (exact mode).  The exact search trusts the kernel,
 so the audit also checks that the shipped sampler draws from it: for each
-(shape, draw kind), the unbiased case with the most spread output law among
-those tried at the largest vocabulary reached.  The ``m`` tests are chosen
+(shape, draw kind), the unbiased case tried at the largest vocabulary reached
+that most exercises the rejection branch (the chance of rejecting the first
+draft times the entropy of the residual it draws from; then the most spread
+output law).  The ``m`` tests are chosen
 before any sampling and run at level ``alpha / m`` each (Bonferroni), so the
 audit's false-fail rate stays at most ``alpha``; each sample size is computed
 before sampling to detect a TV of ``sampler_tv`` between the sampler's and the
@@ -144,7 +146,8 @@ def _cell_report(cell: Cell, search: CaseSearch, mode: Mode, cfg: AuditConfig) -
 
 
 def sampler_cases(search: CaseSearch, cells: list[Cell]) -> list[AuditCase]:
-    """Per (shape, draw kind): the most spread unbiased case tried at the largest vocabulary reached."""
+    """Per (shape, draw kind): the unbiased case tried at the largest vocabulary reached that most exercises the
+    rejection branch (:func:`verification.audit.search.sampler_score`)."""
     chosen: dict[tuple[tuple[int, ...], object], AuditCase] = {}
     for cell in cells:  # vocabularies ascend, so a later cell of the same shape replaces an earlier one
         log = search.cells.get(cell)

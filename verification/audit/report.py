@@ -228,8 +228,8 @@ class AuditResult:
         verdict = "passed" if failed is None else f"FAILED ({_mismatch_reason(failed)}; stopped there)"
         samples = sum(c.samples for c in rep.checks)
         return [
-            f"  sampler vs kernel: {len(rep.checks)} case(s) tested (per shape and draw kind, the tried case with"
-            f" the most spread output law at the largest vocabulary), {samples} steps; each test detects TV"
+            f"  sampler vs kernel: {len(rep.checks)} case(s) tested (per shape and draw kind, the tried case at"
+            f" the largest vocabulary most likely to reject into a spread residual), {samples} steps; each test detects TV"
             f" {rep.tv:g} between sampler and kernel with probability >= {_power(rep.beta)}; false-fail rate"
             f" {rep.alpha:g} over all (Bonferroni): {verdict}"
         ]
