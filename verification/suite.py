@@ -244,6 +244,7 @@ class Row:
     detect_tv: float | None  # TV the check detects with probability >= 1 - 1e-3
     expected_biased: bool = False  # the verifier is a shipped BIASED example
     plot: dict[str, list[float]] = field(default_factory=dict, compare=False)  # exact vs empirical marginals
+    impossible: int = 0  # statistical check: samples on outputs of exact probability 0 (each fails it alone)
 
 
 def suite_jobs(config: SuiteConfig) -> list[Job]:
@@ -381,7 +382,7 @@ def statistical_check(
     }
     return Row(
         job.verifier.name, job.model.name, job.shape, job.check, bool(result.passed), None,
-        float(result.p_value), int(trials), alpha, tv, job.verifier.biased, plot,
+        float(result.p_value), int(trials), alpha, tv, job.verifier.biased, plot, int(result.impossible),
     )
 
 
@@ -433,7 +434,8 @@ def render(rows: Sequence[Row], config: SuiteConfig) -> str:
     table = [
         [
             r.verifier + (" (BIASED)" if r.expected_biased else ""), r.model, r.shape, r.check,
-            ("PASS" if r.passed else "FAIL"), _fmt(r.worst_exact, ".1e"), _fmt(r.p_value, ".3g"),
+            ("PASS" if r.passed else "FAIL"), _fmt(r.worst_exact, ".1e"),
+            f"{r.impossible} impossible" if r.impossible else _fmt(r.p_value, ".3g"),
             r.samples or "-", _fmt(r.alpha, ".1e"),
         ]
         for r in rows

@@ -37,7 +37,7 @@ from verification.broken_traversal import (
     broken_traversal_sample_from_uniforms,
     smallest_biased_case,
 )
-from verification.calibrated import chi_square_check, required_samples
+from verification.calibrated import kl_check, kl_required_samples
 from verification.strategies import prob_rows
 
 UNIFORM = np.full(3, 1 / 3)
@@ -237,7 +237,9 @@ def test_sampler_on_chosen_noise_hits_every_kernel_cell(shape, draw):
 
 
 # Calibrated: false-fail budget 1e-9 split over these checks (Bonferroni); each detects a
-# sampler at total variation >= 0.05 from the exact kernel with probability >= 1 - 1e-3.
+# sampler at total variation >= 0.05 from the exact kernel with probability >= 1 - 1e-3.  The
+# KL-bound test holds its rate for any sample size; the chi-square's tail at 3.3e-10 was an
+# approximation, about 7e-9 on the 15-cell top-k case (statistics audit), above the whole budget.
 SAMPLER_CASES = [([2, 1], "iid"), ([2, 2], "swor"), ([2, 1, 1], "topk")]
 ALPHA = 1e-9 / len(SAMPLER_CASES)
 DETECTABLE_TV = 0.05
@@ -250,13 +252,13 @@ def test_sampler_matches_kernel(shape, draw):
     cells = sorted(exact)
     index = {s: i for i, s in enumerate(cells)}
     probs = np.array([exact[s] for s in cells] + [0.0])  # last cell: anything impossible
-    n = required_samples(len(cells), DETECTABLE_TV, ALPHA)
-    assert n <= 20_000, n  # computed before sampling
+    n = kl_required_samples(len(cells), DETECTABLE_TV, ALPHA)
+    assert n <= 40_000, n  # computed before sampling
     rng = np.random.default_rng(2024)
     counts = np.zeros(len(probs), dtype=np.int64)
     for _ in range(n):
         counts[index.get(tuple(traversal_sample(tree, p_rows, rng)), len(cells))] += 1
-    result = chi_square_check(counts, probs, ALPHA)
+    result = kl_check(counts, probs, ALPHA)
     assert result.passed, result
 
 

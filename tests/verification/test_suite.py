@@ -83,6 +83,23 @@ def test_kernel_vs_block_sampler_check_can_fail():
     assert row.check == KERNEL_VS_BLOCK_SAMPLER and not row.passed
 
 
+def test_a_check_failed_by_impossible_outputs_says_so():
+    """A sampler that emits an output of target probability 0 fails whatever its p-value; the table showed
+    "FAIL" beside a p-value of 1.  The row now counts those samples and the table names them."""
+    from tmc.toy import ToyModel
+
+    uniform = np.full(3, 1 / 3)
+    model = ToyModel(3, {}, {}, uniform, np.array([0.5, 0.5, 0.0]), name="no-token-2")
+    job = Job(ChainVerifier("emits_2", lambda ref, q_rows, p_rows, rng: [2], sps_kernel), model, 1)
+    drafts = job_drafts(job)
+    law = exact_law(job, drafts)
+    row = statistical_check(job, drafts, law, 1e-9, 0.05, 0)
+    assert not row.passed and row.impossible == row.samples > 0
+    text = suite.render([row], SuiteConfig(seed=0))
+    assert f"{row.samples} impossible" in text
+    assert suite.to_json([row], SuiteConfig(seed=0))["rows"][0]["impossible"] == row.samples
+
+
 def test_each_job_enumerates_its_drafts_once(monkeypatch):
     calls: list[int] = []
     real = suite.chain_drafts

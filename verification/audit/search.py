@@ -42,10 +42,11 @@ shrunk case can be one that was flagged by luck), are each re-sampled at level
 false-fail rate is at most ``alpha`` whatever the search did.  Each fresh
 sample is sized *before* sampling to detect TV
 ``min(tv, max(found_tv / 2, tv / 4))``, where ``found_tv`` is the plug-in TV
-the search measured on that case: a real bias of at least half the magnitude
-the search saw (and in any case of ``tv``) is confirmed with probability
-``≥ 1 − beta``; the floor ``tv / 4`` caps the fresh sample at 16 times the
-search's.  Crashes, invalid outputs and outputs of target probability 0 are
+the search measured on that case: a real bias of at least that TV is
+confirmed with probability ``≥ 1 − beta`` (half what the search saw, but
+never less than ``tv / 4``: a real bias of half a small ``found_tv`` below
+``tv / 2`` has no such guarantee); the floor ``tv / 4`` caps the fresh
+sample at 16 times the search's.  Crashes, invalid outputs and outputs of target probability 0 are
 conclusive on their own (no lossless verifier produces them): such a finding
 stands on the search's own sample, and the :class:`Confirmation` says so
 (``conclusive``).
