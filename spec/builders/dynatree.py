@@ -28,7 +28,16 @@ decoding, §3.6).
 
 ``D_0`` stays real-valued (the gate compares ``d(u) < D_0``); ``τ_h`` is kept
 at least ``τ_ℓ`` so the three confidence bands stay ordered (the paper clips
-to ``[0, 1]``).  The state depends only on earlier steps' outcomes, so it
+to ``[0, 1]``).  Two readings of the paper's adaptation, both affecting only
+later steps' trees: App. D line 7 passes ``τ_ℓ`` to ``ADJUST`` too, but
+§3.3's rules (and this code) adapt only ``D_0`` and ``τ_h``, ``τ_ℓ`` staying
+fixed; and before ``W`` steps have been seen ``ā`` is the mean of the
+statistics seen so far (§3.3's ``(1/W) Σ`` over a full window would count
+the missing steps as 0, so one fully accepted first step would give
+``ā = 0.2``, not 1).  Depth: a path of ``k`` drafted tokens has ``d = k``
+(the context is depth 0, as in §3.3's tree rooted at the prefix), also with
+``root_top1``, where App. D's root ``u_0`` is at depth 1; App. D could be
+read as ``d(u_0) = 0``, which would allow one more level.  The state depends only on earlier steps' outcomes, so it
 cannot bias the step it shapes — the tests check whole step sequences.
 ``state=None`` means the initial state; any other state must be a
 :class:`DynaTreeState` inside the ranges this adaptation keeps (``D_0`` in

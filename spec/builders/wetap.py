@@ -5,8 +5,15 @@ largest cumulative draft probability ``f(v) = Π q`` along the path, among all
 children of layer ``i − 1`` (a beam); ``W_1 = W_min`` and (eqs. 3–6)::
 
     H_t      = entropy of layer t's cumulative probabilities, normalised to sum 1
-    H_t^norm = clip(H_t / log W_t, 0, 1)          (0 when W_t = 1)
+    H_t^norm = clip(H_t / log |layer t|, 0, 1)    (0 when the layer has one node)
     W_{t+1}  = W_min + (W_max − W_min) · (H_t^norm)^γ      (rounded)
+
+Eq. 6 divides by ``log W_t``; here the divisor is the log of the number of
+nodes layer ``t`` really holds, which is ``W_t`` unless fewer candidates
+exist (a small vocabulary, or App. B.4's top-10 drafts under ``W_1 = 16``).
+Then a uniform layer still maps to ``W_max`` (its entropy is the largest it
+can be), where eq. 6 read literally would give less: a uniform 10-node
+layer 1 gives ``W_2 = 128`` here and ``106`` with ``log 16`` (γ = 1.2).
 
 Pruning to the budget ``B`` (§3.2.2, App. D) when the tree has more nodes:
 keep the ``B`` nodes of largest ``score = α · p̂ + (1 − α) · d / L`` with

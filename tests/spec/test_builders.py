@@ -142,6 +142,26 @@ def test_dyspec_threshold_hand_case(hand_model: ToyModel) -> None:
     assert math.isclose(roots[(0,)], 0.6) and math.isclose(roots[(1, 0)], 0.4)
 
 
+def test_dyspec_threshold_defaults_to_one_over_the_budget() -> None:
+    """§4.4: a threshold "typically around 1/n".  The default is 1 / budget: the same trees as that threshold
+    given, draw for draw; App. B's fixed 0.001 at a budget of 16 put most nodes at depth 1 (a statistics-free
+    count on a peaked draft: the share of depth-1 nodes over 20 trees)."""
+    for budget in (4, 16, 40):
+        for seed in range(5):
+            by_default = DySpecThresholdBuilder().build(HashedDraft(64, seed=seed, concentration=0.05), budget, seed)
+            given = DySpecThresholdBuilder(threshold=1 / budget).build(
+                HashedDraft(64, seed=seed, concentration=0.05), budget, seed)
+            assert by_default == given, (budget, seed)
+
+    def depth_one_share(builder: DySpecThresholdBuilder | DySpecBuilder) -> float:
+        trees = [builder.build(HashedDraft(256, seed=s, concentration=0.01), 16, s) for s in range(20)]
+        return sum(t.parents.count(ROOT) for t in trees) / sum(t.size for t in trees)
+
+    fixed, default, alg1 = (depth_one_share(b) for b in (DySpecThresholdBuilder(threshold=1e-3),
+                                                          DySpecThresholdBuilder(), DySpecBuilder()))
+    assert fixed > 0.8 and default < 0.6 and alg1 < 0.6, (fixed, default, alg1)
+
+
 def test_dyspec_batches_layers() -> None:
     draft = HashedDraft(16, seed=3)
     tree = DySpecBuilder().build(draft, 64, 0)
