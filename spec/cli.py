@@ -117,7 +117,8 @@ def _acceptance_hook(args: argparse.Namespace) -> int | None:
     entries = report["entries"]
     if args.json:
         out = {"model": model.name, "vocab": model.vocab, "budget": args.budget, "exact": report["exact"],
-               "trees": report["trees"], builder.name: entries if verifier == "all" else entries[0], "lp": report["lp"]}
+               "estimated_runs": report["estimated_runs"], "trees": report["trees"],
+               builder.name: entries if verifier == "all" else entries[0], "lp": report["lp"]}
         print(json.dumps(out, indent=2))
     else:
         print(render_builder_report(report, model))

@@ -183,6 +183,7 @@ def test_cli_builder_monte_carlo_and_table(capsys: pytest.CaptureFixture[str]) -
                         "--max-runs", "100", "--samples", "200", "--json")
     obj = json.loads(out)
     assert code == 0 and not obj["exact"] and obj["lp"] is None and len(obj["dyspec"]["ci95"]) == 2
+    assert obj["estimated_runs"] > 10 * 100  # sampled at once: Knuth's estimate is past 10 x --max-runs
     code, out, _ = _run(capsys, "acceptance", "--random", "3", "--builder", "wetap", "--budget", "5")
     assert code == 0 and "LP limit" in out and "wetap" in out
 
