@@ -51,7 +51,7 @@ def make_builder(builder: str | TreeBuilder, **params: Any) -> TreeBuilder:
         if params:
             raise ValueError("parameters go with a builder name, not with a builder object")
         return builder
-    if builder not in BUILDERS:
+    if not isinstance(builder, str) or builder not in BUILDERS:  # a list or dict is no name (and unhashable)
         raise ValueError(f"unknown builder {builder!r}; choose one of {', '.join(BUILDERS)}")
     try:
         return BUILDERS[builder](**params)

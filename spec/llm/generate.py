@@ -38,7 +38,7 @@ Batch size 1.  Notation: ``p`` target, ``q`` draft (DESIGN.md §3).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -151,14 +151,26 @@ class GenerateOutput:
         }
 
 def _prompt(input_ids: Any, vocab: int) -> list[int]:
-    if isinstance(input_ids, torch.Tensor):
-        if input_ids.ndim == 2:
+    if isinstance(input_ids, (torch.Tensor, np.ndarray)):
+        if isinstance(input_ids, torch.Tensor) and (input_ids.is_meta or input_ids.layout != torch.strided):
+            raise ValueError(f"input_ids must be a dense tensor with data, got a {input_ids.layout} tensor on "
+                             f"{input_ids.device}")
+        if input_ids.ndim == 2:  # (1, n), as a tokenizer's return_tensors="pt" or "np" gives
             if input_ids.shape[0] != 1:
                 raise ValueError(f"input_ids: batch size 1 only, got shape {tuple(input_ids.shape)}")
             input_ids = input_ids[0]
+        if input_ids.ndim != 1:
+            raise ValueError(f"input_ids must be a 1-D sequence of token ids (or one row of shape (1, n)), "
+                             f"got shape {tuple(input_ids.shape)}")
         input_ids = input_ids.tolist()
-    if isinstance(input_ids, (str, bytes)) or not hasattr(input_ids, "__iter__"):
-        raise ValueError(f"input_ids must be a sequence of token ids, got {input_ids!r}")
+    # an ordered sequence: a set or dict has no order, and bytes-like ids would be bytes, not token ids
+    if isinstance(input_ids, (str, bytes, bytearray, memoryview)) or not isinstance(input_ids, Sequence):
+        raise ValueError(f"input_ids must be a sequence of token ids (a list, tuple, tensor or array), got "
+                         f"{type(input_ids).__name__} {input_ids!r}")
+    if input_ids and isinstance(input_ids[0], (list, tuple)):  # [[5, 6]]: a batch as lists
+        if len(input_ids) != 1:
+            raise ValueError(f"input_ids: batch size 1 only, got {len(input_ids)} rows")
+        input_ids = input_ids[0]
     ids = [check_int(f"input_ids[{i}]", t, minimum=0) for i, t in enumerate(input_ids)]
     if not ids:
         raise ValueError("input_ids must hold at least one token")
@@ -200,9 +212,13 @@ def _cut_at_stop(tokens: list[int], stops: frozenset[int]) -> tuple[list[int], b
 
 def _vocab(model: Any, name: str) -> int:
     try:
-        return int(model.config.vocab_size)
+        vocab = int(model.config.vocab_size)
     except AttributeError:
         raise ValueError(f"{name} must be a transformers causal LM (with .config.vocab_size)") from None
+    if getattr(model, "training", False):  # dropout on: each forward a different law, temperature 0 not greedy
+        raise ValueError(f"{name} is in training mode (dropout would change every forward): call {name}.eval() "
+                         f"first (from_pretrained and spec.llm.models return models in eval mode)")
+    return vocab
 
 def _order(tree: DraftTree, order: str) -> Sequence[int] | None:
     return dfs_order(tree) if order == "dfs" else bfs_order(tree) if order == "bfs" else None
@@ -746,6 +762,9 @@ def generate(
         raise ValueError(f"target and draft must be on one device, got {device} and "
                          f"{model_device(draft)}: move both there (model.to(device))")
     prompt = _prompt(input_ids, vocab)
+    if builder_params is not None and not isinstance(builder_params, Mapping):
+        raise ValueError(f"builder_params must be a mapping of builder parameters (e.g. {{'width': 2}}), got "
+                         f"{type(builder_params).__name__} {builder_params!r}")
     b = make_builder(builder, **(builder_params or {}))
     check_attention(target, "target", trees=type(b) is not ChainBuilder)  # a chain builder's trees are chains
     check_attention(draft, "draft", trees=False)  # its rows need only be the law its tokens were drawn from

@@ -168,7 +168,7 @@ def parse_device(name: str | torch.device | None) -> torch.device:
         raise ValueError(f"device {str(name)!r} holds shapes without data: decode on cpu or cuda")
     try:
         torch.empty(1, device=device)
-    except (RuntimeError, AssertionError, NotImplementedError):  # e.g. mps off a Mac: no backend for its ops
+    except (RuntimeError, AssertionError, NotImplementedError, ImportError):  # e.g. mps off a Mac; hpu: no torch.hpu
         raise ValueError(f"device {str(name)!r} cannot be used by this torch ({torch.__version__}): it allocates "
                          f"nothing on {device.type}") from None
     return device

@@ -71,6 +71,9 @@ __all__ = ["StaticTreeCache", "cache_keyword", "holds_layers", "shared_static_ca
 MAX_GRAPH_TOKENS = 128
 #: Capacity is rounded up to a multiple of this.
 CAPACITY_STEP = 64
+#: A cache asking for more bytes than this (1 PiB, past any one device) is a ``MemoryError`` before torch is asked:
+#: ``max_new_tokens = 2**62`` made torch raise "Storage size calculation overflowed", 2**63 a TypeError.
+MAX_CACHE_BYTES = 2**50
 
 
 @functools.cache
@@ -420,14 +423,17 @@ class StaticTreeCache:
 
     def _allocate_buffers(self, capacity: int) -> None:
         shape = (self.layers, 2, 1, self.kv_heads, capacity, self.head_dim)
+        size = math.prod(shape) * torch.finfo(self.dtype).bits // 8
+        too_big = MemoryError(f"the static cache of {capacity:,} slots needs {size / 2**30:,.1f} GiB on "
+                              f"{self.device}: shorten the decode (max_new_tokens) or use cache='dynamic'")
+        if size > MAX_CACHE_BYTES:  # past any device (torch's own errors there: size overflows, int64 unpacking)
+            raise too_big
         try:
             kv = torch.zeros(shape, dtype=self.dtype, device=self.device)
         except RuntimeError as err:  # torch.OutOfMemoryError is one; the CPU allocator's "can't allocate" too
             if "alloc" not in str(err).lower() and not isinstance(err, getattr(torch, "OutOfMemoryError", ())):
                 raise
-            size = math.prod(shape) * torch.finfo(self.dtype).bits // 8
-            raise MemoryError(f"the static cache of {capacity:,} slots needs {size / 2**30:,.1f} GiB on "
-                              f"{self.device}: shorten the decode (max_new_tokens) or use cache='dynamic'") from None
+            raise too_big from None
         if self.length:
             kv[..., : self.length, :] = self.kv[..., : self.length, :]
         self.kv, self.capacity = kv, capacity

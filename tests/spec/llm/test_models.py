@@ -107,6 +107,9 @@ def test_parse_device_names_what_torch_cannot_use():
     for bad in ("gpu", "cpu:x", ""):
         with pytest.raises(ValueError, match=f"device '{bad}' is not a torch device"):
             parse_device(bad)
+    for bad in ("hpu", "privateuseone"):  # torch knows the name but has no module for it: ModuleNotFoundError
+        with pytest.raises(ValueError, match=f"device '{bad}' cannot be used by this torch"):
+            parse_device(bad)
     if torch.cuda.is_available():
         assert parse_device("cuda").type == "cuda"
         with pytest.raises(ValueError, match=r"device 'cuda:99': torch sees \d+ CUDA device"):

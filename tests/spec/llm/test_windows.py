@@ -38,7 +38,7 @@ import spec.llm.static_cache as static_cache  # noqa: E402
 from spec.llm.generate import _prefill, ar_generate, generate, resolve_cache  # noqa: E402
 from spec.llm.static_cache import StaticTreeCache, holds_layers  # noqa: E402
 from spec.tree import dfs_order, random_tree  # noqa: E402
-from tests.spec.llm.conftest import greedy_decode  # noqa: E402
+from tests.spec.llm.conftest import NULL_DRAWS, greedy_decode  # noqa: E402
 from tests.spec.llm.test_generate import SAMPLES, VOCAB, _tiny, exact_two_token_law, two_token_counts  # noqa: E402
 from tmc.multidraft import DraftTree  # noqa: E402
 from verification.calibrated import bonferroni, chi_square_check, detectable_tv  # noqa: E402
@@ -393,7 +393,7 @@ def test_attention_chunks_reads_the_config_as_the_model_code_does() -> None:
     ``None`` (and :func:`check_span` then limits the Llama to one chunk)."""
     assert attention_chunks(tiny_llama4(0, 6, 8192)) == 6
     assert attention_chunks(tiny_llama4(0, None, 8192)) is None
-    llama = transformers.LlamaForCausalLM(transformers.LlamaConfig(vocab_size=13, num_hidden_layers=1, **_BASE))
+    llama = transformers.LlamaForCausalLM(transformers.LlamaConfig(vocab_size=13, num_hidden_layers=1, **_BASE)).eval()
     llama.config.attention_chunk_size, llama.config.layer_types = 6, ["chunked_attention"]
     assert attention_chunks(llama) is None
     with pytest.raises(ValueError, match="attention chunks of 6 positions"):
@@ -412,7 +412,7 @@ def test_auto_cache_is_static_for_a_windowed_pair_on_cuda_and_dynamic_for_other_
     import spec.llm.generate as gen
 
     monkeypatch.setattr(gen, "model_device", lambda model: torch.device("cuda"))
-    llama = transformers.LlamaForCausalLM(transformers.LlamaConfig(vocab_size=13, num_hidden_layers=1, **_BASE))
+    llama = transformers.LlamaForCausalLM(transformers.LlamaConfig(vocab_size=13, num_hidden_layers=1, **_BASE)).eval()
     mistral, gemma = tiny("mistral", 0, 6), tiny("gemma3", 0, 6)
     assert holds_layers(mistral) and holds_layers(gemma)
     assert resolve_cache(llama, "auto", llama) == "static"
@@ -473,7 +473,7 @@ def test_first_two_tokens_follow_a_windowed_target_law(name: str, builder: str, 
     assert window_effect(name) > detectable_tv(16, SAMPLES, LAW_ALPHA)
     target, draft, prompt = law_pair(name)
     law = exact_two_token_law(target, prompt=prompt)
-    result = chi_square_check(counts_of(target, draft, prompt, builder, verifier, cache), law, LAW_ALPHA)
+    result = chi_square_check(counts_of(target, draft, prompt, builder, verifier, cache), law, LAW_ALPHA, simulate=NULL_DRAWS)
     assert result.passed, (result, detectable_tv(16, SAMPLES, LAW_ALPHA))
 
 
@@ -483,7 +483,7 @@ def test_the_windowed_law_check_rejects_a_decode_without_the_window(monkeypatch:
     target, draft, prompt = law_pair("mistral")
     window_off(monkeypatch)
     counts = counts_of(target, draft, prompt, "dyspec", "traversal")
-    assert not chi_square_check(counts, exact_two_token_law(target, prompt=prompt), LAW_ALPHA).passed
+    assert not chi_square_check(counts, exact_two_token_law(target, prompt=prompt), LAW_ALPHA, simulate=NULL_DRAWS).passed
 
 
 #: Llama 4 with chunks of 2 and ``floor_scale`` 3 on a 4-token prompt: both generated tokens lie past a chunk
@@ -509,7 +509,7 @@ def test_first_two_tokens_follow_a_chunked_llama4_law(builder: str, verifier: st
     law = exact_two_token_law(target, prompt=prompt)
     wide = exact_two_token_law(llama4_law_pair(256)[0], prompt=prompt)
     assert 0.5 * float(np.abs(law - wide).sum()) > detectable_tv(16, SAMPLES, LLAMA4_ALPHA)
-    result = chi_square_check(counts_of(target, draft, prompt, builder, verifier), law, LLAMA4_ALPHA)
+    result = chi_square_check(counts_of(target, draft, prompt, builder, verifier), law, LLAMA4_ALPHA, simulate=NULL_DRAWS)
     assert result.passed, result
 
 
@@ -518,7 +518,7 @@ def test_the_llama4_law_check_rejects_a_decode_without_the_chunks(monkeypatch: p
     prompt = LLAMA4_LAW["prompt"]
     monkeypatch.setattr(adapter, "chunked", lambda *a: None)
     counts = counts_of(target, draft, prompt, "dyspec", "traversal")
-    assert not chi_square_check(counts, exact_two_token_law(target, prompt=prompt), LLAMA4_ALPHA).passed
+    assert not chi_square_check(counts, exact_two_token_law(target, prompt=prompt), LLAMA4_ALPHA, simulate=NULL_DRAWS).passed
 
 
 # ---------------------------------------------------------------- models the tree pass cannot reproduce
@@ -558,10 +558,10 @@ def _alibi_models() -> dict[str, Any]:
     torch.manual_seed(0)
     small = dict(vocab_size=13, bos_token_id=None, eos_token_id=None)
     return {
-        "bloom": transformers.BloomForCausalLM(transformers.BloomConfig(hidden_size=32, n_layer=2, n_head=4, **small)),
+        "bloom": transformers.BloomForCausalLM(transformers.BloomConfig(hidden_size=32, n_layer=2, n_head=4, **small)).eval(),
         "falcon": transformers.FalconForCausalLM(transformers.FalconConfig(
-            hidden_size=32, num_hidden_layers=2, num_attention_heads=4, alibi=True, **small)),
-        "mpt": transformers.MptForCausalLM(transformers.MptConfig(d_model=32, n_layers=2, n_heads=4, **small)),
+            hidden_size=32, num_hidden_layers=2, num_attention_heads=4, alibi=True, **small)).eval(),
+        "mpt": transformers.MptForCausalLM(transformers.MptConfig(d_model=32, n_layers=2, n_heads=4, **small)).eval(),
     }
 
 
@@ -574,7 +574,7 @@ def test_alibi_models_are_refused_before_any_forward(monkeypatch: pytest.MonkeyP
     fed: list[object] = []
     monkeypatch.setattr(gen, "_prefill", lambda *a: fed.append(a))
     models = _alibi_models()
-    llama = transformers.LlamaForCausalLM(transformers.LlamaConfig(vocab_size=13, num_hidden_layers=1, **_BASE))
+    llama = transformers.LlamaForCausalLM(transformers.LlamaConfig(vocab_size=13, num_hidden_layers=1, **_BASE)).eval()
     for name, model in models.items():
         model.eval().config._attn_implementation = "eager"
         if name == "mpt":
@@ -649,7 +649,7 @@ def test_first_two_tokens_follow_the_target_law_with_mpt(target_kind: str, build
             target.lm_head.weight.mul_(8.0)
     prompt = [1, 3, 2, 0]
     result = chi_square_check(counts_of(target, mpt_draft, prompt, builder, verifier),
-                              exact_two_token_law(target, prompt=prompt), alpha)
+                              exact_two_token_law(target, prompt=prompt), alpha, simulate=NULL_DRAWS)
     assert result.passed, result
 
 
