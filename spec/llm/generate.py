@@ -215,7 +215,7 @@ def _vocab(model: Any, name: str) -> int:
         vocab = int(model.config.vocab_size)
     except AttributeError:
         raise ValueError(f"{name} must be a transformers causal LM (with .config.vocab_size)") from None
-    if getattr(model, "training", False):  # dropout on: each forward a different law, temperature 0 not greedy
+    if getattr(model, "training", False) is True:  # dropout on: each forward another law, temperature 0 not greedy
         raise ValueError(f"{name} is in training mode (dropout would change every forward): call {name}.eval() "
                          f"first (from_pretrained and spec.llm.models return models in eval mode)")
     return vocab
