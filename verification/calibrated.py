@@ -192,8 +192,8 @@ def chi_square_check(
     pos = np.flatnonzero(~zero)
     labels = merge_bins(probs[pos], samples, min_expected)
     n_bins = int(labels.max()) + 1 if pos.size else 0
-    obs = np.bincount(labels, weights=counts[pos], minlength=n_bins)
-    exp = np.bincount(labels, weights=probs[pos], minlength=n_bins) * samples
+    obs = np.bincount(labels, weights=counts[pos], minlength=n_bins).astype(np.float64)
+    exp = np.bincount(labels, weights=probs[pos], minlength=n_bins).astype(np.float64) * samples
     if n_bins <= 1 or samples == 0:
         stat, dof, p_value = 0.0, 0, 1.0
     else:
