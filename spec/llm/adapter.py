@@ -91,7 +91,7 @@ from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from spec.builders.base import check_prob
 from spec.draft import check_beam_args, select_beam, select_top
-from spec.llm.sampling import Sampling, categorical_draw, logits_fault, ranked_tokens, swor_draws
+from spec.llm.sampling import Sampling, categorical_draw, logits_fault, logits_of, ranked_tokens, swor_draws
 from spec.llm.static_cache import StaticTreeCache, cache_keyword, offset_positions
 from spec.llm.static_cache import model_device as _device
 from spec.llm.static_cache import model_dtype as _dtype
@@ -883,8 +883,10 @@ class LLMDraft:
         """The processed rows ``(len(paths), V)`` of fed paths, float64 on the model's device."""
         new, batch = self._batch
         if batch is not None and list(paths) == new:  # the layer just fed: its logits are one slice already
-            return self.sampling.probs(batch)
-        return self.sampling.probs(torch.stack([self._logits[p] for p in paths]))
+            with logits_of("draft"):
+                return self.sampling.probs(batch)
+        with logits_of("draft"):
+            return self.sampling.probs(torch.stack([self._logits[p] for p in paths]))
 
     def _fed(self, paths: Sequence[Path]) -> list[Path]:
         """``paths`` validated, with every node not fed yet fed in one forward."""
@@ -1117,7 +1119,8 @@ class LLMDraft:
         """Raise the ``ValueError`` :func:`~spec.llm.sampling.process_logits` gives for the first bad
         row :meth:`draft_tree` (or :meth:`draft_chain`) met (call it when the ``fault`` flag was set)."""
         for logits in [self._logits[()]] + [lg for _, _, lg in (self._drafted or ((), []))[1]]:
-            self.sampling.probs(logits)
+            with logits_of("draft"):
+                self.sampling.probs(logits)
 
     def _feed(self, new: list[Path], wait: bool = True) -> None:
         """One forward: the pending tokens (first time only), then the nodes ``new``.

@@ -57,7 +57,7 @@ from spec.llm.adapter import (
     query_scale_floor, select_cache, sync, tree_logits, trim_cache,
 )
 from spec.llm.host_verify import verify_chain_numpy, verify_tree_numpy
-from spec.llm.sampling import Sampling, step_fault
+from spec.llm.sampling import Sampling, logits_of, step_fault
 from spec.llm.static_cache import (StaticTreeCache, cache_keyword, holds_layers, model_device, model_dtype,
                                    shared_static_cache)
 from spec.llm.step_graph import COMPILE_SCOPES, ChainStepGraph, shared_chain_step
@@ -523,7 +523,8 @@ def _tree_step(
     got = torch.cat([*flags, drawn]).tolist()
     if got[0]:  # name the fault: the draft's logits first, then the target's
         d_step.tree_fault()
-        sampling.probs(logits)
+        with logits_of("target"):
+            sampling.probs(logits)
         raise RuntimeError("a logits fault was flagged but not found again")
     if got[1]:
         d_step.discard_tree()
@@ -607,7 +608,8 @@ def _chain_step(
                                               p, torch.from_numpy(u).to(device), fault, trusted=True)
     if res is None:  # name the fault: the draft's logits first, then the target's
         d_step.chain_fault()
-        sampling.probs(logits)
+        with logits_of("target"):
+            sampling.probs(logits)
         raise RuntimeError("a logits fault was flagged but not found again")
     d_step.settle_chain(drafted)
     return res, k, (t1, t2)
@@ -877,7 +879,8 @@ def generate(
             t1 = time.perf_counter()
             ordr = _order(tree, order)
             logits = tree_logits(target, t_cache, tree, t_past, root_token=root, order=ordr, where=where)
-            p = sampling.probs(logits)
+            with logits_of("target"):
+                p = sampling.probs(logits)
             sync(device)
             t2 = time.perf_counter()
             res = _verify(verifier, tree, p, rng, b.adaptive_widths, backend)
@@ -957,7 +960,8 @@ def ar_generate(
                 logits = target(input_ids=ids, use_cache=True, **cache_arg).logits[0, -1]
             else:
                 logits = forward_masked(target, kv, [tok], [pos], np.ones((1, pos + 1), dtype=bool))[0]
-            probs = sampling.probs(logits).cpu().numpy()
+            with logits_of("target"):
+                probs = sampling.probs(logits).cpu().numpy()
             tok, pos = categorical(probs, float(rng.random())), pos + 1
             out.append(tok)
             steps.append(StepStats(0, 0, 1, 0, 0.0, time.perf_counter() - t0, 0.0))

@@ -27,13 +27,14 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 
 __all__ = ["Sampling", "categorical_draw", "check_sampling", "logits_fault", "nonfinite", "point_rows",
-           "process_logits", "ranked_tokens", "step_fault", "swor_draws"]
+           "process_logits", "ranked_tokens", "logits_of", "step_fault", "swor_draws"]
 
 
 def check_sampling(
@@ -234,6 +235,19 @@ def ranked_tokens(rows: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tenso
     equal = rows.unsqueeze(1) == values.unsqueeze(-1)  # (M, k, L)
     nth = torch.cumsum(equal, dim=-1) == (before + 1).unsqueeze(-1)
     return (equal & nth).to(torch.int8).argmax(dim=-1), values
+
+
+@contextmanager
+def logits_of(role: str) -> Iterator[None]:
+    """Name the model whose logits :func:`process_logits` refuses: ``"logits contain NaN"`` raised inside
+    becomes ``"draft's logits contain NaN"`` (draft and target share one :class:`Sampling`, so its error
+    alone could not say which model produced them)."""
+    try:
+        yield
+    except ValueError as err:
+        if str(err).startswith("logits "):
+            raise ValueError(f"{role}'s {err}") from None
+        raise
 
 
 def _check_finite_rows(x: torch.Tensor) -> None:

@@ -80,7 +80,7 @@ import torch
 from numpy.typing import NDArray
 
 from spec.llm.adapter import fit_vocabulary, sync
-from spec.llm.sampling import Sampling, categorical_draw, step_fault
+from spec.llm.sampling import Sampling, categorical_draw, logits_of, step_fault
 from spec.llm.static_cache import StaticTreeCache, _round_capacity, _Size, weights_key
 from spec.llm.verify import _CHAIN_STEPS, CHAIN_METHODS, _prepare_chain, noise_size
 from tmc.validate import check_int
@@ -317,8 +317,10 @@ class FusedStep:
         got: list[int] = out.tolist()  # the step's one transfer
         if got[0] & 1:  # name the fault: the draft's logits first, then the target's
             for row in raw:
-                self.d_sampling.probs(row)
-            self.sampling.probs(t_logits)
+                with logits_of("draft"):
+                    self.d_sampling.probs(row)
+            with logits_of("target"):
+                self.sampling.probs(t_logits)
             raise RuntimeError("a logits fault was flagged but not found again")
         return got
 

@@ -217,7 +217,7 @@ def test_bad_logits_raise_the_host_paths_error(which: str, verifier: str, temper
     with torch.no_grad():
         (draft if which == "draft" else target).lm_head.weight[5, 0] = float("nan")
     for on_device, backend in itertools.product((True, False), ("torch", "numpy")):
-        with pytest.raises(ValueError, match="logits contain NaN"):
+        with pytest.raises(ValueError, match=f"^{which}'s logits contain NaN"):
             generate(target, draft, [1, 2], "chain", verifier, temperature=temperature, max_new_tokens=6, budget=3,
                      seed=0, chain_on_device=on_device, verify_backend=backend)
 
@@ -390,7 +390,7 @@ def test_device_tree_stops_at_eos_and_length_and_names_bad_logits(pair: tuple[ob
         with torch.no_grad():
             (d if which == "draft" else t).lm_head.weight[5, 0] = float("nan")
         for on_device, temperature in itertools.product((True, False), (0.0, 1.0)):
-            with pytest.raises(ValueError, match="logits contain NaN"):
+            with pytest.raises(ValueError, match=f"^{which}'s logits contain NaN"):
                 generate(t, d, [1, 2], "fixed", "traversal", max_new_tokens=6, chain_on_device=on_device,
                          **{**kw, "temperature": temperature})
 

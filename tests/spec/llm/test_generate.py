@@ -382,6 +382,19 @@ def test_a_static_cache_past_any_device_is_a_memory_error_before_torch_is_asked(
 
 
 @pytest.mark.parametrize(("builder", "temperature"), list(itertools.product(sorted(BUILDERS), (0.0, 1.0))))
+def test_nan_target_logits_are_named_for_every_builder(builder: str, temperature: float) -> None:
+    """The same for the target's logits: the message names the target (it read "logits contain NaN" for either
+    model), on every builder's path and in plain decoding."""
+    target, draft = _tiny(13, 0, scale=40.0), _tiny(13, 1, layers=1, scale=40.0)
+    with torch.no_grad():
+        target.lm_head.weight[:, 0] = float("nan")  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="^target's logits contain NaN"):
+        generate(target, draft, [1, 2], builder, "traversal", temperature=temperature, max_new_tokens=4, budget=4)
+    with pytest.raises(ValueError, match="^target's logits contain NaN"):
+        ar_generate(target, [1, 2], temperature=temperature, max_new_tokens=4)
+
+
+@pytest.mark.parametrize(("builder", "temperature"), list(itertools.product(sorted(BUILDERS), (0.0, 1.0))))
 def test_nan_draft_logits_are_named_for_every_builder(builder: str, temperature: float) -> None:
     """A draft whose logits hold NaN gives the usual ``ValueError`` on every builder's path: host builders
     (DySpec's rows, WETAP's beam, DynaTree's per-row ranking on the draft's side), chains and fixed trees
@@ -389,7 +402,7 @@ def test_nan_draft_logits_are_named_for_every_builder(builder: str, temperature:
     target, draft = _tiny(13, 0, scale=40.0), _tiny(13, 1, layers=1, scale=40.0)
     with torch.no_grad():
         draft.lm_head.weight[:, 0] = float("nan")  # type: ignore[attr-defined]
-    with pytest.raises(ValueError, match="logits contain NaN"):
+    with pytest.raises(ValueError, match="^draft's logits contain NaN"):  # named: draft and target share a Sampling
         generate(target, draft, [1, 2], builder, "traversal", temperature=temperature, max_new_tokens=4, budget=4)
 
 

@@ -190,7 +190,7 @@ def check_late_nan_logits_raise(pair: tuple[Any, Any], which: str, monkeypatch: 
         target, draft = (copy.deepcopy(m) for m in pair)
         calls[0] = 0
         poison[:] = [draft if which == "draft" else target]
-        with pytest.raises(ValueError, match="logits contain NaN"):
+        with pytest.raises(ValueError, match=f"^{which}'s logits contain NaN"):
             generate(target, draft, [1, 2], builder, verifier, temperature=temperature, max_new_tokens=60,
                      cache="static", step_graph=True, **kw)
         assert calls[0] == 3
