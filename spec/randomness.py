@@ -20,7 +20,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from tmc.noise import categorical
-from tmc.validate import as_rng
+from tmc.validate import as_rng, check_int
 
 T = TypeVar("T")
 FloatArray = NDArray[np.float64]
@@ -141,6 +141,7 @@ def estimate_runs(run: Callable[[Sampler], object], probes: int = 64, rng: np.ra
     branching point and one per complete sequence); a few probes give its order of magnitude cheaply.
     """
     gen = as_rng(rng)
+    probes = check_int("probes", probes, minimum=1)
     total = 0.0
     for _ in range(probes):
         probe = _ProbeSampler(gen)

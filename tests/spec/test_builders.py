@@ -532,6 +532,9 @@ def test_estimate_runs_is_exact_on_a_tree_of_fixed_widths() -> None:
     calls = []
     enumerate_runs(lambda s: (calls.append(1), run(s))[1])
     assert len(calls) == 13 and estimate_runs(run, probes=5) == 13.0
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match="probes"):
+            estimate_runs(run, probes=bad)
 
 
 def test_estimate_runs_mean_is_the_number_of_runs() -> None:
