@@ -36,7 +36,8 @@ rows (where the interesting mass is a tiny difference) keep full relative
 accuracy; ``p − q`` at a token both rows hold above 1/2 is the difference of
 the rests (:func:`tmc.residual.row_difference`), and so is the ratio test's
 ``p(y) − q(y)`` there.  ASpS divides each emitted row by its own ``D_j``
-before the later steps' factors apply (a tiny ``D_j`` made ``exp`` overflow).  The kernels stay non-negative and normalised to ~1e-12 for
+before the later steps' factors apply (a tiny ``D_j`` made ``exp``
+overflow).  The kernels stay non-negative and normalised to ~1e-12 for
 ``n = 64``, ``V = 32000`` with probabilities down to 1e-30.
 
 Noise layout of the samplers (each is a pure function of its uniforms):

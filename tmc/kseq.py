@@ -112,7 +112,7 @@ from numpy.typing import ArrayLike, NDArray
 from tmc.multidraft import ROOT, Draw, DraftTree, check_tree_p_rows, residual_node_rule, residual_walk_step
 from tmc.noise import categorical, check_uniforms
 from tmc.residual import acceptance_probability
-from tmc.validate import as_real_array_with_dtype, as_rng, check_int, check_prob_rows
+from tmc.validate import as_rng, check_int, check_prob_row
 
 FloatArray = NDArray[np.float64]
 
@@ -277,13 +277,7 @@ def _residual_rule(tree: DraftTree, node: int, p_row: FloatArray) -> NodeRule:
 
 
 def _check_pair(p_row: ArrayLike, q_row: ArrayLike, k: object) -> tuple[FloatArray, FloatArray, int]:
-    rows = []
-    for name, row in (("p_row", p_row), ("q_row", q_row)):
-        arr, given = as_real_array_with_dtype(name, row)
-        if arr.ndim != 1:
-            raise ValueError(f"{name} must be a 1-D probability row, got shape {arr.shape}")
-        rows.append(check_prob_rows(name, arr[None, :], dtype=given)[0])
-    p, q = rows
+    p, q = check_prob_row("p_row", p_row), check_prob_row("q_row", q_row)
     if p.shape != q.shape:
         raise ValueError(f"p_row has {p.shape[0]} tokens but q_row has {q.shape[0]}")
     return p, q, check_int("k", k, minimum=1)

@@ -74,7 +74,7 @@ from scipy.optimize import linprog
 from tmc.drafts import chain_drafts, one_level_draft_law
 from tmc.multidraft import Draw
 from tmc.toy import Path, ToyModel
-from tmc.validate import as_real_array_with_dtype, check_int, check_prob_rows, real_scalar
+from tmc.validate import check_int, check_prob_row, real_scalar
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
@@ -392,14 +392,13 @@ def hu_closed_form_acceptance(p_row: ArrayLike, joint: Mapping[tuple[int, ...], 
     enumerated (by subset sums), so ``V`` must be small.  ``joint`` maps each
     ordered draft tuple to its probability.
     """
-    arr, given = as_real_array_with_dtype("p_row", p_row)
-    if arr.ndim != 1:
-        raise ValueError(f"p_row must be a 1-D probability row, got shape {arr.shape}")
-    p = check_prob_rows("p_row", arr[None, :], dtype=given)[0]
+    p = check_prob_row("p_row", p_row)
     vocab = p.shape[0]
     if not isinstance(joint, Mapping) or not joint:
         raise ValueError(f"joint must be a non-empty mapping from draft tuples to probabilities, got {joint!r}")
     sizes = {len(key) for key in joint if isinstance(key, tuple)}
+    if len(sizes) > 1:
+        raise ValueError(f"joint keys must all hold k tokens (one per draft); they hold {sorted(sizes)}")
     if vocab > MAX_CLOSED_FORM_VOCAB:
         raise ValueError(f"p_row has V = {vocab} > {MAX_CLOSED_FORM_VOCAB}: 2^V sets are too many")
     by_mask = np.zeros(1 << vocab)  # Q(set of drafted tokens == mask)
@@ -407,8 +406,6 @@ def hu_closed_form_acceptance(p_row: ArrayLike, joint: Mapping[tuple[int, ...], 
     for key, value in joint.items():
         if not isinstance(key, tuple) or not key:
             raise ValueError(f"joint key {key!r} must be a non-empty tuple of token ids (one per draft)")
-        if len(sizes) > 1:
-            raise ValueError(f"joint keys must all hold k tokens (one per draft); they hold {sorted(sizes)}")
         tup = tuple(check_int(f"joint key {key!r} token", t) for t in key)
         prob = real_scalar(f"joint[{key!r}]", value)
         if not np.isfinite(prob) or prob < 0:

@@ -224,6 +224,16 @@ def check_prob_rows(
     raise ValueError(f"{name} row {row} sums to {float(sums[row])!r}, not 1 (tolerance {float(tols[row]):g})")
 
 
+def check_prob_row(name: str, row: ArrayLike) -> FloatArray:
+    """One probability row as a renormalised float64 ``(V,)`` array or ``ValueError``: converted once, checked
+    at the precision it came in (:func:`check_prob_rows` on it as a one-row table)."""
+    arr, given = as_real_array_with_dtype(name, row)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be a 1-D probability row, got shape {arr.shape}")
+    out: FloatArray = check_prob_rows(name, arr[None, :], dtype=given)[0]
+    return out
+
+
 def check_tokens(name: str, tokens: ArrayLike | Sequence[int], vocab: int) -> IntArray:
     """Return ``tokens`` as a 1-D int64 array with every id in ``[0, vocab)``."""
     if tokens is None:
