@@ -108,6 +108,9 @@ def test_holm_rejects_step_down_and_dominates_bonferroni():
         (dict(counts=np.array([1, 2]), probs=np.array([0.5, 0.5]), alpha=0.0), "alpha"),
         (dict(counts=np.array([1, -2]), probs=np.array([0.5, 0.5]), alpha=0.1), "non-negative"),
         (dict(counts=np.array([1, 2]), probs=np.array([0.5, 0.5]), alpha=0.1, statistic="x"), "statistic"),
+        (dict(counts=np.array([1, 2]), probs=np.array([0.5, 0.5]), alpha=0.1, simulate=-1), "simulate"),
+        (dict(counts=np.array([1, 2]), probs=np.array([0.5, 0.5]), alpha=0.1, simulate=2.5), "simulate"),
+        (dict(counts=np.array([1, 2]), probs=np.array([0.5, 0.5]), alpha=0.1, simulate=True), "simulate"),
     ],
 )
 def test_bad_arguments(kwargs, match):
