@@ -33,8 +33,8 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Sampling", "categorical_draw", "check_sampling", "logits_fault", "nonfinite", "point_rows",
-           "process_logits", "ranked_tokens", "logits_of", "step_fault", "swor_draws"]
+__all__ = ["Sampling", "categorical_draw", "check_sampling", "logits_fault", "logits_of", "nonfinite",
+           "point_rows", "process_logits", "ranked_tokens", "step_fault", "swor_draws"]
 
 
 def check_sampling(
