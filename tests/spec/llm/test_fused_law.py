@@ -52,7 +52,8 @@ FUSED = [("chain", "sps", {}, False, 0), ("chain", "asps", {}, False, 0), ("chai
          ("fixed", "traversal", {"width": 2, "draw": "iid"}, True, 0),
          ("fixed", "ordered_traversal", {"width": 2, "draw": "swor"}, True, 0),
          ("fixed", "kseq", {"width": 2, "draw": "iid"}, True, 0)]
-FUSED_ALPHA = bonferroni(1e-3, len(FUSED))
+# one check per case, and each negative control's fit to its bug's own law (two of them): one family
+FUSED_ALPHA = bonferroni(1e-3, len(FUSED) + 2)
 FUSED_IDS = [f"{b}-{v}-{p.get('draw', 'iid')}-{'compiled' if c else 'eager'}-setting{s}"
              for b, v, p, c, s in FUSED]
 
@@ -71,7 +72,7 @@ def test_fused_steps_follow_the_target_law(builder: str, verifier: str, params: 
                                            compile_step: bool, setting: int) -> None:
     """Chi-square of the fused path's first two tokens against the target's exact processed law.
 
-    False-fail rate 1e-3 over the cases (Bonferroni); 700 samples on at most 16 cells detect a total
+    False-fail rate 1e-3 over the cases and the negative controls' fits (Bonferroni); 700 samples on at most 16 cells detect a total
     variation of about ``detectable_tv(16, 700, FUSED_ALPHA)`` (≈ 0.17) with probability 0.999, and a sample
     in a cell of probability 0 (removed by top-k / top-p) fails the check."""
     target, draft = _law_pair()
