@@ -721,6 +721,18 @@ def test_cli_json_and_draw_options(capsys):
     assert code == 1
 
 
+def test_cli_sampler_tv_sizes_the_sampler_checks(capsys):
+    """``--sampler-tv`` reaches the sampler checks: a finer tv draws more samples and is what the report states."""
+    steps = {}
+    for tv in ("0.2", "0.1"):
+        assert cli_main(["verification.examples:SPS", "--budget", "5", "--max-vocab", "2", "--sampler-tv", tv,
+                         "--json"]) == 0
+        report = json.loads(capsys.readouterr().out)["sampler_check"]
+        assert report["tv"] == float(tv) and report["passed"]
+        steps[tv] = sum(c["samples"] for c in report["checks"])
+    assert steps["0.1"] > 2 * steps["0.2"], steps
+
+
 def test_register_adds_audit_to_the_tmc_subparsers_without_importing_hypothesis():
     code = textwrap.dedent("""
         import argparse, sys
@@ -775,6 +787,9 @@ def broken_modules(tmp_path, monkeypatch):
         (["verification.examples:SPS", "--seed", "-1"], "--seed"),
         (["verification.examples:SPS", "--tv", "0"], "--tv"),
         (["verification.examples:SPS", "--tv", "1.5"], "--tv"),
+        (["verification.examples:SPS", "--sampler-tv", "0"], "--sampler-tv"),
+        (["verification.examples:SPS", "--sampler-tv", "2"], "--sampler-tv"),
+        (["verification.examples:SPS", "--sampler-tv", "1e-5"], "sampler_tv"),
         (["verification.examples:SPS", "--alpha", "1"], "--alpha"),
         (["verification.examples:SPS", "--max-vocab", "5"], "--max-vocab"),
         (["verification.examples:MULTIDRAFT", "--draw", "dfs"], "--draw"),

@@ -61,6 +61,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"largest vocabulary searched, 1..{MAX_VOCAB_LIMIT} (default 3)")
     parser.add_argument("--tv", type=tv_distance, default=0.1,
                         help="sampling: total variation each case's test detects, in (0, 1] (default 0.1)")
+    parser.add_argument("--sampler-tv", type=tv_distance, default=0.2, metavar="TV",
+                        help="exact mode: total variation between a verifier's sampler and its kernel that each "
+                             "sampler check detects, in (0, 1] (default 0.2; 0.1 takes about 2-3x as long, 0.05 "
+                             "about 4-10x)")
     parser.add_argument("--alpha", type=probability, default=1e-6,
                         help="false-fail rate of the verdict, in (0, 1) (default 1e-6)")
     parser.add_argument("--beta", type=probability, default=1e-3,
@@ -89,6 +93,7 @@ def handler(args: argparse.Namespace) -> int:
             draws=tuple(args.draw) if args.draw else None,
             max_vocab=args.max_vocab,
             tv=args.tv,
+            sampler_tv=args.sampler_tv,
             alpha=args.alpha,
             beta=args.beta,
         )
