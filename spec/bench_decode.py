@@ -53,11 +53,13 @@ minus draft forwards), the verifier, and the draft forwards.  At temperature
 (greedy decoding): 1.0 in float32; in bfloat16 a tree forward and a one-token
 forward round differently, so an argmax tie can flip.
 
-HF generate is called with ``min_new_tokens = max_new_tokens`` (EOS masked)
-and, at temperature > 0, ``top_k=0, top_p=1.0`` so its law is the plain
+HF generate is called with no EOS token, like our loops, so every row decodes
+``max_new_tokens`` tokens from the same law (masking the EOS instead, with
+``min_new_tokens``, changed the law wherever the EOS was likely), and, at
+temperature > 0, with ``top_k=0, top_p=1.0``, so its law is the plain
 softmax our methods use; the models' own ``generation_config`` is set aside
-for the call (only its special tokens, and the assistant's schedule, are
-kept), so no ``repetition_penalty``, ``no_repeat_ngram_size``, ``min_p``,
+for the call (only its special tokens but the EOS, and the assistant's
+schedule, are kept), so no ``repetition_penalty``, ``no_repeat_ngram_size``, ``min_p``,
 ``suppress_tokens`` ... of a checkpoint's config reaches the baselines (our
 loops never read it).  A decode that would run past a model's learned
 position table is refused before any run.  The prompts are held out by the
@@ -323,7 +325,7 @@ def heldout_options(folder: str | Path | None) -> tuple[dict[str, Any], str]:
 
 
 def _hf_kwargs(temperature: float, new_tokens: int, pad: int) -> dict[str, Any]:
-    kw: dict[str, Any] = {"max_new_tokens": new_tokens, "min_new_tokens": new_tokens, "pad_token_id": pad}
+    kw: dict[str, Any] = {"max_new_tokens": new_tokens, "pad_token_id": pad}
     if temperature > 0:
         kw.update(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
     else:
@@ -331,9 +333,10 @@ def _hf_kwargs(temperature: float, new_tokens: int, pad: int) -> dict[str, Any]:
     return kw
 
 
-#: What a baseline keeps of a model's ``generation_config``: its special tokens (the EOS that
-#: ``min_new_tokens`` masks, the pad token), ...
-_TOKEN_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
+#: What a baseline keeps of a model's ``generation_config``: its special tokens but the EOS (our loops decode
+#: every row to ``new_tokens`` with no EOS: an HF call that kept it would stop there, and one that masked it with
+#: ``min_new_tokens`` would sample another law wherever the EOS is likely), ...
+_TOKEN_FIELDS = ("bos_token_id", "pad_token_id", "decoder_start_token_id")
 #: ... and, for the assistant, the schedule of assisted generation (how far it drafts; not the law)
 _SCHEDULE_FIELDS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
 

@@ -17,6 +17,7 @@ transformers = pytest.importorskip("transformers")
 from importlib.metadata import entry_points  # noqa: E402
 
 from spec.bench_decode import BASELINES, DEFAULT_METHODS, Method, main, parse_method, plot, render, run_decode_bench  # noqa: E402
+from spec.llm.generate import ar_generate  # noqa: E402
 from spec.llm.models import tiny_pair  # noqa: E402
 from tests.spec.llm.conftest import SavedPair  # noqa: E402
 from tmc.cli import main as tmc_main  # noqa: E402
@@ -463,6 +464,26 @@ def test_hf_baselines_ignore_the_models_generation_config() -> None:
         assert {t for run in row["tokens"][0] for t in run} & set(range(2, 20)), row["method"]
     assert target.generation_config is configs[0] and draft.generation_config is configs[1]
     assert configs[0].repetition_penalty == 2.0 and configs[1].suppress_tokens == list(range(2, 20))
+
+
+def test_hf_baselines_decode_through_the_models_eos_as_our_rows_do() -> None:
+    """Our loops decode every row to ``new_tokens`` with no EOS.  The HF baselines kept the checkpoint's EOS
+    and masked it with ``min_new_tokens`` (audit D1 of 2026-11-27): where the EOS was the greedy token they
+    decoded another sequence (``=ar`` 0.0 for every lossless row), and at T > 0 another law.  With the EOS
+    set to the third greedy token every row now gives the greedy tokens, EOS included."""
+    target, draft = tiny_pair(29, seed=0)
+    prompt = [1, 2, 3, 4, 5, 6]
+    greedy = ar_generate(target, prompt, temperature=0.0, max_new_tokens=6, cache="dynamic").tokens
+    eos = greedy[2]
+    assert eos not in greedy[:2]
+    for model in (target, draft):
+        model.generation_config.eos_token_id = eos
+    names = ("ar", "ar-static", "hf-assisted", "ar-loop", "chain:sps@3")
+    report = run_decode_bench(target, draft, [prompt], _methods(names), temperatures=(0.0,), new_tokens=6,
+                              warmup=False)
+    for row in report["rows"]:
+        assert row["tokens"][0][0] == greedy and row["agree_ar"] == 1.0, row["method"]
+    assert target.generation_config.eos_token_id == eos  # the models' own config is back
 
 
 def _gpt2(positions: int, seed: int) -> Any:
