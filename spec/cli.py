@@ -23,7 +23,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from tmc.cli import add_json, add_seed, fail, positive_int
+from tmc.cli import add_json, add_seed, fail, nonnegative_int, positive_int
 
 #: Builder names on the command line (equal to ``spec.builders.BUILDERS``; a test checks).
 BUILDER_NAMES = ("chain", "fixed", "dyspec", "dyspec-threshold", "dynatree", "wetap")
@@ -178,6 +178,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                           "(parts, the default), or the whole step, both models' forwards included (whole); "
                           "generate's compile_step, the first step pays the compilation")
     dec.add_argument("--no-ar", action="store_true", help="skip the autoregressive baseline run")
+    dec.add_argument("--warmup", type=nonnegative_int, default=1, metavar="N",
+                     help="untimed decodes of each run (speculative, and autoregressive unless --no-ar) before the "
+                          "timed one, with the same settings and seed (default 1): the first call pays "
+                          "torch.compile, graph captures and allocations; 0 times that first call")
     add_seed(dec, "builder draws and verifier uniforms")
     add_json(dec)
     dec.set_defaults(func=_cmd_decode)
@@ -212,20 +216,31 @@ def _cmd_decode(args: argparse.Namespace) -> int:
                 "max_new_tokens": args.max_new_tokens, "seed": args.seed,
                 "eos_token_id": stop_token_ids(target, tok)}
     dtype_name = str(target.dtype).replace("torch.", "")
+    warm = f", after {args.warmup} untimed warm-up run{'s' if args.warmup != 1 else ''}" if args.warmup else ""
     print(f"decoding {args.max_new_tokens} tokens with {args.builder} + {args.verifier} on {args.device} "
-          f"({dtype_name}) ...", file=sys.stderr)
+          f"({dtype_name}{warm}) ...", file=sys.stderr)
+
+    def speculative() -> Any:
+        return generate(target, draft, ids, args.builder, args.verifier, budget=args.budget,
+                        builder_params=dict(args.param), cache=args.cache, chain_on_device=not args.host_chain,
+                        verify_backend=args.verify_backend, draft_temperature=args.draft_temperature,
+                        step_graph={"on": True, "off": False}.get(args.step_graph, "auto"),
+                        compile_step=args.compile_step or False, **settings)
+
+    def autoregressive() -> Any:
+        return None if args.no_ar else ar_generate(target, ids, cache=args.cache, **settings)
+
     with torch.inference_mode():
-        out = generate(target, draft, ids, args.builder, args.verifier, budget=args.budget,
-                       builder_params=dict(args.param), cache=args.cache, chain_on_device=not args.host_chain,
-                       verify_backend=args.verify_backend, draft_temperature=args.draft_temperature,
-                       step_graph={"on": True, "off": False}.get(args.step_graph, "auto"),
-                       compile_step=args.compile_step or False, **settings)
-        ar = None if args.no_ar else ar_generate(target, ids, cache=args.cache, **settings)
+        for _ in range(args.warmup):  # untimed: both timed runs below start warm, so their ratio is fair
+            speculative()
+            autoregressive()
+        out = speculative()
+        ar = autoregressive()
     summary = out.summary()
     report: dict[str, Any] = {"builder": args.builder, "verifier": args.verifier, "budget": args.budget,
                               "text": tok.decode(out.tokens), "tokens": out.tokens,
                               "stop_token_ids": settings["eos_token_id"],
-                              "dtype": dtype_name, **summary}
+                              "dtype": dtype_name, "warmup": args.warmup, **summary}
     if ar is not None:
         report["ar_tokens_per_s"] = ar.summary()["tokens_per_s"]
         report["speedup_vs_ar"] = summary["tokens_per_s"] / report["ar_tokens_per_s"] if report["ar_tokens_per_s"] else None

@@ -856,7 +856,7 @@ def test_decode_command_on_a_saved_pair(saved_pair: SavedPair, capsys: pytest.Ca
 
     pair, tok, target = saved_pair.path, saved_pair.tokenizer, saved_pair.target
     base = ["decode", "--target", str(pair / "target"), "--draft", str(pair / "draft"), "--prompt", "def f(x):",
-            "--max-new-tokens", "12", "--json", "--seed", "3"]
+            "--max-new-tokens", "12", "--json", "--seed", "3", "--warmup", "0"]
 
     def run(*extra: str) -> dict[str, Any]:
         assert main([*base, *extra]) == 0
@@ -885,6 +885,52 @@ def test_decode_command_on_a_saved_pair(saved_pair: SavedPair, capsys: pytest.Ca
         assert main([*base, "--no-ar", "--builder", "chain", "--param", f"confidence={bad}"]) == 2
         err = capsys.readouterr().err
         assert "confidence must be" in err and "Traceback" not in err
+
+
+@needs_decode_command
+def test_decode_command_times_warm_runs(saved_pair: SavedPair, capsys: pytest.CaptureFixture[str],
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``tmc decode`` timed its speculative run cold (the first call, ``torch.compile`` and graph captures
+    included: 7.0 of 7.3 s with ``--compile-step``) against an autoregressive run made after it (audit D2 of
+    2026-11-27: "speedup 0.04x").  Now ``--warmup N`` (default 1) untimed decodes of each run, with the
+    same settings and seed, come first; the figures are those of the last calls."""
+    import json
+
+    import spec.llm.generate as gen
+    from tmc.cli import main
+
+    calls: list[tuple[str, Any]] = []
+    plain_generate, plain_ar = gen.generate, gen.ar_generate
+
+    def spy(name: str, fn: Any) -> Any:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            out = fn(*args, **kwargs)
+            calls.append((name, out))
+            return out
+        return run
+
+    monkeypatch.setattr(gen, "generate", spy("spec", plain_generate))  # the command imports them when it runs
+    monkeypatch.setattr(gen, "ar_generate", spy("ar", plain_ar))
+    pair = saved_pair.path
+    base = ["decode", "--target", str(pair / "target"), "--draft", str(pair / "draft"), "--prompt", "def f(x):",
+            "--max-new-tokens", "8", "--json", "--builder", "chain", "--verifier", "sps", "--budget", "3"]
+    for extra, order in (([], ["spec", "ar", "spec", "ar"]), (["--warmup", "2", "--no-ar"], ["spec"] * 3),
+                         (["--warmup", "0"], ["spec", "ar"])):
+        calls.clear()
+        assert main([*base, *extra]) == 0, extra
+        out = capsys.readouterr()
+        report = json.loads(out.out)
+        assert [name for name, _ in calls] == order, extra
+        assert report["warmup"] == (2 if "2" in extra else 0 if "0" in extra else 1)
+        assert ("untimed warm-up" in out.err) == (report["warmup"] > 0)
+        timed = [o for name, o in calls if name == "spec"][-1]
+        assert report["tokens"] == timed.tokens and report["tokens_per_s"] == timed.summary()["tokens_per_s"]
+        assert all(o.tokens == timed.tokens for name, o in calls if name == "spec")  # same seed, same tokens
+        if "--no-ar" not in extra:
+            assert report["ar_tokens_per_s"] == [o for name, o in calls if name == "ar"][-1].summary()["tokens_per_s"]
+    with pytest.raises(SystemExit):  # argparse
+        main([*base, "--warmup", "-1"])
+    assert "argument --warmup: must be >= 0, got -1" in capsys.readouterr().err
 
 
 @needs_decode_command
