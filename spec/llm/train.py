@@ -122,6 +122,7 @@ __all__ = [
 
 BOS = "<|bos|>"
 EOS = "<|eos|>"
+VOCAB_MIN = 258  # the byte-level alphabet's 256 symbols and the two special tokens
 SKIP_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__"})
 
 
@@ -153,7 +154,7 @@ class TrainConfig:
 
     out: str  # output folder
     minutes: float = 20.0  # wall-clock budget for the whole run
-    vocab: int = 4096  # BPE vocabulary size (an upper bound on a tiny corpus)
+    vocab: int | None = 4096  # BPE vocabulary size (an upper bound on a tiny corpus); None with target_from
     seed: int = 0  # model initialisation and batch order
     device: str = "cpu"  # "cpu" or "cuda" (bf16 autocast)
     target_size: str = "small"  # key of SIZES
@@ -163,7 +164,7 @@ class TrainConfig:
     val_every: int = 50  # every val_every-th file is held out
     seq_len: int = 128  # training and evaluation window
     batch: int = 16  # windows per step
-    target_share: float = 0.8  # share of the training time given to the target
+    target_share: float | None = 0.8  # share of the training time given to the target; None with target_from
     warmup: float = 0.03  # share of each model's run spent in linear warm-up
     eval_tokens: int = 65536  # validation positions evaluated, at most
     target_steps: int | None = None  # exact step count (deterministic run); None: by the time budget
@@ -259,6 +260,7 @@ def split_corpus(docs: Sequence[Document], val_every: int) -> tuple[list[Documen
 def train_tokenizer(texts: Sequence[str], vocab: int, max_positions: int) -> PreTrainedTokenizerFast:
     """Byte-level BPE with ``<|bos|>`` = 0 and ``<|eos|>`` = 1; encoding prepends ``<|bos|>``."""
     alphabet = pre_tokenizers.ByteLevel.alphabet()
+    assert len(alphabet) + 2 == VOCAB_MIN
     if vocab < len(alphabet) + 2:
         raise ValueError(f"vocab must be at least {len(alphabet) + 2} (bytes + 2 special tokens), got {vocab}")
     tok = Tokenizer(models.BPE())
@@ -575,6 +577,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
 
     if loaded is None:
         max_positions = max(512, cfg.seq_len)
+        assert cfg.vocab is not None  # config_from_args: None only with target_from
         tokenizer = train_tokenizer([d.text for d in train_docs], cfg.vocab, max_positions)
     else:
         target, tokenizer = loaded
@@ -602,6 +605,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     t_stats: dict[str, Any]
     if loaded is None:
         left = max(0.0, budget_end - time.perf_counter() - reserve)
+        assert cfg.target_share is not None  # config_from_args: None only with target_from
         plan = Plan(seconds=cfg.target_share * left, steps=cfg.target_steps)
         log(f"target: {count_parameters(target):,} parameters, {plan}")
         t_stats = {"size": cfg.target_size, **asdict(tsize), **train_model(target, train_stream, plan, tsize, cfg,
@@ -663,7 +667,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", required=True, help="output folder (target/, draft/, report.json)")
     p.add_argument("--minutes", type=float, default=20.0, help="wall-clock budget for the whole run (default 20)")
-    p.add_argument("--vocab", type=int, default=4096, help="BPE vocabulary size (default 4096)")
+    p.add_argument("--vocab", type=int, default=None,
+                   help="BPE vocabulary size (default 4096; with --target-from, the target's tokenizer's)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--target-size", choices=ORDER[2:], default=None, help="default: small on cpu, base on cuda")
@@ -674,7 +679,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--val-every", type=int, default=50, help="hold out every N-th file (default 50: 2%%)")
     p.add_argument("--seq-len", type=int, default=None, help="window length (default 128 on cpu, 256 on cuda)")
     p.add_argument("--batch", type=int, default=None, help="windows per step (default 16 on cpu, 64 on cuda)")
-    p.add_argument("--target-share", type=float, default=0.8, help="share of training time for the target (0.8)")
+    p.add_argument("--target-share", type=float, default=None,
+                   help="share of training time for the target (default 0.8; with --target-from the draft has it all)")
     p.add_argument("--warmup", type=float, default=0.03, help="share of each run in linear warm-up (default 0.03)")
     p.add_argument("--eval-tokens", type=int, default=65536, help="validation positions evaluated, at most")
     p.add_argument("--target-steps", type=int, default=None, help="exact target step count instead of its time share")
@@ -691,8 +697,13 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     cuda = args.device == "cuda"
     if cuda and not torch.cuda.is_available():
         raise ValueError("--device cuda: no CUDA device is available")
-    if not 0.0 < args.target_share < 1.0:
+    if args.target_share is not None and not 0.0 < args.target_share < 1.0:
         raise ValueError(f"--target-share must lie in (0, 1), got {args.target_share}")
+    for flag, value, low in (("--target-steps", args.target_steps, 1), ("--draft-steps", args.draft_steps, 1),
+                             ("--vocab", args.vocab, VOCAB_MIN), ("--max-chars", args.max_chars, 1),
+                             ("--val-every", args.val_every, 2)):
+        if value is not None and value < low:  # before any training (--draft-steps 0 failed after the target's)
+            raise ValueError(f"{flag} must be at least {low}, got {value}")
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be positive, got {args.threads}")
     if not 0.0 < args.warmup < 1.0:
@@ -709,7 +720,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     if not math.isfinite(args.log_every) or args.log_every < 0:
         raise ValueError(f"--log-every must be a number of seconds >= 0, got {args.log_every}")
     if args.target_from is not None:
-        given = [flag for flag, value in (("--target-size", args.target_size), ("--target-steps", args.target_steps))
+        given = [flag for flag, value in (("--target-size", args.target_size), ("--target-steps", args.target_steps),
+                                          ("--vocab", args.vocab), ("--target-share", args.target_share))
                  if value is not None]
         if given:
             raise ValueError(f"--target-from trains no target: drop {' and '.join(given)}")
@@ -722,7 +734,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     return TrainConfig(
         out=args.out,
         minutes=args.minutes,
-        vocab=args.vocab,
+        vocab=None if args.target_from is not None else 4096 if args.vocab is None else args.vocab,
         seed=args.seed,
         device=args.device,
         target_size=target_size,
@@ -732,7 +744,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         val_every=args.val_every,
         seq_len=seq_len,
         batch=args.batch if args.batch is not None else (64 if cuda else 16),
-        target_share=args.target_share,
+        target_share=None if args.target_from is not None else 0.8 if args.target_share is None else args.target_share,
         warmup=args.warmup,
         eval_tokens=args.eval_tokens,
         target_steps=args.target_steps,

@@ -214,6 +214,7 @@ def test_a_draft_for_a_saved_target(smoke_pair, tmp_path, capsys):
     assert report["target"] == {"params": count_parameters(old_target), "from": str(smoke_pair / "target")}
     assert report["draft"]["size"] == "pico" and report["draft"]["layers"] == draft.config.num_hidden_layers == 1
     assert report["draft"]["steps"] >= 1 and report["config"]["target_from"] == str(smoke_pair / "target")
+    assert report["config"]["vocab"] is None and report["config"]["target_share"] is None  # neither applies
     assert _same_weights(target, old_target)
     assert tokenizer is not None and old_tok is not None
     assert tokenizer.backend_tokenizer.to_str() == old_tok.backend_tokenizer.to_str()
@@ -231,7 +232,9 @@ def test_a_draft_for_a_saved_target(smoke_pair, tmp_path, capsys):
 def test_target_from_refuses_what_it_cannot_do(smoke_pair, tmp_path, capsys):
     target = str(smoke_pair / "target")
     for extra, said in ((["--target-size", "small"], "drop --target-size"),
-                        (["--target-steps", "3"], "drop --target-steps")):
+                        (["--target-steps", "3"], "drop --target-steps"),
+                        # audit D5 of 2026-11-27: both were ignored, and recorded in the report as if used
+                        (["--vocab", "1000"], "drop --vocab"), (["--target-share", "0.5"], "drop --target-share")):
         with pytest.raises(SystemExit):
             train.main(["--out", "unused", "--target-from", target, *extra])
         assert said in capsys.readouterr().err
@@ -297,6 +300,13 @@ def test_bad_options_are_reported_by_name(capsys, tmp_path):
         (["--eval-tokens", "0"], "--eval-tokens must be at least --seq-len (128"),
         (["--seq-len", "64", "--eval-tokens", "63"], "--eval-tokens must be at least --seq-len (64"),
         (["--log-every", "-1"], "--log-every must be a number of seconds"),
+        # audit D3 of 2026-11-27: --draft-steps 0 was refused after the target had trained ("plan.steps")
+        (["--draft-steps", "0"], "--draft-steps must be at least 1, got 0"),
+        (["--target-steps", "-3"], "--target-steps must be at least 1, got -3"),
+        (["--vocab", "257"], "--vocab must be at least 258, got 257"),
+        (["--max-chars", "0"], "--max-chars must be at least 1, got 0"),
+        (["--val-every", "1"], "--val-every must be at least 2, got 1"),
+        (["--target-share", "1"], "--target-share must lie in (0, 1), got 1"),
     ):
         with pytest.raises(SystemExit):
             train.main(["--out", str(tmp_path / "out"), *argv])
