@@ -860,6 +860,9 @@ def bench(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
             fail(f"--pair {args.pair}: " + ("no such folder" if not Path(args.pair).is_dir() else
                                             f"no {' or '.join(missing)} folder in it")
                  + " (--pair takes a folder with target/ and draft/, as spec.llm.train writes it)")
+    for flag, path in (("--target", args.target), ("--draft", args.draft)):  # folders too, as --pair's
+        if path and not Path(path).is_dir():
+            fail(f"{flag} {path}: no such folder (the benchmark takes model folders; tmc decode also takes hub ids)")
     # the folder that holds both models may hold spec.llm.train's report.json: which files it held out
     folder = Path(target_dir).parent
     try:

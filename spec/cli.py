@@ -196,6 +196,11 @@ def _cmd_decode(args: argparse.Namespace) -> int:
     from spec.llm.generate import ar_generate, generate
     from spec.llm.models import draft_tokenizer_note, load_for_decoding, stop_token_ids
 
+    from pathlib import Path
+
+    for flag, path in (("--target", args.target), ("--draft", args.draft)):  # the hub's retries take about a minute
+        if not Path(path).is_dir():
+            print(f"note: {flag} {path} is not a folder here: loading it as a Hugging Face hub id", file=sys.stderr)
     try:
         dtype = None if args.dtype is None else getattr(torch, args.dtype)
         target, draft, tok = load_for_decoding(args.target, args.draft, args.device, dtype)

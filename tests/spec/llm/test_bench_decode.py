@@ -523,11 +523,14 @@ def test_a_missing_pair_folder_fails_at_once_naming_it(tmp_path: Path, capsys: p
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     monkeypatch.chdir(tmp_path)
     (tmp_path / "half" / "target").mkdir(parents=True)
-    for pair, said in (("nosuchpair", "--pair nosuchpair: no such folder"),
-                       ("half", "--pair half: no draft/ folder in it")):
+    for args, said in ((["--pair", "nosuchpair"], "--pair nosuchpair: no such folder"),
+                       (["--pair", "half"], "--pair half: no draft/ folder in it"),
+                       # --target / --draft too (audit D4 of 2026-11-27: only --pair was checked)
+                       (["--target", "nosuch/target", "--draft", "half/target"], "--target nosuch/target: no such folder"),
+                       (["--target", "half/target", "--draft", "half/draft"], "--draft half/draft: no such folder")):
         t0 = time.perf_counter()
-        assert main(["--pair", pair, "--methods", "ar"]) == 2
-        assert time.perf_counter() - t0 < 3.0, pair
+        assert main([*args, "--methods", "ar"]) == 2
+        assert time.perf_counter() - t0 < 3.0, args
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and said in err[0], err
 
