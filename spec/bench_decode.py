@@ -898,10 +898,12 @@ def bench(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m spec.bench_decode``: the same as ``tmc bench decode`` without an installed package."""
-    p = argparse.ArgumentParser(prog="python -m spec.bench_decode", description=__doc__.split("\n\n")[0])
+    from tmc.cli import Parser, add_json, add_seed
+
+    p = Parser(prog="python -m spec.bench_decode", description=__doc__.split("\n\n")[0])
     add_options(p)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_seed(p, "benchmark inputs")  # tmc bench's flag: an integer >= 0, refused before any model is loaded
+    add_json(p)
     return run_as_module("decode", bench, p.parse_args(argv))
 
 

@@ -340,11 +340,13 @@ def bench(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m spec.bench_verify``: the same as ``tmc bench verify`` without an installed package."""
-    p = argparse.ArgumentParser(prog="python -m spec.bench_verify", description=(__doc__ or "").split("\n\n")[0])
+    from tmc.cli import Parser, add_json, add_seed
+
+    p = Parser(prog="python -m spec.bench_verify", description=(__doc__ or "").split("\n\n")[0])
     add_options(p)
     p.add_argument("--device", default=None, help="torch device (default cuda when available, else cpu)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_seed(p, "benchmark inputs")  # tmc bench's flag: an integer >= 0, refused before any model is loaded
+    add_json(p)
     from spec.bench_decode import run_as_module
 
     return run_as_module("verify", bench, p.parse_args(argv))

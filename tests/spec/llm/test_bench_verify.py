@@ -122,3 +122,17 @@ def test_without_transformers_it_is_one_line(capsys, monkeypatch):
     assert tmc_main(["bench", "verify", "--vocabs", "8", "--rows", "2", "--budgets", "0", "--calls", "1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "needs torch and transformers" in err[0]
+
+
+@pytest.mark.parametrize("module", ["spec.bench_verify", "spec.bench_decode"])
+def test_module_entry_points_check_the_seed_as_tmc_bench_does(module: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """``python -m spec.bench_*`` read ``--seed`` as a plain int (audit D6 of 2026-11-27): ``-1`` reached numpy
+    ("expected non-negative integer", not naming the flag) or failed only after the models had loaded.  Now
+    both take ``tmc bench``'s flag and refuse it in one line before anything runs."""
+    import importlib
+
+    entry = importlib.import_module(module).main
+    with pytest.raises(SystemExit) as exc:
+        entry(["--seed", "-1"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and len(err) == 1 and "argument --seed: must be >= 0, got -1" in err[0], err
