@@ -432,3 +432,19 @@ def test_step_fault_is_raised_by_a_bad_row_of_the_target_or_of_any_draft_tensor(
         assert (t_fault is None) == (temperature != 0)
         assert bool(step_fault(xs[0], t_fault, xs[1], xs[2])) == want, case
         assert bool(step_fault(xs[0], t_fault)) == faulty(xs[0]), case  # the unfused steps: the target's part
+
+
+def test_tie_rules_differ_from_transformers_warpers_as_documented() -> None:
+    """The module docstring and the README say how the filters' ties differ from transformers' warpers
+    (found by an audit of 2026-11-27: top-p's difference was not written down).  Both differences are
+    pinned here, so a release that changes transformers' rules makes the text stale visibly."""
+    from transformers import TopKLogitsWarper, TopPLogitsWarper
+
+    def hf(logits: list[float], warper: object) -> list[float]:
+        x = torch.tensor([logits], dtype=torch.float32)
+        return torch.softmax(warper(torch.zeros((1, 1), dtype=torch.long), x), dim=-1)[0].tolist()  # type: ignore[operator]
+
+    assert _probs([0.0, 0.0, 0.0], top_p=0.5).tolist() == [0.5, 0.5, 0.0]  # ties to the lowest ids
+    assert hf([0.0, 0.0, 0.0], TopPLogitsWarper(0.5)) == [0.0, 0.5, 0.5]  # transformers: cut from the low ids
+    assert _probs([1.0, 2.0, 2.0, 2.0], top_k=2).tolist() == [0.0, 0.5, 0.5, 0.0]  # exactly min(k, V) kept
+    assert hf([1.0, 2.0, 2.0, 2.0], TopKLogitsWarper(2)) == pytest.approx([0.0, 1 / 3, 1 / 3, 1 / 3])  # every tie
