@@ -327,7 +327,7 @@ def check_span(model: Any, name: str, positions: int, *, steps_capped: bool = Fa
     if span is not None and positions > span:
         raise ValueError(
             f"the tree pass reproduces {name}'s own decoding over {span} positions only ({why}), and this decode "
-            f"may reach {positions} (prompt + max_new_tokens + budget): shorten the decode"
+            f"may reach {positions} (prompt + max_new_tokens - 1 + budget): shorten the decode"
         )
 
 

@@ -787,9 +787,12 @@ def generate(
     # A target whose query temperature tuning reads the cache length gets each step's tree capped
     # (exact_tree_nodes; the static cache refuses such a model)
     floor = query_scale_floor(getattr(target, "config", None))
-    check_span(target, "target", len(prompt) + max_new_tokens + budget, steps_capped=True)
-    for model, role in ((target, "target"), (draft, "draft")):  # a step's nodes sit up to `budget` past its root
-        check_positions(model, role, len(prompt) + max_new_tokens - 1 + budget)
+    # the last step's root is at most position len(prompt) + max_new_tokens - 2, its nodes up to `budget` past it:
+    # that many positions (and cache slots) in all (the span was asked for one more, refusing decodes that fit)
+    reach = len(prompt) + max_new_tokens - 1 + budget
+    check_span(target, "target", reach, steps_capped=True)
+    for model, role in ((target, "target"), (draft, "draft")):
+        check_positions(model, role, reach)
     sampling = Sampling(temperature, top_k, top_p)
     d_sampling = sampling if draft_temperature is None else _draft_sampling(draft_temperature, top_k, top_p)
     fixed_shape = _device_shape(b, verifier, budget, d_sampling, min(vocab, d_vocab)) if chain_on_device else None
