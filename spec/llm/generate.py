@@ -162,6 +162,13 @@ def _prompt(input_ids: Any, vocab: int) -> list[int]:
         if input_ids.ndim != 1:
             raise ValueError(f"input_ids must be a 1-D sequence of token ids (or one row of shape (1, n)), "
                              f"got shape {tuple(input_ids.shape)}")
+        # token ids are integers: a float tensor (bf16 / fp16 ids past 256 / 2048 already rounded) is refused
+        if isinstance(input_ids, torch.Tensor):
+            integral = not (input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool)
+        else:
+            integral = bool(np.issubdtype(input_ids.dtype, np.integer))
+        if not integral:
+            raise ValueError(f"input_ids must hold integer token ids, got a tensor of dtype {input_ids.dtype}")
         input_ids = input_ids.tolist()
     # an ordered sequence: a set or dict has no order, and bytes-like ids would be bytes, not token ids
     if isinstance(input_ids, (str, bytes, bytearray, memoryview)) or not isinstance(input_ids, Sequence):
@@ -187,7 +194,7 @@ def stop_ids(eos_token_id: Any, vocab: int) -> frozenset[int]:
         return frozenset()
     if isinstance(eos_token_id, (torch.Tensor, np.ndarray)):
         eos_token_id = eos_token_id.tolist()
-    if isinstance(eos_token_id, (str, bytes)):
+    if isinstance(eos_token_id, (str, bytes, Mapping)):  # a dict's keys are no stop list anyone meant
         raise ValueError(f"eos_token_id must be None, a token id or a collection of token ids, got {eos_token_id!r}")
     if isinstance(eos_token_id, Iterable):
         named = [(f"eos_token_id[{i}]", t) for i, t in enumerate(eos_token_id)]
@@ -827,12 +834,17 @@ def generate(
     fused: ChainStepGraph | TreeStepGraph | None = None
     d_state: tuple[int, tuple[int, ...]] | None = None  # (past, pending) of the draft while steps run fused
     chain_shape = shape is not None and _is_chain(shape.skeleton)
+    # A device-drafted (or fused) tree that comes out short has cost its forwards before the host path redoes the
+    # step; where that keeps happening (a draft so cold its ranked rows underflow) every step paid them two or three
+    # times.  So a short tree sends the next `backoff` steps to the host path, and doubles `backoff`.
+    host_until, backoff = 0, 1
     while len(out) < max_new_tokens:
         t0 = time.perf_counter()
         void_forwards = 0  # draft forwards of a fused step that came out short (this step is then redone)
+        device_tree = len(steps) >= host_until  # this step may draft its tree on the device (or fused)
         # the nodes a tree may have this step (a chain builder's chains are exact at any length)
         cap = budget if floor is None or type(b) is ChainBuilder else min(budget, exact_tree_nodes(floor, t_past))
-        if fuse and (d_state is not None or 1 <= len(d_step.pending) <= 2):
+        if fuse and device_tree and (d_state is not None or 1 <= len(d_step.pending) <= 2):
             if d_state is None:  # the draft's state passes from its LLMDraft to the fused steps
                 d_state = (d_step.past_len, d_step.pending)
             if fused is None:
@@ -860,24 +872,28 @@ def generate(
                     break
                 t_past, root, d_state = one.t_past, one.tokens[-1], (one.d_past, one.pending)
                 continue
-            # short: no uniform used, the caches as the step found them; this step runs unfused (the device
-            # tree comes out short too, so the host builder grows it), from a draft that has not fed its pending tokens
+            # short: no uniform used, the caches as the step found them; the host builder grows this step's tree
+            # (the device tree would come out short too), from a draft that has not fed its pending tokens
             assert before is not None
             rng.bit_generator.state = before
             void_forwards = fused.forwards
             d_step = LLMDraft(draft, d_cache, d_state[0], pending=d_state[1], sampling=d_sampling, vocab=vocab)
             d_state = None
+            device_tree = False
+            host_until, backoff = len(steps) + 1 + backoff, 2 * backoff
         if on_device:
             assert isinstance(b, ChainBuilder)
             res, size, (t1, t2) = _chain_step(d_step, target, t_cache, t_past, root, budget, b.draw == Draw.IID,
                                               verifier, sampling, rng, backend, where, b.confidence)
             keep: Sequence[int] | NDArray[np.int64] = range(t_past + 1 + res.n_accepted)  # fed in order: a trim
-        elif shape is not None and (cap == budget or chain_shape) and (
+        elif (tried := device_tree and shape is not None and (cap == budget or chain_shape)) and (
                 got := _tree_step(d_step, target, t_cache, t_past, root, shape, verifier, sampling, rng, backend,
                                   where)) is not None:
             res, keep, (t1, t2) = got
             size = len(shape.parents)
         else:  # the host builder (also for a device-drafted tree that came out short, or one cut to `cap`)
+            if tried:  # it came out short
+                host_until, backoff = len(steps) + 1 + backoff, 2 * backoff
             tree = b.build(d_step, cap, sampler, state)
             t1 = time.perf_counter()
             ordr = _order(tree, order)

@@ -297,6 +297,7 @@ def test_stop_ids_reads_one_id_or_a_collection(value: object, expected: set[int]
     (2.5, "eos_token_id"),
     ([1, [2]], r"eos_token_id\[1\]"),
     (True, "eos_token_id"),
+    ({1: 2}, "a collection of token ids"),  # audit of 2026-11-27: read as its keys, stopping at 1
 ])
 def test_bad_stop_ids_are_named(pair: tuple[object, object], value: object, message: str) -> None:
     target, draft = pair
@@ -333,6 +334,12 @@ def test_bad_stop_ids_are_named(pair: tuple[object, object], value: object, mess
         ({"input_ids": [[1, 2], [1, 2]]}, r"input_ids: batch size 1 only, got 2 rows"),
         ({"input_ids": torch.tensor([1, 2], device="meta")}, "input_ids must be a dense tensor with data"),
         ({"input_ids": torch.tensor([[1, 2]]).to_sparse()}, "input_ids must be a dense tensor with data"),
+        # audit of 2026-11-27: decoded, although a bf16 / fp16 ids tensor may hold rounded ids
+        ({"input_ids": torch.tensor([1.0, 2.0])}, "input_ids must hold integer token ids, got a tensor of dtype "
+                                                  "torch.float32"),
+        ({"input_ids": torch.tensor([[1, 2]], dtype=torch.bfloat16)}, "integer token ids, .* torch.bfloat16"),
+        ({"input_ids": np.array([1.0, 2.0])}, "integer token ids, got a tensor of dtype float64"),
+        ({"input_ids": torch.tensor([True, False])}, "integer token ids, got a tensor of dtype torch.bool"),
         ({"builder": ["chain"]}, r"unknown builder \['chain'\]"),  # a TypeError (unhashable)
         ({"builder_params": "width=2"}, "builder_params must be a mapping .* got str"),  # a TypeError
         ({"builder_params": [("width", 2)]}, "builder_params must be a mapping .* got list"),
