@@ -73,8 +73,11 @@ def extend_acceptance(
     return _acceptance_hook
 
 
-#: Fewest Monte Carlo trees ``--samples`` takes: its 95% interval is mean ± 1.96 standard errors.
+#: Fewest Monte Carlo trees ``--samples`` takes (its 95% betting interval is wide below that).
 MIN_SAMPLES = 30
+#: Largest ``--budget`` with ``--builder``: tmc acceptance's deepest ``--chain`` / ``--tree`` (a chain builder of
+#: budget 1000 on V = 1 ran 36 s, its builder re-run once a draw).
+MAX_BUILDER_BUDGET = 100
 #: Largest ``--random V`` with ``--builder``: the model holds two rows of ``V`` for each of the
 #: ``1 + V + V²`` prefixes up to depth 2, some ``2 V³`` numbers (268 MB at 256; 16 GB at 1000).
 MAX_BUILDER_RANDOM_VOCAB = 256
@@ -96,6 +99,8 @@ def _acceptance_hook(args: argparse.Namespace) -> int | None:
         return None
     if args.budget is None:
         fail("--builder needs --budget B")
+    if args.budget > MAX_BUILDER_BUDGET:
+        fail(f"--budget {args.budget}: at most {MAX_BUILDER_BUDGET} with --builder")
     if args.draw is not None:
         fail("--draw goes with --tree; a builder's draws are its parameter: --param draw=iid|swor|topk")
     if (args.model is None) == (args.random is None):

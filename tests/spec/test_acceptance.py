@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import pytest
+from scipy import stats
 
 from spec.acceptance import (
     builder_drafts,
@@ -19,6 +20,7 @@ from spec.builders import BUILDERS, DynaTreeBuilder, DySpecBuilder, make_builder
 from tmc.cli import main
 from tmc.commands.acceptance import TREE_VERIFIERS
 from tmc.laws import output_law
+from tmc.multidraft import tree_kernel_outputs
 from tmc.ordered_traversal import ordered_traversal_kernel
 from tmc.toy import PAPER_TOY_FILE
 
@@ -104,10 +106,37 @@ def test_monte_carlo_fallback_interval() -> None:
     mc = builder_report(m, "dyspec", 5, "traversal", max_runs=10, samples=2000, seed=3)
     assert not mc["exact"] and mc["lp"] is None
     (e,) = mc["entries"]
-    lo, hi = e["ci95"]
-    se = (hi - lo) / (2 * 1.96)
+    kernel = TREE_VERIFIERS["traversal"].kernel
+    lengths = [sum(len(s) * w for s, w in tree_kernel_outputs(d.tree, kernel(d.tree, d.p_rows)).items())
+               for d in sample_builder_drafts(m, make_builder("dyspec"), 5, 2000, 3)]  # the report's trees
+    assert e["expected_length"] == pytest.approx(float(np.mean(lengths)), rel=1e-12)
+    se = float(np.std(lengths, ddof=1)) / math.sqrt(len(lengths))
     assert abs(e["expected_length"] - exact["entries"][0]["expected_length"]) < 4 * se
     assert 0 < se < 0.05
+    lo, hi = e["ci95"]  # the betting interval: a little wider than the normal one (1.2-1.3 times at 2000 trees)
+    assert lo < exact["entries"][0]["expected_length"] < hi and 2 * 1.96 * se < hi - lo < 2 * 2 * 1.96 * se
+
+
+def test_monte_carlo_interval_covers_a_skewed_law() -> None:
+    """The sampled interval is a betting interval (``betting_interval``), which holds for any law of lengths
+    in [1, budget + 1].  The normal interval it replaced missed the exact value on 43% of 300 seeds here
+    (a chain of 6 on a draft that almost always repeats the target's likely token: 39% of the 30-tree
+    samples had no spread, so the interval had width 0; audit of 2026-11-27).  Misses over 200 seeds must
+    stay within the binomial 1e-6 quantile at the stated 5% (false-fail rate < 1e-6 if the interval holds;
+    the normal interval's 43% fails it with probability ≈ 1)."""
+    from tmc.toy import ToyModel
+
+    model = ToyModel.from_dict({"vocab": 2, "draft": {"*": [0.995, 0.005]}, "target": {"*": [0.999, 0.001]}})
+    exact = builder_report(model, "chain", 6, "multidraft")
+    assert exact["exact"]
+    truth = exact["entries"][0]["expected_length"]
+    misses = 0
+    for seed in range(200):
+        (e,) = builder_report(model, "chain", 6, "multidraft", max_runs=1, samples=30, seed=seed)["entries"]
+        lo, hi = e["ci95"]
+        misses += not lo <= truth <= hi
+        assert 1.0 <= lo <= hi <= 7.0
+    assert misses <= stats.binom.isf(1e-6, 200, 0.05), misses
 
 
 def test_report_samples_at_once_when_the_enumeration_is_estimated_far_too_large() -> None:
@@ -225,3 +254,100 @@ def test_builder_state_must_not_be_needed_by_stateless_builders() -> None:
     assert b.initial_state() is None
     assert b.next_state(None, None, 3) is None  # type: ignore[arg-type]
     assert np.isfinite(builder_report(models(2, range(1))[0], b, 2)["entries"][0]["expected_length"])
+
+
+def test_an_exact_report_too_deep_for_the_completion_check_sums_tree_lengths() -> None:
+    """An exact report checks the completion identity and solves the LP over every target string up to one past
+    its deepest path, ``V^(depth + 1)`` of them; a single greedy chain of 20 on V = 2 had taken 58 s and 3.6 GB
+    (audit of 2026-11-27).  Past ``MAX_COMPLETION_CELLS`` the lengths are summed tree by tree, still exact:
+    a ranked chain drafts token 0 every time, accepted with probability p(0) = 0.999, so
+    E = Σ_{k ≤ 20} 0.999^k."""
+    from spec.acceptance import MAX_COMPLETION_CELLS, completion_cells, render_builder_report
+    from tmc.toy import ToyModel
+
+    model = ToyModel.from_dict({"vocab": 2, "draft": {"*": [0.995, 0.005]}, "target": {"*": [0.999, 0.001]}})
+    assert completion_cells(2, 20) > MAX_COMPLETION_CELLS >= completion_cells(2, 16)
+    report = builder_report(model, make_builder("chain", draw="topk"), 20, "multidraft")
+    (e,) = report["entries"]
+    assert report["exact"] and report["trees"] == 1 and report["lp"] is None and e["completion_error"] is None
+    assert e["expected_length"] == pytest.approx(math.fsum(0.999**k for k in range(21)), rel=1e-12)
+    assert "too deep for the completion check and the LP" in render_builder_report(report, model)
+    assert "not checked" in render_builder_report(report, model)
+    checked = builder_report(model, make_builder("chain", draw="topk"), 16, "multidraft")  # within: as before
+    assert checked["lp"] is not None and checked["entries"][0]["completion_error"] < 1e-12
+
+
+def test_verifier_names_are_checked_before_any_building(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An unknown verifier, or one a builder's adaptive widths rule out, failed only after the enumeration or
+    the sampling had run (audit of 2026-11-27); now before the first builder run."""
+    import spec.acceptance as acceptance
+
+    def no_building(*args: object, **kwargs: object) -> float:
+        raise AssertionError("the builder ran before the verifier was checked")
+
+    monkeypatch.setattr(acceptance, "estimate_runs", no_building)
+    m = models(3, range(1))[0]
+    with pytest.raises(ValueError, match="unknown tree verifier 'nope'"):
+        builder_report(m, "dyspec", 8, "nope")
+    with pytest.raises(ValueError, match="verifier 'ordered_traversal' is lossless only when"):
+        builder_report(m, "dyspec", 8, "ordered_traversal")
+
+
+def test_builder_budget_is_capped_on_the_command_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--budget 1000`` with a chain builder on V = 1 ran 36 s (its builder re-run once a draw); the cap is
+    ``--chain``'s deepest, 100."""
+    assert main(["acceptance", "--random", "2", "--builder", "chain", "--budget", "101"]) == 2
+    assert "--budget 101: at most 100 with --builder" in capsys.readouterr().err
+
+
+def _wealth_set(x: np.ndarray, rate: float, grid: np.ndarray) -> np.ndarray:
+    """The candidate means of ``grid`` that ``betting_interval``'s definition keeps, by a direct loop (values in
+    [0, 1]): neither bettor's wealth ever reaches ``2 / rate``."""
+    n = len(x)
+    keep = []
+    for m in grid:
+        up = down = 1.0
+        top = 1.0
+        mean, ss = 0.5, 0.25
+        for i, xi in enumerate(x):
+            var = ss / (i + 1)  # the plug-in variance of the values before x_i
+            lam = math.sqrt(2 * math.log(2 / rate) / (n * var))
+            up *= 1 + min(lam, 0.5 / m) * (xi - m)
+            down *= 1 - min(lam, 0.5 / (1 - m)) * (xi - m)
+            top = max(top, up, down)
+            mean = (mean * (i + 1) + xi) / (i + 2)
+            ss += (xi - mean) ** 2
+        keep.append(top < 2 / rate)
+    return np.array(keep)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_betting_interval_holds_its_defining_set(seed: int) -> None:
+    """The coarse-then-fine grid search contains every candidate mean the definition keeps (checked on a grid of
+    400 by a direct loop), and is no more than a few steps of that grid wider."""
+    from spec.acceptance import betting_interval
+
+    rng = np.random.default_rng(seed)
+    x = rng.beta(0.3 + seed, 2.0, size=25 + 20 * seed)
+    lo, hi = betting_interval(x, 0.0, 1.0, 0.05)
+    grid = (np.arange(400) + 0.5) / 400
+    kept = grid[_wealth_set(x, 0.05, grid)]
+    assert kept.size and lo <= kept[0] and kept[-1] <= hi, (lo, hi, kept[0], kept[-1])
+    assert kept[0] - lo < 4 / 400 and hi - kept[-1] < 4 / 400
+    scaled = betting_interval(3.0 + 5.0 * x, 3.0, 8.0, 0.05)  # an affine map of the values moves the interval
+    assert scaled == pytest.approx((3.0 + 5.0 * lo, 3.0 + 5.0 * hi), abs=1e-12)
+
+
+@pytest.mark.parametrize(("p", "n"), [(0.01, 30), (0.3, 30), (0.5, 400), (0.02, 400)])
+def test_betting_interval_covers_bernoulli_means(p: float, n: int) -> None:
+    """Coverage over 400 fresh samples of a Bernoulli(p): misses at most the binomial 1e-6 quantile at the stated
+    5% (false-fail rate < 1e-6 where the interval holds; measured 0–4.3%).  A normal interval at n = 30 and
+    p = 0.01 misses 74% (no 1 among 30 draws, probability 0.99^30, gives [0, 0]) and fails this."""
+    from spec.acceptance import betting_interval
+
+    rng = np.random.default_rng(7)
+    misses = 0
+    for _ in range(400):
+        lo, hi = betting_interval((rng.random(n) < p).astype(float), 0.0, 1.0, 0.05)
+        misses += not lo <= p <= hi
+    assert misses <= stats.binom.isf(1e-6, 400, 0.05), misses
