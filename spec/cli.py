@@ -21,6 +21,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from tmc.cli import add_json, add_seed, fail, nonnegative_int, positive_int
@@ -200,8 +201,6 @@ def _cmd_decode(args: argparse.Namespace) -> int:
         fail("tmc decode needs torch and transformers: pip install 'tmc-spec[llm]' (CPU torch: pip install torch==2.13.0)")
     from spec.llm.generate import ar_generate, generate
     from spec.llm.models import draft_tokenizer_note, load_for_decoding, stop_token_ids
-
-    from pathlib import Path
 
     for flag, path in (("--target", args.target), ("--draft", args.draft)):  # the hub's retries take about a minute
         if not Path(path).is_dir():
