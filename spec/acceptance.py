@@ -170,10 +170,14 @@ def betting_interval(values: NDArray[np.float64], low: float, high: float, rate:
     by one grid step at each end, so it contains the exact set.  Widths measured: 1.2–1.3 times the normal
     interval's at 2000 values.
     """
+    if not (0.0 < rate < 1.0 and math.isfinite(low) and math.isfinite(high) and low < high):
+        raise ValueError(f"a betting interval needs 0 < rate < 1 and finite low < high, got {rate}, {low}, {high}")
     x = (np.asarray(values, dtype=np.float64) - low) / (high - low)
     n = len(x)
     if n < 1:
         raise ValueError("a betting interval needs at least one value")
+    if not bool(np.all((x >= 0.0) & (x <= 1.0))):  # NaN too
+        raise ValueError(f"a betting interval's values must lie in [{low}, {high}]")
     t = np.arange(1, n + 1)
     mean = (0.5 + np.cumsum(x)) / (t + 1)
     spread = (0.25 + np.cumsum((x - mean) ** 2)) / (t + 1)

@@ -260,7 +260,6 @@ def split_corpus(docs: Sequence[Document], val_every: int) -> tuple[list[Documen
 def train_tokenizer(texts: Sequence[str], vocab: int, max_positions: int) -> PreTrainedTokenizerFast:
     """Byte-level BPE with ``<|bos|>`` = 0 and ``<|eos|>`` = 1; encoding prepends ``<|bos|>``."""
     alphabet = pre_tokenizers.ByteLevel.alphabet()
-    assert len(alphabet) + 2 == VOCAB_MIN
     if vocab < len(alphabet) + 2:
         raise ValueError(f"vocab must be at least {len(alphabet) + 2} (bytes + 2 special tokens), got {vocab}")
     tok = Tokenizer(models.BPE())
@@ -577,7 +576,8 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
 
     if loaded is None:
         max_positions = max(512, cfg.seq_len)
-        assert cfg.vocab is not None  # config_from_args: None only with target_from
+        if cfg.vocab is None:  # config_from_args sets None only with target_from
+            raise ValueError("vocab is None: give a vocabulary size (None goes with target_from only)")
         tokenizer = train_tokenizer([d.text for d in train_docs], cfg.vocab, max_positions)
     else:
         target, tokenizer = loaded
@@ -605,7 +605,8 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     t_stats: dict[str, Any]
     if loaded is None:
         left = max(0.0, budget_end - time.perf_counter() - reserve)
-        assert cfg.target_share is not None  # config_from_args: None only with target_from
+        if cfg.target_share is None:  # as vocab
+            raise ValueError("target_share is None: give the target's share of the time (None goes with target_from only)")
         plan = Plan(seconds=cfg.target_share * left, steps=cfg.target_steps)
         log(f"target: {count_parameters(target):,} parameters, {plan}")
         t_stats = {"size": cfg.target_size, **asdict(tsize), **train_model(target, train_stream, plan, tsize, cfg,

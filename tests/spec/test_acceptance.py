@@ -351,3 +351,14 @@ def test_betting_interval_covers_bernoulli_means(p: float, n: int) -> None:
         lo, hi = betting_interval((rng.random(n) < p).astype(float), 0.0, 1.0, 0.05)
         misses += not lo <= p <= hi
     assert misses <= stats.binom.isf(1e-6, 400, 0.05), misses
+
+
+def test_betting_interval_refuses_what_it_cannot_bound() -> None:
+    from spec.acceptance import betting_interval
+
+    for args, said in (((np.array([0.5]), 0.0, 1.0, 0.0), "0 < rate < 1"), ((np.array([0.5]), 1.0, 1.0, 0.05), "low < high"),
+                       ((np.array([]), 0.0, 1.0, 0.05), "at least one value"),
+                       ((np.array([0.5, 1.5]), 0.0, 1.0, 0.05), r"must lie in \[0.0, 1.0\]"),
+                       ((np.array([0.5, np.nan]), 0.0, 1.0, 0.05), "must lie in")):
+        with pytest.raises(ValueError, match=said):
+            betting_interval(*args)

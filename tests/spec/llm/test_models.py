@@ -271,6 +271,15 @@ def test_fixed_step_training_is_a_function_of_the_seed():
     assert not _same_weights(trained(1), trained(2))
 
 
+def test_vocab_floor_is_the_byte_alphabet_and_two_specials():
+    """``--vocab`` is refused below ``VOCAB_MIN`` before any training; ``train_tokenizer`` needs that many."""
+    from tokenizers import pre_tokenizers
+
+    assert train.VOCAB_MIN == len(pre_tokenizers.ByteLevel.alphabet()) + 2
+    with pytest.raises(ValueError, match=f"vocab must be at least {train.VOCAB_MIN}"):
+        train.train_tokenizer(["x = 1\n"], train.VOCAB_MIN - 1, 64)
+
+
 def test_tokenizer_is_deterministic_byte_level_with_bos():
     texts = ["def f(x):\n    return x + 1\n" * 20, "import os\nprint(os.sep)\n" * 20]
     a, b = train.train_tokenizer(texts, 300, 64), train.train_tokenizer(texts, 300, 64)
