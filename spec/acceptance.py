@@ -32,7 +32,7 @@ from spec.randomness import TooManyRuns, enumerate_runs, estimate_runs
 from tmc.commands.acceptance import TREE_VERIFIERS, TreeRule
 from tmc.commands.table import format_table
 from tmc.drafts import TreeDraft
-from tmc.laws import TreeKernel, completion_error, draft_depth, output_law
+from tmc.laws import TreeKernel, completion_cells, completion_error, draft_depth, output_law
 from tmc.multidraft import DraftTree, Draw, tree_kernel_outputs
 from tmc.toy import Path, ToyModel
 from tmc.validate import as_rng, check_int
@@ -151,11 +151,6 @@ def verifiers_for(names: Sequence[str] | str, draws: set[Draw], adaptive_widths:
     return out
 
 
-def completion_cells(vocab: int, depth: int) -> float:
-    """``Σ_{d ≤ depth} V^(d + 1)``: the (prefix, token) cells of every target string up to ``depth + 1`` tokens."""
-    return sum(float(vocab) ** (d + 1) for d in range(depth + 1))
-
-
 def betting_interval(values: NDArray[np.float64], low: float, high: float, rate: float) -> tuple[float, float]:
     """A ``1 − rate`` confidence interval for the mean of i.i.d. ``values`` that lie in ``[low, high]``, valid for
     every such law and every sample size: Waudby-Smith & Ramdas's hedged betting interval ("Estimating means of
@@ -235,7 +230,7 @@ def builder_report(
     b = make_builder(builder)
     budget = check_int("budget", budget, minimum=1)
     max_runs = check_int("max_runs", max_runs, minimum=1)
-    samples = check_int("samples", samples, minimum=2)  # a 95% interval needs a spread
+    samples = check_int("samples", samples, minimum=2)
     say = progress or (lambda message: None)
     verifiers_for(verifiers, set(), b.adaptive_widths)  # names and widths before any building; draws below
     estimate = estimate_runs(lambda s: b.build(ToyDraft(model, ()), budget, s), RUN_PROBES, seed)

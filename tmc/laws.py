@@ -151,6 +151,12 @@ def summarise(model: ToyModel, law: Mapping[Path, float], length: int, n_drafts:
     return OutputLaw(out, expected, completion_error(model, out, length, prefix), n_drafts)
 
 
+def completion_cells(vocab: int, depth: int) -> float:
+    """``Σ_{d ≤ depth} V^(d + 1)``: the (prefix, token) cells of every string up to ``depth + 1`` tokens, the size
+    of a completion check or an LP limit over drafts of that depth (a float: it may pass any integer size)."""
+    return sum(float(vocab) ** (d + 1) for d in range(depth + 1))
+
+
 def draft_depth(drafts: Sequence[Draft]) -> int:
     """Deepest accepted path over the drafts: outputs are at most one token longer."""
     return max((len(path) for d in drafts for path in d.accepted_paths), default=0)

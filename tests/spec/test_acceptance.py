@@ -262,7 +262,8 @@ def test_an_exact_report_too_deep_for_the_completion_check_sums_tree_lengths() -
     (audit of 2026-11-27).  Past ``MAX_COMPLETION_CELLS`` the lengths are summed tree by tree, still exact:
     a ranked chain drafts token 0 every time, accepted with probability p(0) = 0.999, so
     E = Σ_{k ≤ 20} 0.999^k."""
-    from spec.acceptance import MAX_COMPLETION_CELLS, completion_cells, render_builder_report
+    from spec.acceptance import MAX_COMPLETION_CELLS, render_builder_report
+    from tmc.laws import completion_cells
     from tmc.toy import ToyModel
 
     model = ToyModel.from_dict({"vocab": 2, "draft": {"*": [0.995, 0.005]}, "target": {"*": [0.999, 0.001]}})

@@ -140,7 +140,9 @@ def _check_tree_count(vocab: int, widths: Sequence[int], draw: str, flag: str = 
 
 def _check_lp_size(vocab: int, depth: int, what: str) -> None:
     """``fail`` when the LP limit and the drafts' rows would hold more than :data:`MAX_LP_CELLS` cells."""
-    cells = sum(float(vocab) ** (d + 1) for d in range(depth + 1))
+    from tmc.laws import completion_cells
+
+    cells = completion_cells(vocab, depth)
     if cells > MAX_LP_CELLS:
         fail(f"{what} with V = {vocab} has about {cells:.3g} (prefix, token) cells up to depth {depth}, the size of "
              f"the LP limit; at most {MAX_LP_CELLS:,} (about a minute on 2 cores; a smaller V or shape)")
