@@ -52,7 +52,8 @@ row:
   tests and another residual (its own residual walk at the other nodes).
   Each node's ``ρ*`` is :func:`tmc.kseq._rho`'s bisection as fixed-shape
   work: one stable sort and two prefix sums per row give ``β(ρ)`` by a
-  ``searchsorted``, and the bisection runs a fixed number of rounds (enough
+  ``searchsorted`` (under ``torch.compile`` a count of the ratios below
+  ``ρ``: :func:`_count_below`), and the bisection runs a fixed number of rounds (enough
   for the widest node's bracket), a row that numpy's loop would have left
   keeping its bracket.  Some 55 rounds of small operations: about 2000
   kernels eagerly (2058 for a fixed 2-wide tree of 7 nodes at V = 4096),
@@ -380,6 +381,18 @@ def _feasible(beta: Tensor, miss: Tensor, gap: Tensor, scale: Tensor, k: Tensor,
     return torch.where(rho * beta <= 0.5, small, reach >= gap - SEARCH_RTOL * scale)
 
 
+def _count_below(ratios: Tensor, rho: Tensor) -> Tensor:
+    """How many entries of each sorted row of ``ratios`` ``(m, V)`` lie strictly below ``rho`` ``(m, 1)``, as
+    ``(m, 1)`` int64: ``searchsorted``'s left insertion point eagerly (one kernel); under ``torch.compile`` the
+    same count as a comparison and a sum, since torch 2.11's triton backend failed to build inductor's fused
+    ``searchsorted`` kernel for these rows on an H100 (a loop-carried index whose shape changed in the loop), so
+    ``compile_step=True`` with K-SEQ stopped on CUDA.  The two agree for any non-decreasing row (``+inf``
+    entries included; ``rho`` is finite)."""
+    if torch.compiler.is_compiling():
+        return (ratios < rho).sum(dim=-1, keepdim=True)
+    return torch.searchsorted(ratios, rho)
+
+
 def _kseq_rho(p: Tensor, q: Tensor, k: Tensor, widest: int) -> Tensor:
     """``ρ*`` of each row ``(m, 1)``: :func:`tmc.kseq._rho` for ``(m, V)`` rows and children counts ``k``
     ``(m, 1)`` (at most ``widest``), as fixed-shape work.
@@ -403,7 +416,7 @@ def _kseq_rho(p: Tensor, q: Tensor, k: Tensor, widest: int) -> Tensor:
     p_zero = torch.cumsum(torch.where(on, 0.0, p), dim=-1)[:, -1:]  # left to right, as tmc.kseq adds it
 
     def condition(rho: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        j = torch.searchsorted(ratios, rho)  # bisect_left: the ratios strictly below rho
+        j = _count_below(ratios, rho)  # bisect_left: the ratios strictly below rho
         above, q_up, p_down = p_above.gather(1, j), q_above.gather(1, j), p_below.gather(1, j)
         miss = torch.clamp_min(q_below.gather(1, j) - p_down / rho, 0.0)
         gap = torch.clamp_min(above - rho * q_up + p_zero, 0.0)

@@ -431,6 +431,29 @@ def test_kseq_rho_and_residual_rows_agree_with_tmc():
     assert bisected > 200  # most rows with k >= 2 need the bisection
 
 
+def test_kseq_ratio_count_under_compile_is_the_left_insertion_point():
+    """``_count_below``'s compiled form (a comparison and a sum, which torch 2.11's triton can build where its
+    fused ``searchsorted`` failed on an H100) gives ``searchsorted``'s left insertion point on sorted rows with
+    ties, ``+inf`` tails, points equal to an entry, below every entry and above every finite one; and K-SEQ's
+    ``ρ*`` compiled equals the eager one bit for bit on rows whose condition needs the bisection."""
+    from spec.llm.tree_device import _count_below, _kseq_rho
+
+    ratios = torch.tensor([[0.1, 0.5, 0.5, 0.5, 2.0, math.inf], [0.3, 0.3, 1.0, math.inf, math.inf, math.inf],
+                           [1.0, 1.0, 1.0, 1.0, 1.0, 1.0]], dtype=torch.float64)
+    compiled = torch.compile(_count_below, backend="eager", fullgraph=True)  # dynamo's tracing: is_compiling()
+    for point in (0.05, 0.1, 0.3, 0.5, 0.7, 1.0, 2.0, 3.0, 1e308):
+        rho = torch.full((3, 1), point, dtype=torch.float64)
+        want = torch.searchsorted(ratios, rho)
+        assert torch.equal(_count_below(ratios, rho), want)
+        got = compiled(ratios, rho)
+        assert got.dtype == torch.int64 and torch.equal(got, want), point
+    rng = np.random.default_rng(5)
+    p, q = (torch.tensor(softmax(rng.normal(size=(4, 64)) * 2.0)) for _ in range(2))
+    k = torch.tensor([[1.0], [2.0], [4.0], [8.0]], dtype=torch.float64)
+    rho = torch.compile(_kseq_rho, backend="eager", fullgraph=True)(p, q, k, 8)
+    assert torch.equal(rho, _kseq_rho(p, q, k, 8)) and bool((rho[1:] > 1.0).all())
+
+
 def test_kseq_rho_of_nearly_one_hot_targets_agrees_with_tmc_in_both_ports():
     """The rows where a slack on ``c ≈ 1`` had accepted ρ below ρ* (a target token of 1e-15 came out at 1e-90):
     the batched port, the host-loop port (:mod:`spec.llm.verify`) and tmc return the same ρ."""
