@@ -252,6 +252,7 @@ def test_fused_chain_steps_replay_one_graph(pairs: tuple[tuple[object, object], 
     tokens of the same fused step run eagerly (``graphs=False``) and of the usual device chain, on every seed; a
     window of 3 (Mistral, Gemma 3) decodes greedily past it."""
     from spec.llm.static_cache import shared_static_cache
+    from spec.llm.step_graph import ChainStepGraph
     from tests.spec.llm.conftest import greedy_decode
     from tests.spec.llm.test_windows import tiny
 
@@ -259,13 +260,14 @@ def test_fused_chain_steps_replay_one_graph(pairs: tuple[tuple[object, object], 
     prompt = [2, 7, 1, 8, 2, 8]
     ref = ar_generate(t_cpu, prompt, temperature=0, max_new_tokens=40).tokens
     t_cache = shared_static_cache(t_gpu, "target", 1, graphs=True)
+    t_cache.step_graphs.clear()  # the cache is shared: an earlier test in this process may have left steps on it
     for draw in ("iid", "topk"):
         for run in range(2):
             out = generate(t_gpu, d_gpu, prompt, "chain", verifier, budget=4, temperature=0, max_new_tokens=40,
                            step_graph=True, builder_params={"draw": draw})
             assert out.tokens == ref, draw
-            fused = [s for s in t_cache.step_graphs.values() if s.iid == (draw == "iid") and s.verifier == verifier
-                     and s.sampling.temperature == 0]
+            fused = [s for s in t_cache.step_graphs.values() if isinstance(s, ChainStepGraph)
+                     and s.iid == (draw == "iid") and s.verifier == verifier and s.sampling.temperature == 0]
             assert len(fused) == 1 and fused[0].graphs and fused[0].captures == 1  # once, in the first decode
             assert fused[0].replays == (run + 1) * (len(out.steps) - 1) > 0
     _graphed_eager_and_plain_agree(t_gpu, d_gpu, prompt, "chain", verifier, budget=4)
@@ -296,6 +298,7 @@ def test_fused_step_profile_on_cuda(pairs: tuple[tuple[object, object], tuple[ob
 
 @pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # torch's own code
 @pytest.mark.filterwarnings("ignore:TensorFloat32 tensor cores:UserWarning")  # inductor's advice; TF32 stays off
+@pytest.mark.filterwarnings(r"ignore:\s*Online softmax is disabled:UserWarning")  # inductor's notice (tiny rows)
 @pytest.mark.parametrize(("verifier", "scope"), [(v, c) for v in ("sps", "asps", "block") for c in (True, "whole")])
 def test_compiled_fused_steps_on_cuda(pairs: tuple[tuple[object, object], tuple[object, object]], verifier: str,
                                       scope: bool | str) -> None:
@@ -334,6 +337,7 @@ def test_fused_tree_steps_replay_one_graph(pairs: tuple[tuple[object, object], t
     prompt = [2, 7, 1, 8, 2, 8]
     ref = ar_generate(t_cpu, prompt, temperature=0, max_new_tokens=40).tokens
     t_cache = shared_static_cache(t_gpu, "target", 1, graphs=True)
+    t_cache.step_graphs.clear()  # the cache is shared: an earlier test in this process may have left steps on it
     tree = dict(budget=7, builder_params={"draw": "iid", "width": 2})
     for run in range(2):
         out = generate(t_gpu, d_gpu, prompt, "fixed", verifier, temperature=0, max_new_tokens=40, step_graph=True,
@@ -433,6 +437,7 @@ def test_fused_tree_step_profile_on_cuda(pairs: tuple[tuple[object, object], tup
 
 @pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # torch's own code
 @pytest.mark.filterwarnings("ignore:TensorFloat32 tensor cores:UserWarning")  # inductor's advice; TF32 stays off
+@pytest.mark.filterwarnings(r"ignore:\s*Online softmax is disabled:UserWarning")  # inductor's notice (tiny rows)
 @pytest.mark.parametrize(("verifier", "draw", "scope"), [
     ("traversal", "iid", True), ("traversal", "iid", "whole"), ("multidraft", "swor", True), ("traversal", "topk", True),
     ("kseq", "iid", True), ("ordered_traversal", "swor", True)])
@@ -466,6 +471,7 @@ CUDA_LAW = [("chain", "block", {}, True), ("fixed", "traversal", {"width": 2, "d
 
 @pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # torch's own code
 @pytest.mark.filterwarnings("ignore:TensorFloat32 tensor cores:UserWarning")  # inductor's advice; TF32 stays off
+@pytest.mark.filterwarnings(r"ignore:\s*Online softmax is disabled:UserWarning")  # inductor's notice (tiny rows)
 @pytest.mark.parametrize(("builder", "verifier", "params", "compile_step"), CUDA_LAW,
                          ids=["chain-block-compiled", "fixed-traversal-compiled", "fixed-multidraft-swor-graphed",
                               "fixed-kseq-compiled"])
