@@ -23,7 +23,7 @@ def check_uniforms(name: str, u: ArrayLike, size: int) -> NDArray[np.float64]:
         raise ValueError(f"{name} must have shape ({size},), got {arr.shape}")
     if not np.all((arr >= 0.0) & (arr < 1.0)):
         i = int(np.argmax(~((arr >= 0.0) & (arr < 1.0))))
-        raise ValueError(f"{name}[{i}] = {arr[i]!r} is not a uniform draw in [0, 1)")
+        raise ValueError(f"{name}[{i}] = {float(arr[i])!r} is not a uniform draw in [0, 1)")
     return arr
 
 

@@ -77,12 +77,13 @@ from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 import torch
-from numpy.typing import NDArray
+from numpy.typing import ArrayLike, NDArray
 
 from spec.llm.adapter import fit_vocabulary, sync
 from spec.llm.sampling import Sampling, categorical_draw, logits_of, step_fault
 from spec.llm.static_cache import StaticTreeCache, _round_capacity, _Size, weights_key
 from spec.llm.verify import _CHAIN_STEPS, CHAIN_METHODS, _prepare_chain, noise_size
+from tmc.noise import check_uniforms
 from tmc.validate import check_int
 
 __all__ = ["COMPILE_SCOPES", "ChainStepGraph", "ChainStepResult", "FusedStep", "clamp_ids", "shared_chain_step",
@@ -300,11 +301,19 @@ class FusedStep:
         return t_past, d_past
 
     @staticmethod
-    def _check_uniforms(**named: NDArray[np.float64] | None) -> None:
-        """``ValueError`` naming the first of the given uniform arrays with a value outside [0, 1)."""
-        for name, u in named.items():
-            if u is not None and not bool(np.all((np.asarray(u) >= 0.0) & (np.asarray(u) < 1.0))):
-                raise ValueError(f"{name} must lie in [0, 1), got {np.asarray(u).tolist()}")
+    def _check_uniforms(u_draft: ArrayLike | None, u_verify: ArrayLike, draft_size: int | None, verify_size: int,
+                        miscount: str) -> tuple[NDArray[np.float64] | None, NDArray[np.float64]]:
+        """``(u_draft, u_verify)`` as float64 arrays of ``draft_size`` (``None``: ``u_draft`` must be ``None``)
+        and ``verify_size`` values in [0, 1), checked by :func:`tmc.noise.check_uniforms` (which names the
+        argument and refuses NaN, bool, complex or text entries and other shapes); ``ValueError(miscount + ",
+        got ...")`` when one is missing, given where none is wanted, or holds another number of values."""
+        def count(u: ArrayLike | None) -> int | None:
+            return None if u is None else int(np.size(u))
+
+        if count(u_draft) != draft_size or count(u_verify) != verify_size:
+            raise ValueError(f"{miscount}, got {count(u_draft)} and {count(u_verify)}")
+        return (None if u_draft is None or draft_size is None else check_uniforms("u_draft", u_draft, draft_size),
+                check_uniforms("u_verify", u_verify, verify_size))
 
     def _launch(self, t_past: int, root: int, d_past: int, pending: Sequence[int], uniforms: NDArray[np.float64],
                 needs: tuple[int, int]) -> list[int]:
@@ -525,15 +534,15 @@ class ChainStepGraph(FusedStep):
         ``u_draft``: the ``k`` uniforms of an ``iid`` chain (``None`` for ``topk``); ``u_verify``: the
         verifier's :func:`~spec.llm.verify.noise_size` uniforms.  Both caches' lengths must be
         ``t_past`` and ``d_past``; afterwards they hold the context and the accepted path.  Logits a
-        :class:`~spec.llm.sampling.Sampling` refuses raise its ``ValueError`` (the draft's first).
+        :class:`~spec.llm.sampling.Sampling` refuses raise its ``ValueError`` (the draft's first); the caches'
+        lengths are then still ``t_past`` / ``d_past`` and the context's slots untouched (they may have grown).
         """
         k = self.k
         t_past, d_past = self._check_state(t_past, root, d_past, pending)
-        if (u_draft is None) == self.iid or (u_draft is not None and len(u_draft) != k) or len(u_verify) != self.noise:
-            raise ValueError(f"give {k} draft uniforms for an iid chain (None for topk) and {self.noise} "
-                             f"verifier uniforms, got {None if u_draft is None else len(u_draft)} and {len(u_verify)}")
-        self._check_uniforms(u_draft=u_draft, u_verify=u_verify)
-        u = np.concatenate([np.zeros(k) if u_draft is None else np.asarray(u_draft, dtype=np.float64), u_verify])
+        drawn, verify = self._check_uniforms(
+            u_draft, u_verify, k if self.iid else None, self.noise,
+            f"give {k} draft uniforms for an iid chain (None for topk) and {self.noise} verifier uniforms")
+        u = np.concatenate([np.zeros(k) if drawn is None else drawn, verify])
         got = self._launch(t_past, root, d_past, pending, u, (t_past + k + 1, d_past + k + 1))
         n, y, drafted = got[1], got[2], got[3:]
         t_next = t_past + 1 + n
@@ -556,6 +565,7 @@ class ChainStepGraph(FusedStep):
         rotated), after two warm-up rounds, so a slow spell of the machine falls on all four.
         """
         reps = check_int("reps", reps, minimum=1)
+        t_past, d_past = self._check_state(t_past, root, d_past, pending)  # ints: call() restores them
         k = self.k
         u_draft = np.full(k, 0.5) if self.iid else None
         u_verify = np.full(self.noise, 0.5)

@@ -355,6 +355,7 @@ class TreeStepGraph(FusedStep):
         ``call_overhead_pct`` the same for :meth:`step` as the decode calls it.  The caches' lengths do not
         change."""
         reps = check_int("reps", reps, minimum=1)
+        t_past, d_past = self._check_state(t_past, root, d_past, pending)  # ints: call() restores them
         n = self.size
         u_draft = np.full(n, 0.5) if self.draft_uniforms else None
         u_verify = np.full(n + 1, 0.5)
@@ -386,7 +387,8 @@ class TreeStepGraph(FusedStep):
         ``u_draft``: the ``N`` uniforms of the draws (``None`` for ranked draws); ``u_verify``: the
         verifier's ``N + 1``.  Both caches' lengths must be ``t_past`` and ``d_past``; afterwards they hold
         the context and the accepted path.  Logits a :class:`~spec.llm.sampling.Sampling` refuses raise its
-        ``ValueError`` (the draft's first).  The result's ``drafted`` holds every node's token.  ``None``
+        ``ValueError`` (the draft's first), the caches' lengths still ``t_past`` / ``d_past`` and the context's
+        slots untouched (they may have grown).  The result's ``drafted`` holds every node's token.  ``None``
         when a ranked node fell on a token with ``q = 0`` or a ``swor`` node's law had no mass left (the
         host builder grows a smaller tree there): the
         step is void, its uniforms unused, and both caches' lengths are still ``t_past`` / ``d_past`` (the
@@ -394,11 +396,9 @@ class TreeStepGraph(FusedStep):
         """
         n, m = self.size, self.draft_uniforms
         t_past, d_past = self._check_state(t_past, root, d_past, pending)
-        if (u_draft is None) != (m == 0) or (u_draft is not None and len(u_draft) != m) or len(u_verify) != n + 1:
-            raise ValueError(f"give {m or None} draft uniforms and {n + 1} verifier uniforms, "
-                             f"got {None if u_draft is None else len(u_draft)} and {len(u_verify)}")
-        self._check_uniforms(u_draft=u_draft, u_verify=u_verify)
-        uniforms = u_verify if u_draft is None else np.concatenate([u_draft, u_verify])
+        drawn, verify = self._check_uniforms(u_draft, u_verify, m or None, n + 1,
+                                             f"give {m or None} draft uniforms and {n + 1} verifier uniforms")
+        uniforms = verify if drawn is None else np.concatenate([drawn, verify])
         got = self._launch(t_past, root, d_past, pending, uniforms, (t_past + n + 1, d_past + 2 + self.fed))
         if got[0] & SHORT:
             return None

@@ -173,14 +173,17 @@ def test_the_meta_check_catches_a_host_read(pair: tuple[Any, Any], monkeypatch: 
 def check_late_nan_logits_raise(pair: tuple[Any, Any], which: str, monkeypatch: pytest.MonkeyPatch,
                                 step_class: type, builder: str, verifier: str, **kw: Any) -> None:
     """NaN logits appearing in the ``which`` model before the third fused step (``step_class``) raise
-    ``process_logits``' ValueError, as on the other paths, at T = 0 and 1."""
+    ``process_logits``' ValueError, as on the other paths, at T = 0 and 1; the caches' lengths are still those
+    the step was called with (its docstring)."""
     real = step_class._execute
     calls = [0]
     poison: list[Any] = []
+    seen: list[Any] = []
 
     def poisoned(self: Any) -> Any:
         calls[0] += 1
         if calls[0] == 3:
+            seen[:] = [self, (self.t_cache.length, self.d_cache.length)]
             with torch.no_grad():
                 poison[0].lm_head.weight[:, 0] = float("nan")
         return real(self)
@@ -193,7 +196,7 @@ def check_late_nan_logits_raise(pair: tuple[Any, Any], which: str, monkeypatch: 
         with pytest.raises(ValueError, match=f"^{which}'s logits contain NaN"):
             generate(target, draft, [1, 2], builder, verifier, temperature=temperature, max_new_tokens=60,
                      cache="static", step_graph=True, **kw)
-        assert calls[0] == 3
+        assert calls[0] == 3 and (seen[0].t_cache.length, seen[0].d_cache.length) == seen[1] > (2, 2)
 
 
 @pytest.mark.parametrize("which", ["draft", "target"])
@@ -287,10 +290,18 @@ def test_chain_step_graph_refuses_bad_arguments(pair: tuple[Any, Any]) -> None:
     for root, pending in ((2, [1]), (1, [2, 1])):  # not ending in the root; one token too many
         with pytest.raises(ValueError, match="the draft's context .* must be the target's"):
             step.step(0, root, 0, pending, u3, u4)
-    with pytest.raises(ValueError, match=r"u_draft must lie in \[0, 1\)"):
+    with pytest.raises(ValueError, match=r"u_draft\[1\] = 1.0 is not a uniform draw in \[0, 1\)"):
         step.step(0, 1, 0, [1], np.array([0.5, 1.0, 0.5]), u4)
-    with pytest.raises(ValueError, match=r"u_verify must lie in \[0, 1\)"):
+    with pytest.raises(ValueError, match=r"u_verify\[2\] = nan is not a uniform draw in \[0, 1\)"):
         step.step(0, 1, 0, [1], u3, np.array([0.5, 0.5, np.nan, 0.5]))
+    # uniforms of another type or shape: named, never run (bool ones had run as zeros)
+    for u_draft, u_verify, message in ((np.zeros(3, dtype=bool), u4, "u_draft must hold real numbers"),
+                                       ([False] * 3, u4, "u_draft must hold real numbers"),
+                                       (u3, None, "give 3 draft uniforms .*, got 3 and None"),
+                                       (u3, u4[:, None], r"u_verify must have shape \(4,\), got \(4, 1\)"),
+                                       (u3, np.array(["0.5"] * 4), "u_verify must hold real numbers")):
+        with pytest.raises(ValueError, match=message):
+            step.step(0, 1, 0, [1], u_draft, u_verify)  # type: ignore[arg-type]
     assert (tc.length, dc.length) == (0, 0)  # nothing ran
     step.step(0.0, 1, 0.0, [1], u3, u4)  # type: ignore[arg-type]  # integral floats: taken as the integers
     assert type(tc.length) is int and type(dc.length) is int
@@ -357,6 +368,10 @@ def test_profile_times_the_step_and_its_forwards(pair: tuple[Any, Any]) -> None:
     assert all(np.isfinite(v) for v in got.values()) and min(got["step_ms"], got["forwards_ms"], got["target_ms"]) > 0
     assert got["call_overhead_pct"] == pytest.approx(100 * (got["call_ms"] - got["forwards_ms"]) / got["target_ms"])
     assert (tc.length, dc.length) == (0, 0)
+    step.profile(0.0, 4, np.int64(0), [4], reps=1)  # type: ignore[arg-type]  # integral: taken as ints, as step does
+    assert type(tc.length) is int and type(dc.length) is int  # a float length had broken the next forward
+    with pytest.raises(ValueError, match="the caches hold 0 / 0 positions, not t_past 1 / d_past 0"):
+        step.profile(1, 4, 0, [4], reps=1)  # checked before any work
 
 
 def test_fused_steps_grow_the_caches_they_outrun(pair: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch) -> None:

@@ -422,8 +422,10 @@ def test_tree_step_graph_refuses_bad_arguments(pair: tuple[Any, Any]) -> None:
     for u_draft, u_verify in ((None, u4), (u4, u4), (u3, u3)):
         with pytest.raises(ValueError, match="give 3 draft uniforms and 4 verifier uniforms"):
             step.step(0, 1, 0, [1], u_draft, u_verify)
-    with pytest.raises(ValueError, match=r"u_verify must lie in \[0, 1\)"):
+    with pytest.raises(ValueError, match=r"u_verify\[2\] = nan is not a uniform draw in \[0, 1\)"):
         step.step(0, 1, 0, [1], u3, np.array([0.5, 0.5, np.nan, 0.5]))
+    with pytest.raises(ValueError, match="u_draft must hold real numbers"):  # had run as zeros
+        step.step(0, 1, 0, [1], np.ones(3, dtype=bool), u4)
     ranked = TreeStepGraph(target, draft, tc, dc, **{**kw, "draw": "topk"})  # no draft uniforms
     for u_draft, u_verify in ((u3, u4), (np.zeros(0), u4), (None, u3)):
         with pytest.raises(ValueError, match="give None draft uniforms and 4 verifier uniforms"):
@@ -440,6 +442,8 @@ def test_tree_profile_times_the_step_and_its_forwards(pair: tuple[Any, Any]) -> 
     assert set(got) == {"step_ms", "forwards_ms", "target_ms", "overhead_pct", "call_ms", "call_overhead_pct"}
     assert all(np.isfinite(v) for v in got.values()) and min(got["step_ms"], got["forwards_ms"], got["target_ms"]) > 0
     assert (tc.length, dc.length) == (0, 0)
+    step.profile(0.0, 4, np.int64(0), [4], reps=1)  # type: ignore[arg-type]  # integral: taken as ints, as step does
+    assert type(tc.length) is int and type(dc.length) is int  # a float length had broken the next forward
 
 
 def test_fused_tree_steps_grow_the_caches_they_outrun(pair: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch) -> None:
