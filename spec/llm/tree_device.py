@@ -51,7 +51,7 @@ row:
   ``min(1, p(x) / (ρ* q(x)))``, so the walk is ``multidraft``'s with other
   tests and another residual (its own residual walk at the other nodes).
   Each node's ``ρ*`` is :func:`tmc.kseq._rho`'s bisection as fixed-shape
-  work: one stable sort and two prefix sums per row give ``β(ρ)`` by a
+  work: one stable sort and prefix and suffix sums per row give ``β(ρ)`` by a
   ``searchsorted`` (under ``torch.compile`` a count of the ratios below
   ``ρ``: :func:`_count_below`), and the bisection runs a fixed number of rounds (enough
   for the widest node's bracket), a row that numpy's loop would have left
@@ -386,8 +386,9 @@ def _count_below(ratios: Tensor, rho: Tensor) -> Tensor:
     ``(m, 1)`` int64: ``searchsorted``'s left insertion point eagerly (one kernel); under ``torch.compile`` the
     same count as a comparison and a sum, since torch 2.11's triton backend failed to build inductor's fused
     ``searchsorted`` kernel for these rows on an H100 (a loop-carried index whose shape changed in the loop), so
-    ``compile_step=True`` with K-SEQ stopped on CUDA.  The two agree for any non-decreasing row (``+inf``
-    entries included; ``rho`` is finite)."""
+    ``compile_step=True`` with K-SEQ stopped on CUDA.  The two agree for any non-decreasing row without NaN
+    (``+inf`` entries included; ``rho`` is finite): the rows ``_kseq_rho`` makes (ratios ``p / q`` of checked
+    rows where ``q > 0``, else ``+inf``; ``rho`` within ``[1, widest]``)."""
     if torch.compiler.is_compiling():
         return (ratios < rho).sum(dim=-1, keepdim=True)
     return torch.searchsorted(ratios, rho)
