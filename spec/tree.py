@@ -155,9 +155,12 @@ def accepted_nodes(tree: DraftTree, tokens: Sequence[int]) -> tuple[int, ...]:
     rest of the tokens: then the first twin that does.
     """
     t = _tree(tree)
-    toks = [check_int(f"tokens[{i}]", x) for i, x in enumerate(_seq("tokens", tokens))]
+    toks = [check_int(f"tokens[{i}]", x, minimum=0) for i, x in enumerate(_seq("tokens", tokens))]
     if not toks:
         raise ValueError("tokens must hold at least the final corrected or bonus token")
+    for i, tok in enumerate(toks):
+        if tok >= t.vocab:
+            raise ValueError(f"tokens[{i}] = {tok} is outside the tree's vocabulary [0, {t.vocab})")
     found = _path_below(t, ROOT, toks[:-1])
     if found is None:
         path = _first_twin_prefix(t, toks[:-1])
@@ -168,16 +171,24 @@ def accepted_nodes(tree: DraftTree, tokens: Sequence[int]) -> tuple[int, ...]:
 def _path_below(t: DraftTree, node: int, toks: Sequence[int]) -> list[int] | None:
     """Nodes below ``node`` carrying ``toks``, trying twins in child order; ``None`` when none does.
 
-    Each node is tried at most once (only with the tokens of its depth), so this is linear in the tree.
+    A depth-first search with a stack of child iterators, not recursion (a chain of a few thousand nodes
+    passed Python's recursion limit).  Each node is tried at most once (only with the tokens of its depth),
+    so this is linear in the tree.
     """
-    if not toks:
-        return []
-    for kid in t.children(node):
-        if t.tokens[kid] == toks[0]:
-            rest = _path_below(t, kid, toks[1:])
-            if rest is not None:
-                return [kid, *rest]
-    return None
+    path: list[int] = []
+    stack = [iter(t.children(node))]  # stack[d]: the children still to try for toks[d]
+    while len(path) < len(toks):
+        want = toks[len(path)]
+        kid = next((k for k in stack[-1] if t.tokens[k] == want), None)
+        if kid is None:  # no (further) twin carries toks[len(path)] here: back up one level
+            stack.pop()
+            if not stack:
+                return None
+            path.pop()
+        else:
+            path.append(kid)
+            stack.append(iter(t.children(kid)))
+    return path
 
 
 def _first_twin_prefix(t: DraftTree, toks: Sequence[int]) -> list[int]:

@@ -207,6 +207,30 @@ def test_accepted_nodes_hand() -> None:
     assert accepted_nodes(TREE_B, (1, 0, 1)) == (2, 4)
 
 
+def test_accepted_nodes_of_a_deep_chain_and_bad_final_tokens() -> None:
+    """A chain of 5000 nodes (a budget-4096 decode drafts one that deep) gives its whole path back: the search
+    had recursed once per level and stopped at Python's recursion limit (about 1000).  A twin whose subtree
+    dies out deep down hands over to the next twin.  The final (corrected or bonus) token is checked against
+    the vocabulary like the others; it had been taken unchecked (``[0, 7]`` at ``V = 3`` gave ``(0,)``)."""
+    n = 5000
+    chain = topk_tree([-1, *range(n - 1)], [i % 3 for i in range(n)], vocab=3)
+    toks = [i % 3 for i in range(n)] + [1]
+    assert accepted_nodes(chain, toks) == tuple(range(n))
+    # two root twins carrying token 0; the first one's chain is one level short of the tokens
+    depth = 2000
+    parents = [-1, -1, *([0] + list(range(2, depth)))[: depth - 1], 1, *range(depth + 1, 2 * depth)]
+    tokens = [0, 0, *([1] * (depth - 1)), *([1] * depth)]
+    draws = ("iid", "iid", *(("topk",) * (2 * depth - 1)))  # twins: drawn i.i.d. from the root's row
+    twins = DraftTree(tuple(parents), tuple(tokens), draws, {-1: np.array([0.5, 0.5, 0.0])}, 3)
+    got = accepted_nodes(twins, [0, *([1] * depth), 2])
+    assert got == (1, *range(depth + 1, 2 * depth + 1)) and len(got) == depth + 1
+    small = topk_tree([-1], [0], vocab=3)
+    for bad, message in (([0, 7], r"tokens\[1\] = 7 is outside the tree's vocabulary \[0, 3\)"),
+                         ([-5], r"tokens\[0\] must be"), ([3, 1], r"tokens\[0\] = 3 is outside")):
+        with pytest.raises(ValueError, match=message):
+            accepted_nodes(small, bad)
+
+
 def test_keep_indices_hand() -> None:
     past = list(range(10))
     np.testing.assert_array_equal(keep_indices(TREE_A, (0, 3, 5), 10), past + [10, 13, 15])
@@ -460,7 +484,7 @@ def test_accepted_nodes_and_keep_indices(tree: DraftTree, seed: int, past: int, 
         flat_nodes = [("past", k) for k in range(past)] + ([("root",)] if with_root else []) + list(layout)
         for v in [-1] + ([rnd.randrange(tree.size) for _ in range(3)] if tree.size else []):
             path_nodes = sorted(anc_or_self(tree.parents, v)) if v != -1 else []  # ancestors have smaller index
-            emitted = tree.path(v) + (last,)
+            emitted = tree.path(v) + (last % tree.vocab,)
             got_path = accepted_nodes(tree, emitted)
             assert got_path == tuple(path_nodes), name
             keep = keep_indices(tree, got_path, past, order, with_root)
