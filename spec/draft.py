@@ -35,7 +35,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from tmc.toy import Path, ToyModel
-from tmc.validate import as_real_array_with_dtype, check_int, check_prob_rows
+from tmc.validate import ROW_SUM_TOL, as_real_array_with_dtype, check_int, check_prob_rows
 
 FloatArray = NDArray[np.float64]
 
@@ -63,16 +63,20 @@ def draft_rows(draft: DraftModel, paths: Sequence[Path]) -> FloatArray:
     """Ask ``draft`` for the rows of ``paths`` in one call; validate shape and values.
 
     Returns float64 rows renormalised to sum to exactly 1 (within rounding).
-    ``ValueError`` names the path whose row is bad.
+    ``ValueError`` names the path whose row is bad, or ``draft.vocab`` when it
+    is not an integer ``>= 1``, or ``paths`` when it is not a sequence.
     """
+    vocab = check_int("draft.vocab", draft.vocab, minimum=1)
+    if paths is None or isinstance(paths, (str, bytes)):
+        raise ValueError(f"paths must be a sequence of token paths, got {type(paths).__name__}")
     if not paths:
-        return np.zeros((0, int(draft.vocab)))
+        return np.zeros((0, vocab))
     raw = draft.rows(list(paths))
     # booleans, text and complex entries refused; the rows' own precision sets the tolerance
     arr, given = as_real_array_with_dtype("draft rows", raw)
-    if arr.shape != (len(paths), draft.vocab):
+    if arr.shape != (len(paths), vocab):
         raise ValueError(
-            f"draft model returned rows of shape {arr.shape} for {len(paths)} paths; expected ({len(paths)}, {draft.vocab})"
+            f"draft model returned rows of shape {arr.shape} for {len(paths)} paths; expected ({len(paths)}, {vocab})"
         )
     try:
         return check_prob_rows("draft rows", arr, dtype=given)
@@ -156,7 +160,9 @@ def beam_candidates(
     """:func:`select_beam` computed by a :class:`BeamDraft` (checked), or ``None`` for other drafts.
 
     ``weights`` are the beam's path weights (finite, ``>= 0``), one per path;
-    ``k >= 1``.  ``None`` tells the caller to fetch the rows itself.
+    ``k >= 1``.  ``None`` tells the caller to fetch the rows itself.  The answer is
+    checked: 1-D, positions ascending in range, values finite and ``> 0``, and a
+    path's values summing to at most its weight (beyond ``ROW_SUM_TOL``).
     """
     w, k = check_beam_args(len(paths), weights, k)
     if not isinstance(draft, BeamDraft):
@@ -177,6 +183,12 @@ def beam_candidates(
         raise ValueError(f"draft beam_candidates returned positions outside [0, {size}) or not ascending")
     if not (np.isfinite(val).all() and (val > 0.0).all()):
         raise ValueError("draft beam_candidates returned values that are not finite and > 0")
+    # a path's candidates are weight x probability of distinct tokens of one row: at most the weight in all
+    mass = np.bincount(pos // int(draft.vocab), weights=val, minlength=len(paths))
+    if (mass > w * (1.0 + ROW_SUM_TOL)).any():
+        i = int(np.argmax(mass - w * (1.0 + ROW_SUM_TOL)))
+        raise ValueError(f"draft beam_candidates returned values summing to {float(mass[i])!r} for path {i} of "
+                         f"weight {float(w[i])!r}: more than the weight times a probability row")
     return pos, val
 
 
@@ -245,8 +257,9 @@ def top_candidates(draft: DraftModel, paths: Sequence[Path], k: int) -> tuple[In
 
     ``None`` tells the caller to fetch the rows itself.  ``ValueError`` when the
     answer is malformed: shapes, ids out of range or repeated in a row, values
-    not positive or increasing along a row, padding other than trailing
-    ``(-1, 0)`` (the order of equal values is the draft's to get right).
+    not positive or increasing along a row or summing past 1 (beyond
+    ``ROW_SUM_TOL``), padding other than trailing ``(-1, 0)`` (the order of
+    equal values is the draft's to get right).
     """
     k = check_int("k", k, minimum=1)
     if not isinstance(draft, TopDraft):
@@ -266,6 +279,11 @@ def top_candidates(draft: DraftModel, paths: Sequence[Path], k: int) -> tuple[In
     with np.errstate(invalid="ignore"):
         if not (np.where(real, val > 0.0, val == 0.0) & (val < np.inf)).all():
             raise ValueError("draft top_candidates returned values that are not finite and > 0 (0 for padding)")
+    over = val.sum(axis=1) > 1.0 + ROW_SUM_TOL  # probabilities of distinct tokens of one row
+    if over.any():
+        i = int(np.argmax(over))
+        raise ValueError(f"draft top_candidates returned values summing to {float(val[i].sum())!r} in row {i}: "
+                         f"not probabilities of one row")
     if k > 1:
         if (val[:, 1:] > val[:, :-1]).any():
             raise ValueError("draft top_candidates returned a row whose values increase")

@@ -37,14 +37,36 @@ class Sampler(Protocol):
         ...
 
 
+def _check_law_shape(law: FloatArray) -> None:
+    """``ValueError`` unless ``law`` is a non-empty 1-D numpy array (O(1): builders draw from rows they
+    validated, so the entries are not looked at here)."""
+    if not isinstance(law, np.ndarray) or law.ndim != 1 or law.size == 0:
+        raise ValueError(f"law must be a non-empty 1-D numpy array, got {type(law).__name__} of shape "
+                         f"{np.shape(law)}")
+
+
+def _checked_total(law: FloatArray) -> float:
+    """``law``'s sum, or ``ValueError`` unless it is a non-empty 1-D array with a finite positive sum."""
+    _check_law_shape(law)
+    total = float(law.sum())
+    if not (np.isfinite(total) and total > 0.0):
+        raise ValueError(f"law must have a finite positive sum, got {total!r}")
+    return total
+
+
 @dataclass
 class RngSampler:
-    """Draws with one ``rng.random()`` uniform each (inverse CDF, :func:`tmc.noise.categorical`)."""
+    """Draws with one ``rng.random()`` uniform each (inverse CDF, :func:`tmc.noise.categorical`).
+
+    ``ValueError`` for a law that is not a non-empty 1-D array with a finite positive sum (an ``assert`` in
+    :func:`~tmc.noise.categorical` had caught some of these, and not under ``python -O``); its entries are
+    not checked one by one (builders draw from rows they validated)."""
 
     rng: np.random.Generator
 
     def draw(self, law: FloatArray) -> int:
-        return categorical(law, float(self.rng.random()))
+        _check_law_shape(law)
+        return categorical(law, float(self.rng.random()))  # ValueError for a total not finite and positive
 
 
 def as_sampler(rng: np.random.Generator | int | Sampler) -> Sampler:
@@ -76,10 +98,12 @@ class ScriptedSampler:
 
     def draw(self, law: FloatArray) -> int:
         k = len(self.draws)
+        total = _checked_total(np.asarray(law, dtype=np.float64))
         if k == len(self.script):
             raise _Branch(np.array(law, dtype=np.float64))
         tok = self.script[k]
-        total = float(np.sum(law))
+        if not 0 <= tok < len(law):
+            raise ValueError(f"script[{k}] = {tok} is outside a law of {len(law)} tokens")
         self.weight *= float(law[tok]) / total
         self.draws.append((np.array(law, dtype=np.float64) / total, tok))
         return tok
@@ -94,8 +118,10 @@ def enumerate_runs(run: Callable[[ScriptedSampler], T], max_runs: int = 100_000)
 
     ``run`` is called once per complete sequence of choices (plus once per
     branching point); the probabilities sum to 1.  ``TooManyRuns`` once more
-    than ``max_runs`` calls would be needed.
+    than ``max_runs`` calls would be needed; ``ValueError`` for a law that is
+    not a non-empty 1-D row with a finite positive sum or has a negative entry.
     """
+    max_runs = check_int("max_runs", max_runs, minimum=1)
     out: list[tuple[T, float, ScriptedSampler]] = []
     stack: list[tuple[int, ...]] = [()]
     calls = 0
@@ -108,6 +134,8 @@ def enumerate_runs(run: Callable[[ScriptedSampler], T], max_runs: int = 100_000)
         try:
             result = run(sampler)
         except _Branch as branch:
+            if (branch.law < 0.0).any():  # a branch of such a law would be lost, or weighed wrongly
+                raise ValueError(f"law has a negative entry: {branch.law.tolist()}") from None
             support = np.flatnonzero(branch.law > 0.0)
             stack.extend(script + (int(t),) for t in reversed(support))
             continue
@@ -126,6 +154,8 @@ class _ProbeSampler:
 
     def draw(self, law: FloatArray) -> int:
         support = np.flatnonzero(np.asarray(law, dtype=np.float64) > 0.0)
+        if not support.size:
+            raise ValueError("law has no token of positive probability")
         self.width *= len(support)
         self.nodes += self.width
         return int(support[self.rng.integers(len(support))])

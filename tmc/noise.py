@@ -30,11 +30,13 @@ def check_uniforms(name: str, u: ArrayLike, size: int) -> NDArray[np.float64]:
 def categorical(weights: NDArray[np.float64], u: float) -> int:
     """Inverse-CDF draw: index ``i`` with probability ``weights[i] / weights.sum()``.
 
-    A zero weight is never chosen, whatever ``u`` is (``u == 0`` included).
+    A zero weight is never chosen, whatever ``u`` is (``u == 0`` included).  ``ValueError`` when the total is
+    not finite and positive (the one check this hot path pays for: callers pass rows they validated).
     """
     cdf = np.cumsum(weights)
     total = float(cdf[-1])
-    assert total > 0.0, "categorical() needs positive total weight"
+    if not (total > 0.0 and total < np.inf):  # NaN fails both
+        raise ValueError(f"categorical() needs a finite positive total weight, got {total!r}")
     i = int(np.searchsorted(cdf, u * total, side="right"))
     if i >= weights.shape[0]:
         # u * total rounded up to total: the last index with positive weight.

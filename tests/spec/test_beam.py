@@ -148,6 +148,8 @@ class _Liar:
         ([1, 1], [0.5, 0.5], "not ascending"),
         ([1], [0.0], "finite and > 0"),
         ([1], [float("nan")], "finite and > 0"),
+        ([1], [5.0], "summing to 5.0 for path 0 of weight 1.0"),  # WETAP had built a tree from it
+        ([0, 2], [0.6, 0.6], "summing to 1.2"),
     ],
 )
 def test_a_malformed_beam_answer_is_refused(pos: object, val: object, message: str) -> None:

@@ -302,6 +302,22 @@ def test_bad_draft_rows_are_refused(row: list[float], message: str) -> None:
             make_builder(name).build(_BadDraft(row), 4)  # type: ignore[arg-type]
 
 
+def test_draft_rows_checks_the_vocabulary_and_the_paths() -> None:
+    """``draft_rows`` on its own: a vocabulary of -1 had failed in numpy ("negative dimensions"), 2.5 had been
+    taken, and ``paths=None`` had returned an empty array."""
+    from spec.draft import draft_rows
+
+    for vocab, message in ((-1, "draft.vocab must be >= 1"), (2.5, "draft.vocab must be an integer"),
+                           ("x", "draft.vocab must be an integer"), (True, "draft.vocab must be an integer")):
+        for paths in ([], [()]):
+            with pytest.raises(ValueError, match=message):
+                draft_rows(_BadDraft([1.0], vocab), paths)  # type: ignore[arg-type]
+    for paths in (None, "ab"):
+        with pytest.raises(ValueError, match="paths must be a sequence of token paths"):
+            draft_rows(_BadDraft([0.5, 0.5, 0.0]), paths)  # type: ignore[arg-type]
+    assert draft_rows(_BadDraft([0.5, 0.5, 0.0]), []).shape == (0, 3)
+
+
 @pytest.mark.parametrize(
     ("name", "params", "message"),
     [
@@ -559,6 +575,45 @@ def test_scripted_sampler_weight() -> None:
     assert s.draw(np.array([0.2, 0.6])) == 1  # unnormalised laws are normalised
     assert s.draw(np.array([0.5, 0.5])) == 0
     assert math.isclose(s.weight, 0.75 * 0.5)
+
+
+def test_samplers_and_the_enumeration_refuse_laws_they_cannot_draw_from() -> None:
+    """Laws a builder should never pass, each a named ``ValueError``: an all-zero or NaN law had been an
+    ``AssertionError`` (gone under ``python -O``), an empty one an ``IndexError``, a script token past the law
+    an ``IndexError``; ``enumerate_runs`` had silently dropped the branch of an all-zero law (probabilities
+    summing to 0.5) and weighed a negative entry's; ``estimate_runs`` failed inside numpy."""
+    from spec.randomness import RngSampler, TooManyRuns, estimate_runs
+
+    rng = RngSampler(np.random.default_rng(0))
+    for law, message in ((np.zeros(3), "finite positive total weight, got 0.0"),
+                         (np.array([0.5, np.nan]), "finite positive total weight, got nan"),
+                         (np.array([1.0, np.inf]), "got inf"), (np.zeros(0), "non-empty 1-D"),
+                         (np.ones((2, 2)), "non-empty 1-D"), ([0.2, 0.8], "numpy array, got list")):
+        with pytest.raises(ValueError, match=message):
+            rng.draw(law)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="script.0. = 5 is outside a law of 2 tokens"):
+        ScriptedSampler((5,)).draw(np.array([0.5, 0.5]))
+    for bad in (np.zeros(2), np.array([np.nan, 1.0])):
+        with pytest.raises(ValueError, match="finite positive sum"):
+            ScriptedSampler((0,)).draw(bad)
+
+    def run(bad: np.ndarray):
+        def go(s):
+            first = s.draw(np.array([0.5, 0.5]))
+            return (first, s.draw(bad)) if first == 1 else (first,)
+        return go
+
+    for bad, message in ((np.zeros(2), "finite positive sum"), (np.array([0.5, -0.2, 0.7]), "negative entry")):
+        with pytest.raises(ValueError, match=message):
+            enumerate_runs(run(bad))
+    with pytest.raises(ValueError, match="no token of positive probability"):
+        estimate_runs(run(np.zeros(2)), probes=50, rng=0)
+    good = enumerate_runs(run(np.array([0.25, 0.75])))
+    assert math.isclose(sum(w for _, w, _ in good), 1.0) and len(good) == 3
+    with pytest.raises(ValueError, match="max_runs must be >= 1"):
+        enumerate_runs(run(np.array([0.25, 0.75])), max_runs=0)
+    with pytest.raises(TooManyRuns):
+        enumerate_runs(run(np.array([0.25, 0.75])), max_runs=2)
 
 
 def _top_tokens_by_full_sort(row: np.ndarray, k: int) -> list[int]:

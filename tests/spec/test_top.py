@@ -128,6 +128,8 @@ class _Liar:
         ([[0, 1, 2]], [[0.5, np.nan, 0.2]], "not finite"),
         ([[0, 1, 2]], [[0.2, 0.3, 0.1]], "increase"),
         ([[0, 1, 0]], [[0.5, 0.3, 0.2]], "same id twice"),
+        ([[0, 1, 2]], [[4.0, 3.0, 2.0]], r"summing to 9.0 in row 0: not probabilities"),  # had built a tree
+        ([[0, 1, 2]], [[0.9, 0.9, 0.1]], "summing to 1.9"),
     ],
 )
 def test_top_candidates_refuses_a_malformed_answer(tok: object, val: object, message: str) -> None:
