@@ -98,11 +98,19 @@ def check_order(tree: DraftTree, order: Sequence[int] | None) -> tuple[int, ...]
     return out
 
 
+def _flag(with_root: object) -> bool:
+    """``with_root`` as a bool, or ``ValueError`` (a text such as ``"no"`` had been read as True)."""
+    if not isinstance(with_root, (bool, np.bool_)):
+        raise ValueError(f"with_root must be a bool, got {with_root!r}")
+    return bool(with_root)
+
+
 def tree_mask(tree: DraftTree, order: Sequence[int] | None = None, with_root: bool = False) -> BoolArray:
     """``(n, n)`` boolean mask over the flattened tree: ``[i, j]`` is True when position ``j``
     is an ancestor of position ``i`` or ``i`` itself (``n = N``, or ``N + 1`` with the root)."""
     t = _tree(tree)
     ordr = check_order(t, order)
+    with_root = _flag(with_root)
     off = 1 if with_root else 0
     pos = np.empty(t.size, dtype=np.int64)
     pos[list(ordr)] = np.arange(t.size) + off
@@ -140,6 +148,7 @@ def position_ids(
     t = _tree(tree)
     past = check_int("past", past, minimum=0)
     ordr = check_order(t, order)
+    with_root = _flag(with_root)
     off = 1 if with_root else 0
     depths = [t.node_depth(node) - 1 + off for node in ordr]
     return np.asarray(([0] if with_root else []) + depths, dtype=np.int64) + past
@@ -216,6 +225,7 @@ def keep_indices(
     past = check_int("past", past, minimum=0)
     ordr = check_order(t, order)
     where = {node: k for k, node in enumerate(ordr)}
+    with_root = _flag(with_root)
     off = 1 if with_root else 0
     prev = ROOT
     nodes: list[int] = [check_int(f"path[{i}]", x) for i, x in enumerate(_seq("path", path))]
@@ -228,9 +238,16 @@ def keep_indices(
 
 
 def mask_blocks(mask: BoolArray, block: int = 32) -> int:
-    """Number of ``block × block`` tiles of ``mask`` holding at least one True (DySpec App. C)."""
+    """Number of ``block × block`` tiles of ``mask`` holding at least one True (DySpec App. C).
+
+    ``mask``: booleans, or finite numbers (nonzero = True); ``ValueError`` for text, NaN or infinities
+    (``"no"`` and NaN had been read as True)."""
     block = check_int("block", block, minimum=1)
-    m = np.asarray(mask, dtype=bool)
+    raw = np.asarray(mask)
+    if raw.dtype != np.bool_ and not (raw.dtype.kind in "iuf" and bool(np.isfinite(raw).all())):
+        raise ValueError(f"mask must hold booleans or finite numbers, got dtype {raw.dtype}"
+                         + (" with a NaN or infinite entry" if raw.dtype.kind == "f" else ""))
+    m = raw.astype(bool)
     if m.ndim != 2:
         raise ValueError(f"mask must be 2-D, got shape {m.shape}")
     rows = -(-m.shape[0] // block)
@@ -270,9 +287,10 @@ def reorder(tree: DraftTree, order: Sequence[int]) -> DraftTree:
 def random_tree(size: int, rng: np.random.Generator | int, vocab: int = 2) -> DraftTree:
     """A random recursive tree: node ``i`` hangs below a uniform node ``< i`` or the root.
 
-    Tokens are distinct per sibling group only in the sense the ``topk`` draw
-    needs (``vocab`` must be at least the largest sibling count); used for the
-    mask-block measurement, where only the shape matters.
+    Sibling ``j`` of each group carries token ``j`` (the distinct tokens a ``topk``
+    draw needs), so the tree's vocabulary is ``vocab`` raised, where needed, to the
+    largest sibling count; used for the mask-block measurement, where only the
+    shape matters.
     """
     size = check_int("size", size, minimum=0)
     vocab = check_int("vocab", vocab, minimum=1)

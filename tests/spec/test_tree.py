@@ -287,6 +287,20 @@ def test_mask_blocks_accepts_non_bool_and_lists() -> None:
     assert mask_blocks(np.array([[0.0, 2.5], [0.0, 1.0]]), 1) == 2
     assert mask_blocks(np.zeros((0, 0), dtype=bool), 4) == 0
     assert mask_blocks(np.zeros((0, 5), dtype=bool), 4) == 0
+    for bad, message in (([["no", "yes"]], "dtype <U3"), (np.array([[0.0, np.nan]]), "NaN or infinite"),
+                         ([[None, 1]], "dtype object")):  # text and NaN had been read as True
+        with pytest.raises(ValueError, match=message):
+            mask_blocks(bad, 1)
+
+
+def test_with_root_must_be_a_bool() -> None:
+    """``with_root="no"`` had been read as True by each function that takes it."""
+    for fn in (lambda w: tree_mask(TREE_A, None, w), lambda w: position_ids(TREE_A, 3, None, w),
+               lambda w: keep_indices(TREE_A, (0,), 3, None, w)):
+        for bad in ("no", 1, None):
+            with pytest.raises(ValueError, match="with_root must be a bool"):
+                fn(bad)
+        assert np.array_equal(fn(np.True_), fn(True))
 
 
 def brute_blocks(m: np.ndarray, b: int) -> int:
