@@ -35,7 +35,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from tmc.toy import Path, ToyModel
-from tmc.validate import ROW_SUM_TOL, as_real_array_with_dtype, check_int, check_prob_rows
+from tmc.validate import ROW_SUM_TOL, as_real_array, as_real_array_with_dtype, check_int, check_prob_rows
 
 FloatArray = NDArray[np.float64]
 
@@ -101,8 +101,9 @@ class BeamDraft(Protocol):
 
 
 def check_beam_args(n: int, weights: ArrayLike, k: object) -> tuple[FloatArray, int]:
-    """``weights`` as ``n`` finite numbers ``>= 0`` and ``k >= 1``, or ``ValueError`` naming the argument."""
-    w = np.asarray(weights, dtype=np.float64)
+    """``weights`` as ``n`` finite numbers ``>= 0`` and ``k >= 1``, or ``ValueError`` naming the argument
+    (bool and text weights too: ``[True]`` had been read as 1.0)."""
+    w = as_real_array("weights", weights)
     if w.shape != (n,):
         raise ValueError(f"weights must hold one number per path ({n}), got shape {w.shape}")
     if not (np.isfinite(w).all() and (w >= 0.0).all()):
@@ -235,7 +236,9 @@ def select_top(rows: ArrayLike, k: object) -> tuple[IntArray, FloatArray]:
     Row ``i`` of the result is :func:`top_tokens` of ``rows[i]`` (the reference of
     :class:`TopDraft`): ``tokens`` ``(n, k)`` int64 and their ``values`` ``(n, k)``
     float64, a row with fewer than ``k`` tokens of ``q > 0`` padded at its end
-    with token ``-1`` and value ``0``.  Row by row: on the CPU that beat a
+    with token ``-1`` and value ``0``.  ``rows`` are probability rows as
+    :func:`draft_rows` returns them (their values are not checked again here:
+    a NaN entry gives answers that depend on ``k``).  Row by row: on the CPU that beat a
     vectorised partition of all rows at once (1.4–14× for 1–8 rows of
     ``V = 4096``, ``k = 3``; one-hot rows, the greedy case, gain most).
     """

@@ -70,9 +70,9 @@ class RngSampler:
 
 
 def as_sampler(rng: np.random.Generator | int | Sampler) -> Sampler:
-    """A :class:`Sampler` from a generator, an integer seed or a sampler."""
-    if hasattr(rng, "draw"):
-        return rng
+    """A :class:`Sampler` from a generator, an integer seed or a sampler (an object with a callable ``draw``)."""
+    if callable(getattr(rng, "draw", None)):
+        return rng  # type: ignore[return-value]
     return RngSampler(as_rng(rng))
 
 

@@ -164,6 +164,8 @@ def test_a_malformed_beam_answer_is_refused(pos: object, val: object, message: s
         ([float("nan")], 1, "finite and >= 0"),
         ([-0.5], 1, "finite and >= 0"),
         ([1.0], 0, "k must be >= 1"),
+        ([True], 1, "weights must hold real numbers, got dtype bool"),  # had been read as 1.0
+        (["1.0"], 1, "weights must hold real numbers"),
     ],
 )
 def test_bad_beam_arguments_are_refused(weights: list[float], k: int, message: str) -> None:

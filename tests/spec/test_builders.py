@@ -616,6 +616,20 @@ def test_samplers_and_the_enumeration_refuse_laws_they_cannot_draw_from() -> Non
         enumerate_runs(run(np.array([0.25, 0.75])), max_runs=2)
 
 
+def test_as_sampler_takes_only_a_callable_draw() -> None:
+    """An object whose ``draw`` is not callable is no sampler: refused at once (it had failed at the first
+    draw with a ``TypeError``)."""
+    from spec.randomness import RngSampler, as_sampler
+
+    class NotASampler:
+        draw = 5
+
+    with pytest.raises(ValueError, match="rng must be a numpy.random.Generator or an integer seed, got NotASampler"):
+        as_sampler(NotASampler())  # type: ignore[arg-type]
+    scripted = ScriptedSampler((0,))
+    assert as_sampler(scripted) is scripted and isinstance(as_sampler(3), RngSampler)
+
+
 def _top_tokens_by_full_sort(row: np.ndarray, k: int) -> list[int]:
     """The definition: sort the whole support by decreasing q, ties by id, and take ``k``."""
     positive = np.flatnonzero(row > 0.0)
