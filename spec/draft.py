@@ -355,8 +355,16 @@ class HashedDraft:
         return self.vocab_size
 
     def rows(self, paths: Sequence[Path]) -> FloatArray:
+        """One row per path; ``ValueError`` for a path token that is not an id in ``[0, vocab)`` (1.7 had been
+        read as 1, and -1 failed inside numpy's seeding)."""
         self.calls += 1
         alpha = np.full(self.vocab_size, self.concentration)
-        out = [np.random.default_rng(np.random.SeedSequence(self.seed, spawn_key=(len(path), *map(int, path))))
-               .dirichlet(alpha) for path in paths]
+        keys = []
+        for i, path in enumerate(paths):
+            toks = [check_int(f"paths[{i}][{j}]", t, minimum=0) for j, t in enumerate(path)]
+            if any(t >= self.vocab_size for t in toks):
+                raise ValueError(f"paths[{i}] = {tuple(toks)} holds a token outside [0, {self.vocab_size})")
+            keys.append((len(toks), *toks))
+        out = [np.random.default_rng(np.random.SeedSequence(self.seed, spawn_key=key)).dirichlet(alpha)
+               for key in keys]
         return np.array(out).reshape(len(paths), self.vocab_size)

@@ -705,6 +705,11 @@ def test_hashed_draft_rows_differ_from_prefix_to_prefix() -> None:
     assert len({r.tobytes() for r in rows}) == len(paths) == 121
     assert not np.array_equal(HashedDraft(7, seed=2**32).rows([()]), HashedDraft(7, seed=0).rows([(1,)]))
     assert np.array_equal(HashedDraft(7, seed=5).rows([(2, 0)]), HashedDraft(7, seed=5).rows([(2, 0)]))
+    assert np.array_equal(HashedDraft(7).rows([(np.int64(2), 1.0)]), HashedDraft(7).rows([(2, 1)]))
+    for path, message in (((1.7,), r"paths\[0\]\[0\] must be an integer"), ((-1,), r"paths\[0\]\[0\] must be >= 0"),
+                          ((2, 7), r"paths\[0\] = \(2, 7\) holds a token outside \[0, 7\)")):
+        with pytest.raises(ValueError, match=message):  # 1.7 had been read as 1
+            HashedDraft(7).rows([path])
 
 
 @pytest.mark.parametrize(("kwargs", "match"), [({"seed": -1}, "seed must be >= 0"), ({"seed": 2**64}, "seed must be < 2"),
