@@ -173,7 +173,8 @@ def beam_candidates(
     pos, val = draft.beam_candidates(list(paths), w, k)
     pos = np.asarray(pos)
     val = np.asarray(val, dtype=np.float64)
-    size = len(paths) * int(draft.vocab)
+    vocab = int(draft.vocab)
+    size = len(paths) * vocab
     if pos.ndim != 1 or val.shape != pos.shape or (pos.size and not np.issubdtype(pos.dtype, np.integer)):
         raise ValueError(
             f"draft beam_candidates returned positions {pos.shape} and values {val.shape}; "
@@ -185,7 +186,7 @@ def beam_candidates(
     if not (np.isfinite(val).all() and (val > 0.0).all()):
         raise ValueError("draft beam_candidates returned values that are not finite and > 0")
     # a path's candidates are weight x probability of distinct tokens of one row: at most the weight in all
-    mass = np.bincount(pos // int(draft.vocab), weights=val, minlength=len(paths))
+    mass = np.bincount(pos // vocab, weights=val, minlength=len(paths))
     if (mass > w * (1.0 + ROW_SUM_TOL)).any():
         i = int(np.argmax(mass - w * (1.0 + ROW_SUM_TOL)))
         raise ValueError(f"draft beam_candidates returned values summing to {float(mass[i])!r} for path {i} of "

@@ -98,14 +98,15 @@ class ScriptedSampler:
 
     def draw(self, law: FloatArray) -> int:
         k = len(self.draws)
-        total = _checked_total(np.asarray(law, dtype=np.float64))
+        row = np.array(law, dtype=np.float64)  # a copy: what it records stays as it was served
+        total = _checked_total(row)
         if k == len(self.script):
-            raise _Branch(np.array(law, dtype=np.float64))
+            raise _Branch(row)
         tok = self.script[k]
-        if not 0 <= tok < len(law):
-            raise ValueError(f"script[{k}] = {tok} is outside a law of {len(law)} tokens")
-        self.weight *= float(law[tok]) / total
-        self.draws.append((np.array(law, dtype=np.float64) / total, tok))
+        if not 0 <= tok < len(row):
+            raise ValueError(f"script[{k}] = {tok} is outside a law of {len(row)} tokens")
+        self.weight *= float(row[tok]) / total
+        self.draws.append((row / total, tok))
         return tok
 
 
