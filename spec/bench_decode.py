@@ -109,7 +109,7 @@ BASELINES = ("ar", "ar-static", "ar-loop", "hf-assisted")
 DEFAULT_METHODS = (
     "ar", "ar-static", "ar-loop", "hf-assisted",
     "chain:sps", "chain:asps", "chain:block",
-    "fixed:multidraft", "fixed:traversal",
+    "fixed:multidraft", "fixed:traversal", "fixed:ordered_traversal", "fixed/draw=iid:kseq",
     "dyspec:traversal", "dyspec:multidraft",
     "dynatree:traversal", "wetap:traversal",
     "fixed/draw=topk:traversal:dtemp=1@6",  # a top-k tree of the draft at 1: at T = 0 it branches (README)
@@ -652,7 +652,7 @@ def run_decode_bench(
                     prof = _step_profile(method, target, draft, list(prompts[0]), temp, "static")
                     row.update({f"step_{k}": v for k, v in prof.items()}, overhead_pct=prof["overhead_pct"],
                                builder_pct=None, verify_pct=None, loop_pct=None,
-                               called_pct=prof["call_overhead_pct"],
+                               called_pct=prof["call_overhead_pct"], host_pct=prof["host_pct"],
                                draft_pct=100.0 * (prof["forwards_ms"] - prof["target_ms"]) / prof["target_ms"])
                 if count_ops and method.ours and not method.compile_step:  # a dispatch mode stops torch.compile
                     row["ops_per_step"], row["kernels_per_step"] = _ops_per_step(
@@ -713,14 +713,14 @@ def render(report: dict[str, Any]) -> str:
                           _fmt(r["speedup_ar"], ".2f"), _fmt(r["speedup_ar_static"], ".2f"),
                           _fmt(r["speedup_assisted"], ".2f"), *spread, _fmt(r.get("overhead_pct"), ".1f"),
                           _fmt(r.get("builder_pct"), ".1f"), _fmt(r.get("verify_pct"), ".1f"),
-                          _fmt(r.get("loop_pct"), ".1f"), _fmt(r.get("called_pct"), ".1f"),
+                          _fmt(r.get("loop_pct"), ".1f"), _fmt(r.get("called_pct"), ".1f"), _fmt(r.get("host_pct"), ".1f"),
                           _fmt(r.get("draft_pct"), ".1f"), _fmt(r.get("agree_ar"), ".2f") if temp == 0 else "-",
                           *([_fmt(r.get("ops_per_step"), ".0f"), _fmt(r.get("kernels_per_step"), ".0f")]
                             if ops else [])])
         ranges = ["×ar per round", "×assisted per round"] if rounds > 1 else []
         out.append(format_table(
             ["method", "tok/step", "tok/s", "×ar", "×ar-static", "×assisted", *ranges, "bld+ver %", "builder %",
-             "verifier %", "loop %", "as called %", "draft fwd %", "=ar", *(["ops/step", "kernels/step"] if ops else [])], table,
+             "verifier %", "loop %", "as called %", "host %", "draft fwd %", "=ar", *(["ops/step", "kernels/step"] if ops else [])], table,
             title=f"T = {temp:g}: {report['prompts']} prompts × {report['new_tokens']} new tokens"
                   f"{f', {rounds} rounds' if rounds > 1 else ''}, methods {report.get('order', 'sequential')}, {env['device']}, "
                   f"{env['dtype']}, our cache {env.get('cache', 'dynamic')}, torch {env['torch']} ({env['threads']} CPU threads"

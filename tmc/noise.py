@@ -18,6 +18,9 @@ from tmc.validate import as_real_array
 def check_uniforms(name: str, u: ArrayLike, size: int) -> NDArray[np.float64]:
     """Return ``u`` as a float64 ``(size,)`` array of values in ``[0, 1)`` or raise (also for complex, bool
     or text entries: :func:`tmc.validate.as_real_array`)."""
+    if (type(u) is np.ndarray and u.dtype == np.float64 and u.shape == (size,) and size > 0
+            and 0.0 <= u.min() and u.max() < 1.0):  # the common case: two reductions (a NaN fails them both
+        return u  # and takes the path below, which names it)
     arr = as_real_array(name, u)
     if arr.shape != (size,):
         raise ValueError(f"{name} must have shape ({size},), got {arr.shape}")

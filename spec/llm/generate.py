@@ -860,8 +860,7 @@ def generate(
                                               vocab=vocab, compile_backend=backend_c, compile_scope=scope)
             may_be_short = isinstance(fused, TreeStepGraph) and fused.draw != Draw.IID
             before = rng.bit_generator.state if may_be_short else None  # a ranked / swor tree may come out short
-            u_draft = rng.random(fused.draft_uniforms) if fused.draft_uniforms else None
-            one = fused.step(t_past, root, *d_state, u_draft, rng.random(fused.noise))
+            one = fused.draw_step(t_past, root, *d_state, rng)  # its uniforms drawn into its upload buffer
             if one is not None:
                 t3 = time.perf_counter()
                 kept, stopped = _cut_at_stop(one.tokens[: max_new_tokens - len(out)], stops)

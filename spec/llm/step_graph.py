@@ -175,6 +175,8 @@ class FusedStep:
 
     sampling: Sampling  # processes the target's logits
     d_sampling: Sampling  # processes the draft's logits
+    draft_uniforms: int  # the draws' uniforms a step (0: ranked draws)
+    noise: int  # the verifier's uniforms a step
 
     def _setup(self, target: Any, draft: Any, t_cache: StaticTreeCache, d_cache: StaticTreeCache, vocab: int) -> None:
         for name, cache, model in (("t_cache", t_cache, target), ("d_cache", d_cache, draft)):
@@ -257,12 +259,15 @@ class FusedStep:
 
     def _staging(self, uniforms: int) -> None:
         """The step's upload: a host buffer (pinned on CUDA) and its device twin of :data:`_INTS` integers and
-        ``uniforms`` float64 uniforms, with device views ``_ints`` and ``_u``."""
+        ``uniforms`` float64 uniforms, with device views ``_ints`` and ``_u``.  On the CPU the twin is the host
+        buffer itself (nothing to copy)."""
         n = _INTS + uniforms
-        self._host = torch.zeros(n, dtype=torch.int64, pin_memory=self.device.type == "cuda")
-        self._host_np: NDArray[np.int64] = self._host.numpy()
         with torch.inference_mode(False):
-            self._staged = torch.zeros(n, dtype=torch.int64, device=self.device)
+            self._host = torch.zeros(n, dtype=torch.int64, pin_memory=self.device.type == "cuda")
+            on_host = self.device.type == "cpu"
+            self._staged = self._host if on_host else torch.zeros(n, dtype=torch.int64, device=self.device)
+        self._host_np: NDArray[np.int64] = self._host.numpy()
+        self._host_u: NDArray[np.float64] = self._host_np[_INTS:].view(np.float64)  # the uniforms' host slots
         self._ints = self._staged[:_INTS]
         self._u = self._staged[_INTS:].view(torch.float64)
 
@@ -315,13 +320,42 @@ class FusedStep:
         return (None if u_draft is None or draft_size is None else check_uniforms("u_draft", u_draft, draft_size),
                 check_uniforms("u_verify", u_verify, verify_size))
 
-    def _launch(self, t_past: int, root: int, d_past: int, pending: Sequence[int], uniforms: NDArray[np.float64],
+    def _put_uniforms(self, drawn: NDArray[np.float64] | None, verify: NDArray[np.float64]) -> None:
+        """Write checked uniforms to the upload's host slots: the draws' (zeros where ``drawn`` is ``None`` and
+        the layout keeps slots for them: a ``topk`` chain), then the verifier's."""
+        u = self._host_u
+        lead = len(u) - self.noise
+        u[:lead] = 0.0 if drawn is None else drawn
+        u[lead:] = verify
+
+    def draw_step(self, t_past: int, root: int, d_past: int, pending: Sequence[int],
+                  rng: np.random.Generator) -> ChainStepResult | None:
+        """:meth:`step` with its uniforms drawn from ``rng`` straight into the upload's host slots: the same
+        values, and the same state of ``rng`` after, as ``step(..., u_draft, u_verify)`` with ``u_draft =
+        rng.random(draft_uniforms)`` (``None`` when that is 0) and then ``u_verify = rng.random(noise)``, since a
+        generator's float64 draws come one per output whatever the batch.  No array is made or checked (a
+        generator's draws lie in [0, 1)): this is the decode's call, a host cost per step that the fused
+        step's whole point is to keep small (``host_ms`` of :meth:`profile`)."""
+        if not isinstance(rng, np.random.Generator):
+            raise ValueError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
+        t_past, d_past = self._check_state(t_past, root, d_past, pending)
+        u = self._host_u
+        first = len(u) - self.noise - self.draft_uniforms
+        u[:first] = 0.0
+        rng.random(out=u[first:])
+        return self._finish(t_past, root, d_past, pending)
+
+    def _finish(self, t_past: int, root: int, d_past: int, pending: Sequence[int]) -> ChainStepResult | None:
+        """The step from checked state, its uniforms in the upload's host slots: launch, read back, book."""
+        raise NotImplementedError
+
+    def _launch(self, t_past: int, root: int, d_past: int, pending: Sequence[int],
                 needs: tuple[int, int]) -> list[int]:
-        """Grow the caches to ``needs`` (target, draft slots), upload the six integers and ``uniforms`` in one
-        copy, run or replay the step and read its one row back; logits a
+        """Grow the caches to ``needs`` (target, draft slots), upload the six integers and the uniforms in the
+        host slots in one copy, run or replay the step and read its one row back; logits a
         :class:`~spec.llm.sampling.Sampling` refuses (bit 0 of the row's first entry, the fault flag; a
         subclass may use the higher bits) raise its ``ValueError`` (the draft's first)."""
-        self._stage(t_past, root, d_past, pending, uniforms, needs)
+        self._stage(t_past, root, d_past, pending, needs)
         out, raw, t_logits = self._execute()
         got: list[int] = out.tolist()  # the step's one transfer
         if got[0] & 1:  # name the fault: the draft's logits first, then the target's
@@ -333,15 +367,13 @@ class FusedStep:
             raise RuntimeError("a logits fault was flagged but not found again")
         return got
 
-    def _stage(self, t_past: int, root: int, d_past: int, pending: Sequence[int], uniforms: NDArray[np.float64],
-               needs: tuple[int, int]) -> None:
-        """Grow the caches to ``needs`` and upload the six integers and ``uniforms`` in one copy (unchecked:
-        :meth:`_launch` runs after the subclass's checks)."""
+    def _stage(self, t_past: int, root: int, d_past: int, pending: Sequence[int], needs: tuple[int, int]) -> None:
+        """Grow the caches to ``needs`` and upload the six integers and the uniforms in the host slots in one
+        copy (unchecked: :meth:`_launch` runs after the subclass's checks)."""
         self._prepare(*needs)
-        h = self._host_np
-        h[:_INTS] = (t_past, d_past, root, pending[0], pending[-1], len(pending) - 1)
-        h[_INTS:].view(np.float64)[:] = uniforms
-        self._staged.copy_(self._host, non_blocking=self.device.type == "cuda")
+        self._host_np[:_INTS] = (t_past, d_past, root, pending[0], pending[-1], len(pending) - 1)
+        if self._staged is not self._host:
+            self._staged.copy_(self._host, non_blocking=self.device.type == "cuda")
 
     @staticmethod
     def _feed(cache: StaticTreeCache, buf: _Size, tokens: torch.Tensor, positions: torch.Tensor,
@@ -388,13 +420,37 @@ class FusedStep:
 
     def _execute(self) -> Any:
         if not self.graphs:
-            return self._run()
+            self._out = self._run()
+            return self._out
         if self._graph is None:
             self._capture()
         self._graph.replay()
         self.replays += 1
         assert self._out is not None
         return self._out
+
+    def _profile_calls(self, t_past: int, root: int, d_past: int,
+                       pending: Sequence[int]) -> tuple[Callable[[], None], Callable[[], None]]:
+        """:meth:`profile`'s ``(call, host)``: :meth:`draw_step` as the decode calls it (uniforms from a seeded
+        generator), and the same call with the device work left out (the last run's output read back in its
+        place), each restoring the caches' lengths.  ``call`` runs once here (it stages, and captures)."""
+        rng = np.random.default_rng(0)
+
+        def call() -> None:
+            self.draw_step(t_past, root, d_past, pending, rng)
+            self.t_cache.length, self.d_cache.length = t_past, d_past
+
+        call()
+        last = self._out
+
+        def host() -> None:
+            self._execute = lambda: last  # type: ignore[method-assign]
+            try:
+                call()
+            finally:
+                del self._execute
+
+        return call, host
 
     def _captured(self, fn: Any) -> Any:
         """``fn`` captured as a CUDA graph of its own, after a warm-up on a side stream (:meth:`profile`)."""
@@ -408,35 +464,39 @@ class FusedStep:
             fn()
         return graph
 
-    def _time_in_turns(self, step: Any, forwards: Any, target: Any, reps: int, call: Any) -> dict[str, float]:
+    def _time_in_turns(self, step: Any, forwards: Any, target: Any, reps: int,
+                       calls: tuple[Callable[[], None], Callable[[], None]]) -> dict[str, float]:
         """:meth:`ChainStepGraph.profile`'s figures from the step (run or replayed by the caller first), its
-        forwards alone, the target forward alone and ``call``, the step as the decode calls it (the upload of
-        its integers and uniforms, the run or replay, the one transfer back and the host's checks and
-        bookkeeping): each the median of ``reps`` runs, device synchronised around each, the four taking turns
-        (order rotated) after two warm-up rounds.  With the whole step compiled the forwards are compiled
+        forwards alone, the target forward alone and ``calls`` (:meth:`_profile_calls`): the step as the decode
+        calls it (the upload of its integers and uniforms, the run or replay, the one transfer back and the
+        host's draws, checks and bookkeeping) and that call without the run or replay: each the median of
+        ``reps`` runs, device synchronised around each, the five taking turns (order rotated) after two warm-up
+        rounds.  With the whole step compiled the forwards are compiled
         alike, so the difference is what the draws, the verifier and the cache moves add to compiled forwards."""
         if self.compile_backend is not None and self.compile_scope == "whole":
             forwards, target = _compiled(forwards, self.compile_backend), _compiled(target, self.compile_backend)
         if self.graphs:
             assert self._graph is not None
             runs = {"step": self._graph.replay, "forwards": self._captured(forwards).replay,
-                    "target": self._captured(target).replay, "call": call}
+                    "target": self._captured(target).replay, "call": calls[0], "host": calls[1]}
         else:
-            runs = {"step": step, "forwards": forwards, "target": target, "call": call}
+            runs = {"step": step, "forwards": forwards, "target": target, "call": calls[0], "host": calls[1]}
         names = list(runs)
         times: dict[str, list[float]] = {name: [] for name in names}
-        for r in range(-2, reps):  # two warm-up rounds, then the four take turns, the order rotated
-            for name in names[r % 4 :] + names[: r % 4]:
+        for r in range(-2, reps):  # two warm-up rounds, then the five take turns, the order rotated
+            turn = r % len(names)
+            for name in names[turn:] + names[:turn]:
                 sync(self.device)
                 t0 = time.perf_counter()
                 runs[name]()
                 sync(self.device)
                 if r >= 0:
                     times[name].append(time.perf_counter() - t0)
-        step_ms, forwards_ms, target_ms, call_ms = (1e3 * float(np.median(times[name])) for name in names)
+        step_ms, forwards_ms, target_ms, call_ms, host_ms = (1e3 * float(np.median(times[name])) for name in names)
         return {"step_ms": step_ms, "forwards_ms": forwards_ms, "target_ms": target_ms,
                 "overhead_pct": 100.0 * (step_ms - forwards_ms) / target_ms,
-                "call_ms": call_ms, "call_overhead_pct": 100.0 * (call_ms - forwards_ms) / target_ms}
+                "call_ms": call_ms, "call_overhead_pct": 100.0 * (call_ms - forwards_ms) / target_ms,
+                "host_ms": host_ms, "host_pct": 100.0 * host_ms / target_ms}
 
 
 class ChainStepGraph(FusedStep):
@@ -542,8 +602,14 @@ class ChainStepGraph(FusedStep):
         drawn, verify = self._check_uniforms(
             u_draft, u_verify, k if self.iid else None, self.noise,
             f"give {k} draft uniforms for an iid chain (None for topk) and {self.noise} verifier uniforms")
-        u = np.concatenate([np.zeros(k) if drawn is None else drawn, verify])
-        got = self._launch(t_past, root, d_past, pending, u, (t_past + k + 1, d_past + k + 1))
+        self._put_uniforms(drawn, verify)
+        result = self._finish(t_past, root, d_past, pending)
+        assert result is not None
+        return result
+
+    def _finish(self, t_past: int, root: int, d_past: int, pending: Sequence[int]) -> ChainStepResult:
+        k = self.k
+        got = self._launch(t_past, root, d_past, pending, (t_past + k + 1, d_past + k + 1))
         n, y, drafted = got[1], got[2], got[3:]
         t_next = t_past + 1 + n
         d_next = d_past + len(pending) + min(n, k - 1)
@@ -559,22 +625,17 @@ class ChainStepGraph(FusedStep):
         ``forwards_ms``: the same ``k`` draft forwards and target forward with no draws and no verifier
         (tokens = the root); ``target_ms``: the target forward alone.  So ``step_ms - forwards_ms`` is what
         the builder and the verifier add, ``overhead_pct`` that as a share of ``target_ms`` (the 5% bound of
-        DESIGN.md §10).  ``call_ms``: :meth:`step` as the decode calls it, which adds the upload, the one
-        transfer back and the host's checks to the replay; ``call_overhead_pct`` = (call - forwards) / target.
-        Each is the median of ``reps`` runs, device synchronised around each; the four take turns (order
-        rotated), after two warm-up rounds, so a slow spell of the machine falls on all four.
+        DESIGN.md §10).  ``call_ms``: the step as the decode calls it (:meth:`draw_step`), which adds the
+        draws of its uniforms, the upload, the one transfer back and the host's checks to the replay;
+        ``call_overhead_pct`` = (call - forwards) / target.  ``host_ms``: that call with the replay or run
+        left out (the last output read back in its place), ``host_pct`` = host / target.  Each is the median of
+        ``reps`` runs, device synchronised around each; the five take turns (order rotated), after two warm-up
+        rounds, so a slow spell of the machine falls on all five.
         """
         reps = check_int("reps", reps, minimum=1)
         t_past, d_past = self._check_state(t_past, root, d_past, pending)  # ints: call() restores them
         k = self.k
-        u_draft = np.full(k, 0.5) if self.iid else None
-        u_verify = np.full(self.noise, 0.5)
-
-        def call() -> None:
-            self.step(t_past, root, d_past, pending, u_draft, u_verify)
-            self.t_cache.length, self.d_cache.length = t_past, d_past
-
-        call()  # stage and capture
+        calls = self._profile_calls(t_past, root, d_past, pending)  # stages and captures
 
         def forwards() -> torch.Tensor:
             ints = self._ints
@@ -588,7 +649,7 @@ class ChainStepGraph(FusedStep):
             ints = self._ints
             return self._forward(self.t_cache, self._verify, self._t_cols, ints[2].expand(k + 1).contiguous(), ints[0])
 
-        return self._time_in_turns(self._run, forwards, target, reps, call)
+        return self._time_in_turns(self._run, forwards, target, reps, calls)
 
 
 def shared_chain_step(target: Any, draft: Any, t_cache: StaticTreeCache, d_cache: StaticTreeCache, *, k: int,

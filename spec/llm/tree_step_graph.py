@@ -352,19 +352,13 @@ class TreeStepGraph(FusedStep):
         """:meth:`spec.llm.step_graph.ChainStepGraph.profile` for the tree step: the whole step, its forwards
         alone (the pending rows, each fed layer and the target, every token the root) and the target forward
         alone, in milliseconds, and ``overhead_pct`` = (step - forwards) / target; ``call_ms`` and
-        ``call_overhead_pct`` the same for :meth:`step` as the decode calls it.  The caches' lengths do not
+        ``call_overhead_pct`` the same for the step as the decode calls it (:meth:`draw_step`), ``host_ms`` and
+        ``host_pct`` that call without the replay or run.  The caches' lengths do not
         change."""
         reps = check_int("reps", reps, minimum=1)
         t_past, d_past = self._check_state(t_past, root, d_past, pending)  # ints: call() restores them
         n = self.size
-        u_draft = np.full(n, 0.5) if self.draft_uniforms else None
-        u_verify = np.full(n + 1, 0.5)
-
-        def call() -> None:
-            self.step(t_past, root, d_past, pending, u_draft, u_verify)
-            self.t_cache.length, self.d_cache.length = t_past, d_past
-
-        call()  # stage and capture
+        calls = self._profile_calls(t_past, root, d_past, pending)  # stages and captures
 
         def forwards() -> torch.Tensor:
             ints = self._ints
@@ -377,7 +371,7 @@ class TreeStepGraph(FusedStep):
         def target() -> torch.Tensor:
             return self._target_logits(self._ints[2].expand(n + 1), self._ints[0])
 
-        return self._time_in_turns(self._run, forwards, target, reps, call)
+        return self._time_in_turns(self._run, forwards, target, reps, calls)
 
     def step(self, t_past: int, root: int, d_past: int, pending: Sequence[int],
              u_draft: NDArray[np.float64] | None, u_verify: NDArray[np.float64]) -> ChainStepResult | None:
@@ -398,8 +392,11 @@ class TreeStepGraph(FusedStep):
         t_past, d_past = self._check_state(t_past, root, d_past, pending)
         drawn, verify = self._check_uniforms(u_draft, u_verify, m or None, n + 1,
                                              f"give {m or None} draft uniforms and {n + 1} verifier uniforms")
-        uniforms = verify if drawn is None else np.concatenate([drawn, verify])
-        got = self._launch(t_past, root, d_past, pending, uniforms, (t_past + n + 1, d_past + 2 + self.fed))
+        self._put_uniforms(drawn, verify)
+        return self._finish(t_past, root, d_past, pending)
+
+    def _finish(self, t_past: int, root: int, d_past: int, pending: Sequence[int]) -> ChainStepResult | None:
+        got = self._launch(t_past, root, d_past, pending, (t_past + self.size + 1, d_past + 2 + self.fed))
         if got[0] & SHORT:
             return None
         k, y = got[1], got[2]

@@ -357,16 +357,30 @@ def test_shared_caches_and_steps_do_not_keep_models_alive() -> None:
 def test_profile_times_the_step_and_its_forwards(pair: tuple[Any, Any]) -> None:
     """``profile`` (the benchmark's source for a fused row's overhead) leaves the caches' lengths as they were,
     and times the step as the decode calls it too (``call_ms``: the replay or run plus the upload, the
-    transfer back and the host's checks, so never much below the run alone)."""
+    transfer back and the host's checks, so never much below the run alone), and that call with the device work
+    left out (``host_ms``: the step's run is not called for it)."""
     target, draft = pair
     tc, dc = StaticTreeCache(target, 64), StaticTreeCache(draft, 64)
     tc.length = dc.length = 0
     step = ChainStepGraph(target, draft, tc, dc, k=3, verifier="block", iid=True, sampling=Sampling(),
                           d_sampling=Sampling(), vocab=29)
+    runs = 0
+    run = step._run
+
+    def counted() -> Any:
+        nonlocal runs
+        runs += 1
+        return run()
+
+    step._run = counted  # type: ignore[method-assign]
     got = step.profile(0, 4, 0, [4], reps=2)
-    assert set(got) == {"step_ms", "forwards_ms", "target_ms", "overhead_pct", "call_ms", "call_overhead_pct"}
-    assert all(np.isfinite(v) for v in got.values()) and min(got["step_ms"], got["forwards_ms"], got["target_ms"]) > 0
+    assert runs == 1 + 2 * (2 + 2)  # the first call, then the step and the call in 2 warm-up rounds and 2 timed
+    assert set(got) == {"step_ms", "forwards_ms", "target_ms", "overhead_pct", "call_ms", "call_overhead_pct",
+                        "host_ms", "host_pct"}
+    assert all(np.isfinite(v) for v in got.values()) and min(got["step_ms"], got["forwards_ms"], got["target_ms"],
+                                                             got["host_ms"]) > 0
     assert got["call_overhead_pct"] == pytest.approx(100 * (got["call_ms"] - got["forwards_ms"]) / got["target_ms"])
+    assert got["host_pct"] == pytest.approx(100 * got["host_ms"] / got["target_ms"])
     assert (tc.length, dc.length) == (0, 0)
     step.profile(0.0, 4, np.int64(0), [4], reps=1)  # type: ignore[arg-type]  # integral: taken as ints, as step does
     assert type(tc.length) is int and type(dc.length) is int  # a float length had broken the next forward

@@ -29,6 +29,7 @@ from spec.llm.adapter import _tree_layout  # noqa: E402
 from spec.llm.generate import generate  # noqa: E402
 from spec.llm.sampling import Sampling  # noqa: E402
 from spec.llm.static_cache import StaticTreeCache, shared_static_cache  # noqa: E402
+from spec.llm.step_graph import ChainStepGraph  # noqa: E402
 from spec.llm.tree_device import DEVICE_TREE_METHODS  # noqa: E402
 from spec.llm.tree_step_graph import TreeStepGraph  # noqa: E402
 from tmc.commands.acceptance import TREE_VERIFIERS  # noqa: E402
@@ -101,11 +102,11 @@ def test_short_ranked_steps_are_void_and_redone_unfused(pair: tuple[Any, Any], v
     """At a draft temperature of 0.002 this sharp draft's rows underflow to 0 past their top token in some
     steps but not in others (measured while writing: a third to two thirds of them).  A fused ranked step
     that ranks a token with q = 0, or a swor step whose second sibling's law has no mass left, is void:
-    ``step`` gives ``None`` with both caches' lengths as they were; the decode redoes that step unfused on the
+    the step gives ``None`` with both caches' lengths as they were; the decode redoes that step unfused on the
     same uniforms, sends the next steps to the host path (1, then 2, 4, ... after each further short step),
     and fuses again.  Tokens and accepted counts stay the device tree's."""
     target, draft = pair
-    original = TreeStepGraph.step
+    original = TreeStepGraph._finish  # what step and draw_step (the decode's call) run after their checks
     voids: list[bool] = []
 
     def spied(self: TreeStepGraph, t_past: int, root: int, d_past: int, *args: Any) -> Any:
@@ -115,7 +116,7 @@ def test_short_ranked_steps_are_void_and_redone_unfused(pair: tuple[Any, Any], v
         voids.append(got is None)
         return got
 
-    monkeypatch.setattr(TreeStepGraph, "step", spied)
+    monkeypatch.setattr(TreeStepGraph, "_finish", spied)
     refused_then_fused = 0
     for seed in (0, 1):
         kw: dict[str, Any] = dict(temperature=1.0, draft_temperature=0.002, max_new_tokens=40, seed=seed,
@@ -380,8 +381,8 @@ def test_fused_draft_rows_equal_draft_trees_rows_in_a_window(name: str) -> None:
     tree = device.draft_tree(parents, torch.from_numpy(u))
     step = TreeStepGraph(target, draft, caches[0], caches[1], parents=parents, order=range(len(parents)),
                          verifier="traversal", sampling=sampling, d_sampling=sampling, vocab=vocab)
-    step._stage(past, prompt[-1], past, [prompt[-1]], np.concatenate([u, np.full(len(parents) + 1, 0.5)]),
-                (past + len(parents) + 1, past + 2 + step.fed))
+    step._put_uniforms(u, np.full(len(parents) + 1, 0.5))
+    step._stage(past, prompt[-1], past, [prompt[-1]], (past + len(parents) + 1, past + 2 + step.fed))
     out, raw, _ = step._run()
     assert out[3 + step.depth :].tolist() == tree.tokens.tolist()
     layers = _tree_layout(parents)[0]
@@ -439,8 +440,10 @@ def test_tree_profile_times_the_step_and_its_forwards(pair: tuple[Any, Any]) -> 
     step = TreeStepGraph(target, draft, tc, dc, parents=(-1, -1, 0, 0, 1), order=(0, 2, 3, 1, 4),
                          verifier="multidraft", sampling=Sampling(1.0), d_sampling=Sampling(1.0), vocab=29)
     got = step.profile(0, 4, 0, [4], reps=2)
-    assert set(got) == {"step_ms", "forwards_ms", "target_ms", "overhead_pct", "call_ms", "call_overhead_pct"}
-    assert all(np.isfinite(v) for v in got.values()) and min(got["step_ms"], got["forwards_ms"], got["target_ms"]) > 0
+    assert set(got) == {"step_ms", "forwards_ms", "target_ms", "overhead_pct", "call_ms", "call_overhead_pct",
+                        "host_ms", "host_pct"}
+    assert all(np.isfinite(v) for v in got.values()) and min(got["step_ms"], got["forwards_ms"], got["target_ms"],
+                                                             got["host_ms"]) > 0
     assert (tc.length, dc.length) == (0, 0)
     step.profile(0.0, 4, np.int64(0), [4], reps=1)  # type: ignore[arg-type]  # integral: taken as ints, as step does
     assert type(tc.length) is int and type(dc.length) is int  # a float length had broken the next forward
@@ -508,3 +511,49 @@ def test_compiled_tree_steps_with_inductor_on_the_cpu(pair: tuple[Any, Any]) -> 
     got = generate(target, draft, [5, 3, 5], "fixed", "traversal", step_graph=True, compile_step="whole", **kw)
     assert got.tokens == greedy_decode(target, [5, 3, 5], 24)
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("kind", ["chain:iid", "chain:topk", "tree:iid", "tree:swor", "tree:topk"])
+def test_draw_step_is_step_on_the_generators_draws(pair: tuple[Any, Any], kind: str) -> None:
+    """``draw_step`` (the decode's call: uniforms drawn into the upload's host slots, no arrays, no checks) runs
+    the step ``step`` runs on ``rng.random(draft_uniforms)`` (or ``None``) then ``rng.random(noise)``: eight steps
+    each way from fresh caches on one seed give the same results and leave the generators in one state; a
+    generator of another kind is refused before any work."""
+    target, draft = pair
+    shape, draw = kind.split(":")
+
+    def make() -> Any:
+        tc, dc = StaticTreeCache(target, 64), StaticTreeCache(draft, 64)
+        tc.length = dc.length = 0
+        if shape == "chain":
+            return ChainStepGraph(target, draft, tc, dc, k=3, verifier="sps", iid=draw == "iid", sampling=Sampling(),
+                                  d_sampling=Sampling(), vocab=29)
+        return TreeStepGraph(target, draft, tc, dc, parents=(-1, -1, 0, 0, 1, 1, 2), order=range(7),
+                             verifier="traversal", sampling=Sampling(1.0), d_sampling=Sampling(1.0), vocab=29,
+                             draw=draw)
+
+    def decode(step: Any, rng: np.random.Generator, drawn: bool) -> list[Any]:
+        state, out = (0, 4, 0, (4,)), []
+        for _ in range(8):
+            if drawn:
+                one = step.draw_step(*state, rng)
+            else:
+                u_draft = rng.random(step.draft_uniforms) if step.draft_uniforms else None
+                one = step.step(*state, u_draft, rng.random(step.noise))
+            out.append(one)
+            if one is None:  # a short tree: the caches as they were; the next step draws afresh
+                continue
+            state = (one.t_past, one.tokens[-1], one.d_past, one.pending)
+        return out
+
+    rngs = [np.random.default_rng(7), np.random.default_rng(7)]
+    by_step = decode(make(), rngs[0], False)
+    assert decode(make(), np.random.default_rng(8), False) != by_step  # the uniforms matter: another seed parts
+    assert decode(make(), rngs[1], True) == by_step
+    assert rngs[0].bit_generator.state == rngs[1].bit_generator.state
+    step = make()
+    with pytest.raises(ValueError, match="rng must be a numpy.random.Generator, got RandomState"):
+        step.draw_step(0, 4, 0, [4], np.random.RandomState(0))
+    with pytest.raises(ValueError, match="the caches hold 0 / 0 positions, not t_past 1 / d_past 0"):
+        step.draw_step(1, 4, 0, [4], rngs[0])
+    assert step.captures == step.replays == 0 and step._out is None  # refused before any work
