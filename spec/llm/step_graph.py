@@ -420,8 +420,7 @@ class FusedStep:
 
     def _execute(self) -> Any:
         if not self.graphs:
-            self._out = self._run()
-            return self._out
+            return self._run()
         if self._graph is None:
             self._capture()
         self._graph.replay()
@@ -432,8 +431,9 @@ class FusedStep:
     def _profile_calls(self, t_past: int, root: int, d_past: int,
                        pending: Sequence[int]) -> tuple[Callable[[], None], Callable[[], None]]:
         """:meth:`profile`'s ``(call, host)``: :meth:`draw_step` as the decode calls it (uniforms from a seeded
-        generator), and the same call with the device work left out (the last run's output read back in its
-        place), each restoring the caches' lengths.  ``call`` runs once here (it stages, and captures)."""
+        generator), and the same call with the device work left out (an output of the step read back in its
+        place: the graph's, or one run's when the step runs eagerly, which keeps no output between calls), each
+        restoring the caches' lengths.  ``call`` runs once here (it stages, and captures)."""
         rng = np.random.default_rng(0)
 
         def call() -> None:
@@ -441,7 +441,7 @@ class FusedStep:
             self.t_cache.length, self.d_cache.length = t_past, d_past
 
         call()
-        last = self._out
+        last = self._out if self.graphs else self._run()
 
         def host() -> None:
             self._execute = lambda: last  # type: ignore[method-assign]

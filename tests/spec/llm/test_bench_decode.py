@@ -169,11 +169,20 @@ def test_graph_rows_run_beside_device_chain_rows(pair: tuple[object, object]) ->
         assert fused["builder_pct"] is None and fused["verify_pct"] is None and "step_overhead_pct" in fused
         assert min(fused["step_step_ms"], fused["step_forwards_ms"], fused["step_target_ms"]) > 0
         assert "step_ms" not in plain
-        # "as called": the fused row's whole step() call; the unfused row's parts plus what follows the verifier
+        # "as called": the fused row's whole call of the step (draw_step); the unfused row's parts plus what follows
+        # the verifier; "host": that call with the run left out (only fused rows have it)
         assert fused["called_pct"] == fused["step_call_overhead_pct"] and fused["loop_pct"] is None
+        assert fused["host_pct"] == fused["step_host_pct"] > 0 and "host_pct" not in plain
         assert plain["loop_s"] > 0 and plain["loop_pct"] == pytest.approx(100 * plain["loop_s"] / plain["target_s"])
         assert plain["called_pct"] == pytest.approx(plain["overhead_pct"] + plain["loop_pct"])
     assert rows[(0.0, "chain+asps@3/graph")]["agree_ar"] == 1.0
+    table = render(report).splitlines()
+    header = next(line for line in table if line.startswith("method"))
+    fused_line = next(line for line in table if line.startswith("chain+asps@3/graph"))
+    plain_line = next(line for line in table if line.startswith("chain+asps@3 "))
+    at = header.index("host %")  # right-aligned: the cell ends where the header does
+    host = format(rows[(0.0, "chain+asps@3/graph")]["host_pct"], ".1f")
+    assert fused_line[: at + len("host %")].endswith(host) and plain_line[: at + len("host %")].endswith("-")
 
 
 @pytest.mark.parametrize(("row", "label", "flag"), [

@@ -374,7 +374,9 @@ def test_profile_times_the_step_and_its_forwards(pair: tuple[Any, Any]) -> None:
 
     step._run = counted  # type: ignore[method-assign]
     got = step.profile(0, 4, 0, [4], reps=2)
-    assert runs == 1 + 2 * (2 + 2)  # the first call, then the step and the call in 2 warm-up rounds and 2 timed
+    # the first call, the output the host-side run reads back, then the step and the call in 2 warm-up rounds and
+    # 2 timed ones (the host-side run calls no run)
+    assert runs == 1 + 1 + 2 * (2 + 2)
     assert set(got) == {"step_ms", "forwards_ms", "target_ms", "overhead_pct", "call_ms", "call_overhead_pct",
                         "host_ms", "host_pct"}
     assert all(np.isfinite(v) for v in got.values()) and min(got["step_ms"], got["forwards_ms"], got["target_ms"],
