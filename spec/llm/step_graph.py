@@ -603,9 +603,7 @@ class ChainStepGraph(FusedStep):
             u_draft, u_verify, k if self.iid else None, self.noise,
             f"give {k} draft uniforms for an iid chain (None for topk) and {self.noise} verifier uniforms")
         self._put_uniforms(drawn, verify)
-        result = self._finish(t_past, root, d_past, pending)
-        assert result is not None
-        return result
+        return self._finish(t_past, root, d_past, pending)
 
     def _finish(self, t_past: int, root: int, d_past: int, pending: Sequence[int]) -> ChainStepResult:
         k = self.k
