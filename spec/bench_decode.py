@@ -534,15 +534,16 @@ def _check_positions(target: Any, draft: Any, prompts: Sequence[Sequence[int]], 
     Our loops check this themselves (:func:`~spec.llm.adapter.check_positions`, a one-line ``ValueError``),
     but only when their turn comes; HF ``generate`` does not, and a baseline failed with an ``IndexError``
     deep in the forward (a 32-position GPT-2 pair, a 40-token prompt).  A speculative row feeds both
-    models up to its budget further; HF's assistant drafts no further than its target.
+    models one position further (its last step's trees are cut to the table); HF's assistant drafts no
+    further than its target.
     """
     from spec.llm.adapter import check_positions
 
     reach = max(len(p) for p in prompts) + new_tokens - 1
-    ahead = max((m.budget or 0 for m in methods if m.builder is not None), default=0)
-    check_positions(target, "target", reach + ahead)
-    if any(m.builder is not None or m.name == "hf-assisted" for m in methods):
-        check_positions(draft, "draft", reach + ahead)
+    ours = any(m.builder is not None for m in methods)
+    check_positions(target, "target", reach + ours, speculative=ours)
+    if ours or any(m.name == "hf-assisted" for m in methods):
+        check_positions(draft, "draft", reach + ours, speculative=ours)
 
 
 def _presize_static_caches(target: Any, draft: Any, prompts: Sequence[Sequence[int]], methods: Sequence[Method],

@@ -81,6 +81,17 @@ class TreeBuilder(ABC):
     def _grow(self, grow: Growing, budget: int, sampler: Sampler, state: Any) -> None:
         """Add nodes to ``grow`` (parents before children, siblings in verification order)."""
 
+    def within(self, depth: int) -> TreeBuilder:
+        """This builder, or a variant of it, whose trees built with a budget of at most ``depth`` nodes feed the
+        draft no node more than ``depth`` levels below the root (an LLM decode cuts its steps so near the end of
+        a learned position table: :func:`spec.llm.generate.generate`).
+
+        A builder that asks the draft only for the rows of nodes of the tree it returns is such a builder
+        itself: those nodes lie at most ``budget`` deep.  One that grows a larger tree and prunes it (WETAP)
+        overrides this with a shallower variant."""
+        check_int("depth", depth, minimum=1)
+        return self
+
     def initial_state(self) -> Any:
         """State before the first step (``None``: the builder keeps none)."""
         return None

@@ -33,6 +33,7 @@ applies with the point-mass rule.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
@@ -83,6 +84,12 @@ class WetapBuilder(TreeBuilder):
             nz = p[p > 0.0]
             h_norm = min(1.0, max(0.0, float(-(nz * np.log(nz)).sum()) / math.log(width)))
         return int(round(self.w_min + (self.w_max - self.w_min) * h_norm**self.gamma))
+
+    def within(self, depth: int) -> WetapBuilder:
+        """``L`` layers feed the draft the nodes of the first ``L - 1``, whatever the budget: at most ``depth + 1``
+        layers (the pruning's depth term ``d / L`` then reads the shorter ``L``)."""
+        depth = check_int("depth", depth, minimum=1)
+        return self if self.length <= depth + 1 else dataclasses.replace(self, length=depth + 1)
 
     def _grow(self, grow: Growing, budget: int, sampler: Sampler, state: Any) -> None:
         # Build L layers in a scratch tree, then prune and copy the kept nodes into `grow`.

@@ -54,6 +54,7 @@ from spec.builders import (
 )
 from spec.llm.adapter import (
     LLMDraft, check_attention, check_positions, check_span, exact_tree_nodes, forward_masked, forward_unchecked,
+    learned_positions,
     query_scale_floor, select_cache, sync, tree_logits, trim_cache,
 )
 from spec.llm.host_verify import verify_chain_numpy, verify_tree_numpy
@@ -676,7 +677,11 @@ def generate(
     dynamic cache (:func:`~spec.llm.windows.attention_chunks`), where each step's tree is also capped at
     the nodes whose query temperature tuning equals their own decoding's
     (:func:`~spec.llm.windows.exact_tree_nodes`: only the steps that start within about ``budget``
-    positions before a multiple of ``floor_scale`` are cut short; a chain is never cut).  A target whose
+    positions before a multiple of ``floor_scale`` are cut short; a chain is never cut).  Near the end of a
+    learned position table (:func:`~spec.llm.adapter.learned_positions`, either model's) each step's tree or
+    chain is cut to the positions left, the fused step handing over to the unfused path there, so the
+    decode needs prompt + ``max_new_tokens`` positions, one more than plain decoding (refused by name
+    otherwise, :func:`~spec.llm.adapter.check_positions`).  A target whose
     attention does not take the tree mask, or which would leave its own decoding within prompt +
     ``max_new_tokens`` + ``budget`` positions (chunks the mask cannot apply, GPT-Neo's local
     layers), is refused (:func:`~spec.llm.adapter.check_attention`,
@@ -798,8 +803,12 @@ def generate(
     # that many positions (and cache slots) in all (the span was asked for one more, refusing decodes that fit)
     reach = len(prompt) + max_new_tokens - 1 + budget
     check_span(target, "target", reach, steps_capped=True)
+    # A learned position table cuts the last steps' trees short instead (`room` below), so a speculative decode
+    # needs one position more than plain decoding: the last step's root and one node.
     for model, role in ((target, "target"), (draft, "draft")):
-        check_positions(model, role, reach)
+        check_positions(model, role, len(prompt) + max_new_tokens, speculative=True)
+    tables = [n for n in (learned_positions(target), learned_positions(draft)) if n is not None]
+    table = min(tables) if tables else None
     sampling = Sampling(temperature, top_k, top_p)
     d_sampling = sampling if draft_temperature is None else _draft_sampling(draft_temperature, top_k, top_p)
     fixed_shape = _device_shape(b, verifier, budget, d_sampling, min(vocab, d_vocab)) if chain_on_device else None
@@ -842,9 +851,16 @@ def generate(
         t0 = time.perf_counter()
         void_forwards = 0  # draft forwards of a fused step that came out short (this step is then redone)
         device_tree = len(steps) >= host_until  # this step may draft its tree on the device (or fused)
-        # the nodes a tree may have this step (a chain builder's chains are exact at any length)
-        cap = budget if floor is None or type(b) is ChainBuilder else min(budget, exact_tree_nodes(floor, t_past))
-        if fuse and device_tree and (d_state is not None or 1 <= len(d_step.pending) <= 2):
+        # the nodes a tree may have this step: a tree of n nodes feeds both models positions up to t_past + n,
+        # so near a learned position table's end fewer than `budget` (`room`); a query temperature tuning
+        # (`floor`) cuts trees, not chains, which are exact at any length
+        left = None if table is None else table - 1 - t_past  # positions past the root (>= 1: checked above)
+        room = budget if left is None else min(budget, left)
+        cap = room if floor is None or type(b) is ChainBuilder else min(room, exact_tree_nodes(floor, t_past))
+        if room < budget and d_state is not None:  # the fused step's fixed shape no longer fits: unfused from here
+            d_step = LLMDraft(draft, d_cache, d_state[0], pending=d_state[1], sampling=d_sampling, vocab=vocab)
+            d_state = None
+        if fuse and device_tree and room == budget and (d_state is not None or 1 <= len(d_step.pending) <= 2):
             if d_state is None:  # the draft's state passes from its LLMDraft to the fused steps
                 d_state = (d_step.past_len, d_step.pending)
             if fused is None:
@@ -882,10 +898,10 @@ def generate(
             host_until, backoff = len(steps) + 1 + backoff, 2 * backoff
         if on_device:
             assert isinstance(b, ChainBuilder)
-            res, size, (t1, t2) = _chain_step(d_step, target, t_cache, t_past, root, budget, b.draw == Draw.IID,
+            res, size, (t1, t2) = _chain_step(d_step, target, t_cache, t_past, root, cap, b.draw == Draw.IID,
                                               verifier, sampling, rng, backend, where, b.confidence)
             keep: Sequence[int] | NDArray[np.int64] = range(t_past + 1 + res.n_accepted)  # fed in order: a trim
-        elif (tried := device_tree and shape is not None and (cap == budget or chain_shape)) and (
+        elif (tried := device_tree and shape is not None and room == budget and (cap == budget or chain_shape)) and (
                 got := _tree_step(d_step, target, t_cache, t_past, root, shape, verifier, sampling, rng, backend,
                                   where)) is not None:
             res, keep, (t1, t2) = got
@@ -893,7 +909,8 @@ def generate(
         else:  # the host builder (also for a device-drafted tree that came out short, or one cut to `cap`)
             if tried:  # it came out short
                 host_until, backoff = len(steps) + 1 + backoff, 2 * backoff
-            tree = b.build(d_step, cap, sampler, state)
+            # near a position table's end, a builder that feeds the draft deeper than its budget goes shallower
+            tree = (b if left is None else b.within(left)).build(d_step, cap, sampler, state)
             t1 = time.perf_counter()
             ordr = _order(tree, order)
             logits = tree_logits(target, t_cache, tree, t_past, root_token=root, order=ordr, where=where)

@@ -182,6 +182,49 @@ def test_layer_builders_make_one_draft_call_per_layer(name: str) -> None:
     assert draft.calls <= limit
 
 
+class _DepthDraft:
+    """:class:`HashedDraft`'s rows, recording the longest path asked for: the deepest node fed to the draft."""
+
+    def __init__(self) -> None:
+        self.inner = HashedDraft(8, seed=1, concentration=0.5)
+        self.deepest = 0
+
+    @property
+    def vocab(self) -> int:
+        return self.inner.vocab
+
+    def rows(self, paths: list[tuple[int, ...]]) -> np.ndarray:
+        self.deepest = max([self.deepest, *map(len, paths)])
+        return self.inner.rows(paths)
+
+
+@pytest.mark.parametrize("name", list(BUILDERS))
+def test_within_depth_feeds_the_draft_no_deeper(name: str) -> None:
+    """``builder.within(d)`` built with a budget of at most ``d`` asks the draft for no node more than ``d`` deep
+    (an LLM decode cuts its last steps so before a learned position table's end).  WETAP's ``L`` layers fed the
+    draft nodes ``L - 1`` deep whatever the budget; a GPT-2 draft then failed with an ``IndexError`` (found
+    2026-11-27), so it gives a variant of at most ``d + 1`` layers; every other builder is itself."""
+    params = {"wetap": {"w_min": 2, "w_max": 4}, "dynatree": {"base_depth": 6, "max_depth": 8}}.get(name, {})
+    builder = make_builder(name, **params)
+    for depth in range(1, 7):
+        for budget in range(1, depth + 1):
+            draft = _DepthDraft()
+            tree = builder.within(depth).build(draft, budget, np.random.default_rng(budget))
+            assert draft.deepest <= depth and tree.depth() <= budget, (depth, budget)
+        assert (builder.within(depth) is builder) == (name != "wetap" or depth >= 7)
+    draft = _DepthDraft()
+    builder.build(draft, 2, np.random.default_rng(0))
+    assert draft.deepest == 7 if name == "wetap" else draft.deepest <= 1  # L = 8 layers: nodes of the first 7 fed
+    with pytest.raises(ValueError, match="depth must be >= 1, got 0"):
+        builder.within(0)
+
+
+def test_wetap_within_depth_keeps_its_other_parameters() -> None:
+    b = WetapBuilder(length=8, w_min=3, w_max=5, gamma=2.0, alpha=0.3)
+    assert b.within(3) == WetapBuilder(length=4, w_min=3, w_max=5, gamma=2.0, alpha=0.3)
+    assert b.within(7) is b
+
+
 def test_dynatree_rules_by_hand() -> None:
     """Confidence bands and depth gating on a model with fixed rows (0.7, 0.2, 0.1).
 

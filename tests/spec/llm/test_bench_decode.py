@@ -502,7 +502,7 @@ def _gpt2(positions: int, seed: int) -> Any:
 
 
 @pytest.mark.parametrize(("methods", "target_positions", "draft_positions", "message"), [
-    (("ar", "chain:sps@3"), 14, 14, "target has position embeddings for 14 positions, and this decode may feed it 19"),
+    (("ar", "chain:sps@3"), 16, 16, "target has position embeddings for 16 positions, and this decode may feed it 17"),
     (("ar-static",), 12, 12, "target has position embeddings for 12 positions, and this decode may feed it 16"),
     (("ar", "hf-assisted"), 64, 8, "draft has position embeddings for 8 positions, and this decode may feed it 16"),
 ])
@@ -517,6 +517,10 @@ def test_a_decode_past_a_position_table_is_refused_before_any_run(
                          new_tokens=4, warmup=False)
     # the draft's table does not matter to rows that do not use it; a prompt that fits runs
     ok = run_decode_bench(_gpt2(64, 0), draft, [list(range(2, 15))], _methods(("ar", "ar-loop")),
+                          temperatures=(0.0,), new_tokens=4, warmup=False)
+    assert [r["agree_ar"] for r in ok["rows"]] == [1.0, 1.0]
+    # a speculative row needs one position more than AR (its last steps' trees are cut to the table), not budget
+    ok = run_decode_bench(_gpt2(17, 0), _gpt2(17, 1), [list(range(2, 15))], _methods(("ar", "chain:sps@3")),
                           temperatures=(0.0,), new_tokens=4, warmup=False)
     assert [r["agree_ar"] for r in ok["rows"]] == [1.0, 1.0]
 

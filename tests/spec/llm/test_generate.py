@@ -515,7 +515,11 @@ def test_other_architectures_decode_greedily_through_the_tree_pass(arch: str) ->
 def test_learned_position_tables_bound_the_decode_by_name(arch: str, pair: tuple[object, object]) -> None:
     """A learned absolute position table of 24 positions (OPT's with its offset of 2): a decode that stays
     within it gives greedy decoding; one that could feed position 24 is refused by name before it starts
-    (it failed with an index error deep in the forward: a tree's nodes sit up to ``budget`` past its root)."""
+    (it failed with an index error deep in the forward: a tree's nodes sit up to ``budget`` past its root).
+    A speculative decode cuts its last steps' trees to the positions left, so it runs to one position short
+    of plain decoding's end (until 2026-11-27 it was refused ``budget`` - 1 positions earlier: at 14 new
+    tokens here instead of 19; and WETAP, whose draft is fed ``length`` - 1 deep whatever the budget, failed
+    with an ``IndexError`` within that bound)."""
     import spec.llm.adapter as adapter
 
     key = {"gpt2": "n_positions", "gpt_bigcode": "n_positions"}.get(arch, "max_position_embeddings")
@@ -534,11 +538,49 @@ def test_learned_position_tables_bound_the_decode_by_name(arch: str, pair: tuple
     assert ar_generate(target, prompt, temperature=0, max_new_tokens=20).tokens == ref  # feeds positions 0 .. 23
     with pytest.raises(ValueError, match="target has position embeddings for 24 positions.*may feed it 25"):
         ar_generate(target, prompt, temperature=0, max_new_tokens=21)
-    for builder, verifier in (("chain", "sps"), ("dyspec", "traversal")):
-        out = generate(target, draft, prompt, builder, verifier, temperature=0, max_new_tokens=14, budget=6)
-        assert out.tokens == ref[:14]
-        with pytest.raises(ValueError, match="position embeddings for 24 positions.*may feed it 25"):
-            generate(target, draft, prompt, builder, verifier, temperature=0, max_new_tokens=15, budget=6)
+    capped = 0
+    for (builder, verifier, params), cache in itertools.product(
+            [("chain", "sps", {}), ("dyspec", "traversal", {}), ("fixed", "traversal", {"draw": "iid", "width": 2}),
+             ("wetap", "traversal", {"w_min": 2, "w_max": 4})],  # L = 8 layers feed the draft 7 deep: cut too
+            ["dynamic", "static"]):
+        out = generate(target, draft, prompt, builder, verifier, temperature=0, max_new_tokens=19, budget=6,
+                       draft_temperature=1.0, builder_params=params, cache=cache)
+        assert out.tokens == ref[:19], (builder, verifier, cache)
+        past = len(prompt) - 1  # each step's root position; its nodes go up to past + tree_size
+        for s in out.steps:
+            assert past + s.tree_size <= 23, (builder, cache, past, s)
+            capped += s.tree_size < 6 and past + 6 > 23
+            past += s.emitted
+        with pytest.raises(ValueError, match="position embeddings for 24 positions.*may feed it 25 .prompt "
+                                             "\\+ max_new_tokens: the last step's root and one node"):
+            generate(target, draft, prompt, builder, verifier, temperature=0, max_new_tokens=20, budget=6,
+                     builder_params=params, cache=cache)
+    assert capped >= 8  # every decode had a step whose full tree would have passed the table
+
+
+def test_steps_cut_to_a_position_table_give_the_unfused_tokens_at_temperature_1() -> None:
+    """Near a learned table's end the fused step (whose shape is fixed) hands over to the unfused path with
+    the draft's state, and the device chain drafts fewer tokens: at T = 1 the fused, device-chain and host
+    paths give the same tokens on the same seed (they draw the same uniforms), a GPT-2 pair of 24 positions
+    decoded to 19 new tokens with a budget of 6, and some fused steps ran before the cut."""
+    def gpt2(seed: int, layers: int) -> Any:
+        torch.manual_seed(seed)
+        config = transformers.GPT2Config(vocab_size=13, n_embd=32, n_layer=layers, n_head=4, n_positions=24,
+                                         bos_token_id=None, eos_token_id=None)
+        return transformers.GPT2LMHeadModel(config).eval()
+
+    target, draft, prompt = gpt2(0, 2), gpt2(1, 1), [3, 1, 4, 1, 5]
+    fused_then_cut = 0
+    for builder, verifier, params in (("chain", "sps", {}), ("chain", "traversal", {}),
+                                      ("fixed", "traversal", {"draw": "iid", "width": 2})):
+        for seed in range(3):
+            outs = [generate(target, draft, prompt, builder, verifier, temperature=1, max_new_tokens=19, budget=6,
+                             builder_params=params, cache="static", step_graph=graph, chain_on_device=device,
+                             seed=seed) for graph, device in ((True, True), (False, True), (False, False))]
+            assert outs[0].tokens == outs[1].tokens == outs[2].tokens, (builder, verifier, seed)
+            graphed = [s.graph_s > 0 for s in outs[0].steps]
+            fused_then_cut += any(graphed) and outs[0].steps[-1].tree_size < 6
+    assert fused_then_cut >= 5
 
 
 @pytest.mark.parametrize("arch", ["GPTJ", "CodeGen"])
@@ -555,11 +597,15 @@ def test_fixed_sinusoid_position_tables_bound_the_decode_by_name(arch: str, pair
     target = getattr(transformers, f"{arch}ForCausalLM")(config).eval()
     assert adapter.learned_positions(target) == 24
     prompt = [3, 1, 4, 1, 5]
-    assert ar_generate(target, prompt, temperature=0, max_new_tokens=20).tokens == greedy_decode(target, prompt, 20)
+    ref = greedy_decode(target, prompt, 20)
+    assert ar_generate(target, prompt, temperature=0, max_new_tokens=20).tokens == ref
     with pytest.raises(ValueError, match="target has position embeddings for 24 positions.*may feed it 25"):
         ar_generate(target, prompt, temperature=0, max_new_tokens=21)
+    # the last steps' chains cut to the table (a Llama draft: rotary, no table)
+    assert generate(target, pair[1], prompt, "chain", "sps", temperature=0, max_new_tokens=19, budget=6,
+                    draft_temperature=1.0).tokens == ref[:19]
     with pytest.raises(ValueError, match="target has position embeddings for 24 positions.*may feed it 25"):
-        generate(target, pair[1], prompt, "chain", "sps", temperature=0, max_new_tokens=15, budget=6)
+        generate(target, pair[1], prompt, "chain", "sps", temperature=0, max_new_tokens=20, budget=6)
 
 
 def test_auto_backend_is_torch_only_for_a_chain_verifier_on_a_gpu_drafted_chain_with_large_rows(
