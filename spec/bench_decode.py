@@ -541,9 +541,10 @@ def _check_positions(target: Any, draft: Any, prompts: Sequence[Sequence[int]], 
 
     reach = max(len(p) for p in prompts) + new_tokens - 1
     ours = any(m.builder is not None for m in methods)
-    check_positions(target, "target", reach + ours, speculative=ours)
+    ahead = 1 if ours else 0
+    check_positions(target, "target", reach + ahead, speculative=ours)
     if ours or any(m.name == "hf-assisted" for m in methods):
-        check_positions(draft, "draft", reach + ours, speculative=ours)
+        check_positions(draft, "draft", reach + ahead, speculative=ours)
 
 
 def _presize_static_caches(target: Any, draft: Any, prompts: Sequence[Sequence[int]], methods: Sequence[Method],
@@ -556,6 +557,7 @@ def _presize_static_caches(target: Any, draft: Any, prompts: Sequence[Sequence[i
     this, a row whose budget asked for more slots than the rows before it paid new captures, and
     so did the rows after it, in their timed runs).
     """
+    from spec.builders import make_builder
     from spec.llm.generate import cache_capacity
     from spec.llm.static_cache import shared_static_cache
 
@@ -565,8 +567,13 @@ def _presize_static_caches(target: Any, draft: Any, prompts: Sequence[Sequence[i
     longest = max(len(p) for p in prompts)
     slots = max(cache_capacity(longest, new_tokens, m.budget or 0) for m in ours)
     shared_static_cache(target, "target", slots)
-    if any(m.builder is not None for m in ours):
-        shared_static_cache(draft, "draft", slots)
+    d_slots = 0  # WETAP feeds its draft more nodes than its budget (TreeBuilder.draft_nodes)
+    for m in ours:
+        if m.builder is not None and m.budget is not None:
+            fed = make_builder(m.builder, **dict(m.params)).draft_nodes(m.budget, int(target.config.vocab_size))
+            d_slots = max(d_slots, cache_capacity(longest, new_tokens, m.budget, fed))
+    if d_slots:
+        shared_static_cache(draft, "draft", d_slots)
 
 
 def run_decode_bench(

@@ -92,6 +92,14 @@ class TreeBuilder(ABC):
         check_int("depth", depth, minimum=1)
         return self
 
+    def draft_nodes(self, budget: int, vocab: int) -> int:
+        """At most how many nodes one tree of ``budget`` nodes on a ``vocab``-token draft feeds the draft: the
+        cache slots a step adds past the draft's context (an LLM decode sizes its static caches so).  A
+        builder that asks only for the rows of its tree's nodes feeds at most ``budget``; WETAP, which feeds
+        the layers it prunes away too, says more."""
+        check_int("vocab", vocab, minimum=1)
+        return check_int("budget", budget, minimum=1)
+
     def initial_state(self) -> Any:
         """State before the first step (``None``: the builder keeps none)."""
         return None

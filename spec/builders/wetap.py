@@ -91,6 +91,18 @@ class WetapBuilder(TreeBuilder):
         depth = check_int("depth", depth, minimum=1)
         return self if self.length <= depth + 1 else dataclasses.replace(self, length=depth + 1)
 
+    def draft_nodes(self, budget: int, vocab: int) -> int:
+        """The nodes of layers ``1 .. L - 1`` (the last layer is not fed), whatever the budget: layer 1 holds at
+        most ``W_min`` of them, each later one ``W_max``, and no layer more than ``vocab`` children a node of
+        the one before."""
+        check_int("budget", budget, minimum=1)
+        vocab = check_int("vocab", vocab, minimum=1)
+        fed, width = 0, 1
+        for level in range(1, self.length):
+            width = min(self.w_min if level == 1 else self.w_max, width * vocab)
+            fed += width
+        return fed
+
     def _grow(self, grow: Growing, budget: int, sampler: Sampler, state: Any) -> None:
         # Build L layers in a scratch tree, then prune and copy the kept nodes into `grow`.
         scratch = Growing(grow.draft, grow.vocab)

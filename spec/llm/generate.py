@@ -254,15 +254,17 @@ def resolve_cache(model: Any, cache: str, *others: Any) -> str:
         return "static" if static else "dynamic"
     return cache
 
-def cache_capacity(prompt_tokens: int, max_new_tokens: int, budget: int = 0) -> int:
+def cache_capacity(prompt_tokens: int, max_new_tokens: int, budget: int = 0, fed: int = 0) -> int:
     """The slots a decode asks of its KV caches up front: :func:`generate` with ``budget`` draft
-    nodes a step, :func:`ar_generate` with ``budget = 0``.
+    nodes a step, :func:`ar_generate` with ``budget = 0``; the draft's cache with ``fed``, the
+    nodes a step may feed it (:meth:`TreeBuilder.draft_nodes <spec.builders.base.TreeBuilder.draft_nodes>`:
+    WETAP's unpruned layers), where they outnumber ``budget``.
 
     A static cache grows past it on demand, and growing drops its captured graphs (they point at
     the old buffers); a benchmark sizes the shared caches to the largest of its runs before its
     warm-up (:func:`spec.bench_decode.run_decode_bench`), so no timed run captures again.
     """
-    return prompt_tokens + max_new_tokens + 4 * budget + 64
+    return prompt_tokens + max_new_tokens + 4 * budget + max(0, fed - budget) + 64
 
 
 def _new_cache(model: Any, kind: str, role: str, capacity: int, graphs: bool | None) -> Any:
@@ -823,9 +825,11 @@ def generate(
     where = (device, model_dtype(target))
 
     # Prefill: the target caches the prompt but its last token (fed as each step's root).
-    capacity = cache_capacity(len(prompt), max_new_tokens, budget)  # a first guess: a static cache grows on demand
+    # a first guess: a static cache grows on demand
+    capacity = cache_capacity(len(prompt), max_new_tokens, budget)
     t_cache = _new_cache(target, cache, "target", capacity, graphs)
-    d_cache = _new_cache(draft, cache, "draft", capacity, graphs)
+    d_cache = _new_cache(draft, cache, "draft", cache_capacity(len(prompt), max_new_tokens, budget,
+                                                               b.draft_nodes(budget, vocab)), graphs)
     graphed = all(isinstance(c, StaticTreeCache) and c.graphs for c in (t_cache, d_cache))
     fuse = resolve_step_graph(step_graph, graphed and verifier not in ASKED_FUSION_ONLY, refusal)
     _prefill(target, t_cache, prompt[:-1])

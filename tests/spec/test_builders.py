@@ -188,6 +188,7 @@ class _DepthDraft:
     def __init__(self) -> None:
         self.inner = HashedDraft(8, seed=1, concentration=0.5)
         self.deepest = 0
+        self.fed: set[tuple[int, ...]] = set()  # the nodes asked for (the root's row is the context's)
 
     @property
     def vocab(self) -> int:
@@ -195,6 +196,7 @@ class _DepthDraft:
 
     def rows(self, paths: list[tuple[int, ...]]) -> np.ndarray:
         self.deepest = max([self.deepest, *map(len, paths)])
+        self.fed.update(tuple(p) for p in paths if p)
         return self.inner.rows(paths)
 
 
@@ -217,6 +219,29 @@ def test_within_depth_feeds_the_draft_no_deeper(name: str) -> None:
     assert draft.deepest == 7 if name == "wetap" else draft.deepest <= 1  # L = 8 layers: nodes of the first 7 fed
     with pytest.raises(ValueError, match="depth must be >= 1, got 0"):
         builder.within(0)
+
+
+@pytest.mark.parametrize("name", list(BUILDERS))
+def test_draft_nodes_bounds_the_nodes_a_tree_feeds_the_draft(name: str) -> None:
+    """``draft_nodes(budget, vocab)``: no tree feeds the draft more nodes (an LLM decode sizes the draft's static
+    cache by it); the budget for every builder but WETAP, whose unpruned layers are fed too, and which reaches
+    its bound here (widths 2, 5, 5 on 8 tokens)."""
+    params = {"wetap": {"w_min": 2, "w_max": 5, "length": 4}, "dynatree": {"base_depth": 6, "max_depth": 8}}.get(
+        name, {})
+    builder = make_builder(name, **params)
+    for budget in (1, 3, 6):
+        for seed in range(3):
+            draft = _DepthDraft()
+            builder.build(draft, budget, np.random.default_rng(seed))
+            assert len(draft.fed) <= builder.draft_nodes(budget, 8), (budget, seed)
+        if name != "wetap":
+            assert builder.draft_nodes(budget, 8) == budget
+    if name == "wetap":
+        assert [builder.draft_nodes(3, v) for v in (1, 2, 3, 8)] == [1 + 1 + 1, 2 + 4 + 5, 2 + 5 + 5, 2 + 5 + 5]
+        assert builder.draft_nodes(3, 8) == 12 and len(draft.fed) == 12  # layers 1-3 of widths 2, 5, 5
+    for bad, match in (((0, 8), "budget must be >= 1"), ((3, 0), "vocab must be >= 1")):
+        with pytest.raises(ValueError, match=match):
+            builder.draft_nodes(*bad)
 
 
 def test_wetap_within_depth_keeps_its_other_parameters() -> None:

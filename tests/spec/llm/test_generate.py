@@ -583,6 +583,29 @@ def test_steps_cut_to_a_position_table_give_the_unfused_tokens_at_temperature_1(
     assert fused_then_cut >= 5
 
 
+def test_a_wetap_decode_sizes_the_drafts_static_cache_for_its_unpruned_layers(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """WETAP feeds its draft every node of its first ``length`` - 1 layers (here up to 8 + 3 x 64), many more
+    than its budget of 6: the draft's static cache is allocated once, for them, where it had to grow during
+    the decode (here from 128 to 256 slots; each growth drops the graphs the cache captured)."""
+    from spec.llm.models import tiny_pair
+    from spec.llm.static_cache import StaticTreeCache
+
+    sizes: list[int] = []
+    real = StaticTreeCache._allocate
+
+    def alloc(self: StaticTreeCache, capacity: int) -> None:
+        sizes.append(capacity)
+        real(self, capacity)
+
+    monkeypatch.setattr(StaticTreeCache, "_allocate", alloc)
+    target, draft = tiny_pair(29, seed=5)  # fresh models: fresh shared caches
+    out = generate(target, draft, [1, 2, 3], "wetap", "traversal", max_new_tokens=12, budget=6, cache="static",
+                   builder_params={"w_min": 8, "w_max": 64, "length": 5})
+    assert len(out.tokens) == 12
+    assert len(sizes) == 2, sizes  # target and draft, once each
+
+
 @pytest.mark.parametrize("arch", ["GPTJ", "CodeGen"])
 def test_fixed_sinusoid_position_tables_bound_the_decode_by_name(arch: str, pair: tuple[object, object]) -> None:
     """GPT-J and CodeGen keep a sinusoid table of ``n_positions`` rows as a buffer (``embed_positions``), not an
