@@ -866,6 +866,40 @@ def test_first_two_tokens_follow_the_target_law(builder: str, verifier: str, par
     assert result.passed, (result, detectable_tv(16, SAMPLES, ALPHA))
 
 
+#: builder, verifier, params of the steps cut at a position table's end; WETAP's 4 layers cut to 3 there
+CUT_CONFIGS = [("chain", "sps", {}), ("dyspec", "traversal", {}), ("fixed", "multidraft", {"width": 2}),
+               ("wetap", "traversal", {"w_min": 2, "w_max": 3, "length": 4})]
+CUT_ALPHA = bonferroni(1e-3, len(CUT_CONFIGS))
+
+
+@pytest.mark.parametrize(("builder", "verifier", "params"), CUT_CONFIGS)
+def test_steps_cut_at_a_position_table_keep_the_target_law(builder: str, verifier: str,
+                                                           params: dict[str, object]) -> None:
+    """A GPT-2 pair of 8 positions (V = 4), a prompt of 6 and 2 new tokens with a budget of 3: the first step's
+    tree is cut to 2 nodes, the second's to 1, and the two tokens must follow the target's exact law at T = 1
+    (from plain forwards: :func:`exact_two_token_law`).  The draft's law is far from it (total variation 0.68),
+    so the verifier's corrections carry the check.
+
+    False-fail rate 1e-3 over the four cases; 700 samples on 16 cells detect a total variation of about
+    ``detectable_tv(16, 700, CUT_ALPHA)`` (≈ 0.16) with probability 0.999."""
+    def gpt2(seed: int, layers: int) -> Any:
+        torch.manual_seed(seed)
+        config = transformers.GPT2Config(vocab_size=VOCAB, n_embd=16, n_layer=layers, n_head=2, n_positions=8,
+                                         initializer_range=0.2, bos_token_id=None, eos_token_id=None)
+        return transformers.GPT2LMHeadModel(config).eval()
+
+    target, draft, prompt = gpt2(3, 2), gpt2(4, 1), [1, 3, 0, 2, 1, 3]
+    law = exact_two_token_law(target, prompt=prompt)
+    counts = np.zeros(VOCAB * VOCAB, dtype=np.int64)
+    for seed in range(SAMPLES):
+        out = generate(target, draft, prompt, builder, verifier, max_new_tokens=2, budget=3, seed=seed,
+                       builder_params=params)
+        assert out.steps[0].tree_size <= 2 and all(s.tree_size == 1 for s in out.steps[1:]), out.steps
+        counts[out.tokens[0] * VOCAB + out.tokens[1]] += 1
+    result = chi_square_check(counts, law, CUT_ALPHA, simulate=NULL_DRAWS)
+    assert result.passed, (result, detectable_tv(16, SAMPLES, CUT_ALPHA))
+
+
 def test_the_law_check_rejects_target_rows_processed_at_the_wrong_temperature(monkeypatch: pytest.MonkeyPatch) -> None:
     """The check above has power against a real processing bug: the target's logits reach the verifier
     without the temperature (scaled back up by ``T`` before the shared processing divides by it).
