@@ -567,10 +567,10 @@ def _presize_static_caches(target: Any, draft: Any, prompts: Sequence[Sequence[i
     longest = max(len(p) for p in prompts)
     slots = max(cache_capacity(longest, new_tokens, m.budget or 0) for m in ours)
     shared_static_cache(target, "target", slots)
-    d_slots = 0  # WETAP feeds its draft more nodes than its budget (TreeBuilder.draft_nodes)
+    d_slots, vocab = 0, int(target.config.vocab_size)  # WETAP feeds its draft more nodes than its budget
     for m in ours:
         if m.builder is not None and m.budget is not None:
-            fed = make_builder(m.builder, **dict(m.params)).draft_nodes(m.budget, int(target.config.vocab_size))
+            fed = make_builder(m.builder, **dict(m.params)).draft_nodes(m.budget, vocab)
             d_slots = max(d_slots, cache_capacity(longest, new_tokens, m.budget, fed))
     if d_slots:
         shared_static_cache(draft, "draft", d_slots)

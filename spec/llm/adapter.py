@@ -294,13 +294,13 @@ def learned_positions(model: Any) -> int | None:
     return None
 
 
-def check_positions(model: Any, name: str, positions: int, *, speculative: bool = False) -> None:
+def check_positions(model: Any, name: str, positions: int, *, speculative: bool = False) -> int | None:
     """``ValueError`` if a decode that feeds ``model`` its first ``positions`` positions (``0 .. positions - 1``)
     runs past its learned position table (:func:`learned_positions`), which would fail deep in its forward
     with an index error.  Plain decoding feeds prompt + ``max_new_tokens`` - 1 positions.  A tree step feeds
     its nodes at ``root position + depth``; :func:`spec.llm.generate.generate` cuts the trees of its last steps
     to the positions left, so a ``speculative`` decode (the message says so) needs one position more than plain
-    decoding: its last step's root and one node."""
+    decoding: its last step's root and one node.  Returns the table's length (``None``: no table)."""
     table = learned_positions(model)
     if table is not None and positions > table:
         need = "prompt + max_new_tokens: the last step's root and one node" if speculative else \
@@ -309,6 +309,7 @@ def check_positions(model: Any, name: str, positions: int, *, speculative: bool 
             f"{name} has position embeddings for {table} positions, and this decode may feed it "
             f"{positions} ({need}): shorten the prompt or max_new_tokens"
         )
+    return table
 
 
 def check_span(model: Any, name: str, positions: int, *, steps_capped: bool = False) -> None:

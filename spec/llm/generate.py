@@ -54,7 +54,6 @@ from spec.builders import (
 )
 from spec.llm.adapter import (
     LLMDraft, check_attention, check_positions, check_span, exact_tree_nodes, forward_masked, forward_unchecked,
-    learned_positions,
     query_scale_floor, select_cache, sync, tree_logits, trim_cache,
 )
 from spec.llm.host_verify import verify_chain_numpy, verify_tree_numpy
@@ -807,9 +806,8 @@ def generate(
     check_span(target, "target", reach, steps_capped=True)
     # A learned position table cuts the last steps' trees short instead (`room` below), so a speculative decode
     # needs one position more than plain decoding: the last step's root and one node.
-    for model, role in ((target, "target"), (draft, "draft")):
-        check_positions(model, role, len(prompt) + max_new_tokens, speculative=True)
-    tables = [n for n in (learned_positions(target), learned_positions(draft)) if n is not None]
+    tables = [n for model, role in ((target, "target"), (draft, "draft"))
+              if (n := check_positions(model, role, len(prompt) + max_new_tokens, speculative=True)) is not None]
     table = min(tables) if tables else None
     sampling = Sampling(temperature, top_k, top_p)
     d_sampling = sampling if draft_temperature is None else _draft_sampling(draft_temperature, top_k, top_p)
@@ -851,6 +849,11 @@ def generate(
     # step; where that keeps happening (a draft so cold its ranked rows underflow) every step paid them two or three
     # times.  So a short tree sends the next `backoff` steps to the host path, and doubles `backoff`.
     host_until, backoff = 0, 1
+
+    def unfused(state: tuple[int, tuple[int, ...]]) -> LLMDraft:
+        """The draft's state of the fused steps handed back to an :class:`LLMDraft` for the unfused path."""
+        return LLMDraft(draft, d_cache, state[0], pending=state[1], sampling=d_sampling, vocab=vocab)
+
     while len(out) < max_new_tokens:
         t0 = time.perf_counter()
         void_forwards = 0  # draft forwards of a fused step that came out short (this step is then redone)
@@ -862,8 +865,7 @@ def generate(
         room = budget if left is None else min(budget, left)
         cap = room if floor is None or type(b) is ChainBuilder else min(room, exact_tree_nodes(floor, t_past))
         if room < budget and d_state is not None:  # the fused step's fixed shape no longer fits: unfused from here
-            d_step = LLMDraft(draft, d_cache, d_state[0], pending=d_state[1], sampling=d_sampling, vocab=vocab)
-            d_state = None
+            d_step, d_state = unfused(d_state), None
         if fuse and device_tree and room == budget and (d_state is not None or 1 <= len(d_step.pending) <= 2):
             if d_state is None:  # the draft's state passes from its LLMDraft to the fused steps
                 d_state = (d_step.past_len, d_step.pending)
@@ -896,8 +898,7 @@ def generate(
             assert before is not None
             rng.bit_generator.state = before
             void_forwards = fused.forwards
-            d_step = LLMDraft(draft, d_cache, d_state[0], pending=d_state[1], sampling=d_sampling, vocab=vocab)
-            d_state = None
+            d_step, d_state = unfused(d_state), None
             device_tree = False
             host_until, backoff = len(steps) + 1 + backoff, 2 * backoff
         if on_device:

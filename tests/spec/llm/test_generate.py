@@ -558,18 +558,21 @@ def test_learned_position_tables_bound_the_decode_by_name(arch: str, pair: tuple
     assert capped >= 8  # every decode had a step whose full tree would have passed the table
 
 
+def _gpt2(seed: int, layers: int, vocab: int, positions: int, **config: Any) -> Any:
+    """A random-init GPT-2 of ``positions`` learned positions (no BOS / EOS)."""
+    torch.manual_seed(seed)
+    return transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=vocab, n_layer=layers, n_positions=positions, bos_token_id=None, eos_token_id=None,
+        **config)).eval()
+
+
 def test_steps_cut_to_a_position_table_give_the_unfused_tokens_at_temperature_1() -> None:
     """Near a learned table's end the fused step (whose shape is fixed) hands over to the unfused path with
     the draft's state, and the device chain drafts fewer tokens: at T = 1 the fused, device-chain and host
     paths give the same tokens on the same seed (they draw the same uniforms), a GPT-2 pair of 24 positions
     decoded to 19 new tokens with a budget of 6, and some fused steps ran before the cut."""
-    def gpt2(seed: int, layers: int) -> Any:
-        torch.manual_seed(seed)
-        config = transformers.GPT2Config(vocab_size=13, n_embd=32, n_layer=layers, n_head=4, n_positions=24,
-                                         bos_token_id=None, eos_token_id=None)
-        return transformers.GPT2LMHeadModel(config).eval()
-
-    target, draft, prompt = gpt2(0, 2), gpt2(1, 1), [3, 1, 4, 1, 5]
+    target, draft = (_gpt2(seed, layers, 13, 24, n_embd=32, n_head=4) for seed, layers in ((0, 2), (1, 1)))
+    prompt = [3, 1, 4, 1, 5]
     fused_then_cut = 0
     for builder, verifier, params in (("chain", "sps", {}), ("chain", "traversal", {}),
                                       ("fixed", "traversal", {"draw": "iid", "width": 2})):
@@ -882,13 +885,9 @@ def test_steps_cut_at_a_position_table_keep_the_target_law(builder: str, verifie
 
     False-fail rate 1e-3 over the four cases; 700 samples on 16 cells detect a total variation of about
     ``detectable_tv(16, 700, CUT_ALPHA)`` (≈ 0.16) with probability 0.999."""
-    def gpt2(seed: int, layers: int) -> Any:
-        torch.manual_seed(seed)
-        config = transformers.GPT2Config(vocab_size=VOCAB, n_embd=16, n_layer=layers, n_head=2, n_positions=8,
-                                         initializer_range=0.2, bos_token_id=None, eos_token_id=None)
-        return transformers.GPT2LMHeadModel(config).eval()
-
-    target, draft, prompt = gpt2(3, 2), gpt2(4, 1), [1, 3, 0, 2, 1, 3]
+    target, draft = (_gpt2(seed, layers, VOCAB, 8, n_embd=16, n_head=2, initializer_range=0.2)
+                     for seed, layers in ((3, 2), (4, 1)))
+    prompt = [1, 3, 0, 2, 1, 3]
     law = exact_two_token_law(target, prompt=prompt)
     counts = np.zeros(VOCAB * VOCAB, dtype=np.int64)
     for seed in range(SAMPLES):
