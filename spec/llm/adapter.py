@@ -126,6 +126,7 @@ __all__ = [
     "learned_positions",
     "offset_positions",
     "query_scale_floor",
+    "rope_switches",
     "select_beam_torch",
     "select_cache",
     "select_top_torch",
@@ -202,12 +203,14 @@ def check_attention(model: Any, name: str, *, trees: bool = True) -> None:
 _ATTENTION_LAYERS = ("full_attention", "sliding_attention", "chunked_attention")
 
 
-def _span_limits(config: Any, *, chunks_applied: bool = False, steps_capped: bool = False) -> list[tuple[int, str]]:
+def _span_limits(config: Any, *, chunks_applied: bool = False, steps_capped: bool = False,
+                 switches_handled: bool = False) -> list[tuple[int, str]]:
     """The position limits (with their reasons) up to which the tree pass reproduces the model's own decoding.
 
     ``chunks_applied``: the forwards cut their masks to the model's attention chunks (:func:`attention_chunks`),
     so chunks limit nothing; ``steps_capped``: the decode loop caps each step's tree at :func:`exact_tree_nodes`,
-    so the query temperature tuning limits nothing.
+    so the query temperature tuning limits nothing; ``switches_handled``: the decode loop cuts each step's tree
+    before a ``longrope`` switch and recomputes the cache past it (:func:`rope_switches`), so those limit nothing.
     """
     kinds = set(getattr(config, "layer_types", None) or [])
     other = sorted(kinds - set(_ATTENTION_LAYERS))
@@ -225,7 +228,7 @@ def _span_limits(config: Any, *, chunks_applied: bool = False, steps_capped: boo
     if window and "local" in (getattr(config, "attention_layers", None) or []):
         limits.append((int(window), f"its local attention layers window by cache slot (window_size = {int(window)}), "
                                     "which a tree's cache slots overrun"))
-    limits += _rope_limits(config)
+    limits += [(top, why) for top, why, kind in _rope_limits(config) if not (switches_handled and kind == "longrope")]
     floor = query_scale_floor(config)
     if floor is not None and not steps_capped:
         limits.append((floor - 1, f"its layers without rotary embeddings scale queries by the cache length in "
@@ -233,18 +236,19 @@ def _span_limits(config: Any, *, chunks_applied: bool = False, steps_capped: boo
     return limits
 
 
-def _rope_limits(config: Any) -> list[tuple[int, str]]:
+def _rope_limits(config: Any) -> list[tuple[int, str, str]]:
     """Limits from rotary embeddings whose frequencies follow the forward's largest position id (transformers'
     ``dynamic_rope_update``): one tree forward would give every node its deepest node's frequencies, where a
     node's own decoding uses its own.  ``dynamic`` (NTK) rescales past ``max_position_embeddings``; ``longrope``
     (Phi-3 128k, Phi-4-mini) switches to its long factors past ``original_max_position_embeddings``.  Below those
-    the frequencies never change, so the tree pass is exact there (a tiny Phi-3: 6e-4 off across the switch)."""
+    the frequencies never change, so the tree pass is exact there (a tiny Phi-3: 6e-4 off across the switch).
+    Each limit comes with its reason and its rope type."""
     params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
     if not isinstance(params, dict):
         return []
     by_kind = "rope_type" not in params and "type" not in params  # per layer kind (Gemma 3 and the like)
     entries = [v for v in params.values() if isinstance(v, dict)] if by_kind else [params]
-    limits: list[tuple[int, str]] = []
+    limits: list[tuple[int, str, str]] = []
     for entry in entries:
         kind = str(entry.get("rope_type", entry.get("type", "default")))
         if "dynamic" in kind:
@@ -256,8 +260,23 @@ def _rope_limits(config: Any) -> list[tuple[int, str]]:
         else:
             continue
         if top:
-            limits.append((int(top), why + ", by the largest position of a forward, which a tree's deepest node sets"))
+            limits.append((int(top), why + ", by the largest position of a forward, which a tree's deepest node sets",
+                           "longrope" if kind == "longrope" else "dynamic"))
     return limits
+
+
+def rope_switches(config: Any) -> tuple[int, ...]:
+    """The positions ``s`` (sorted, distinct) at which a ``longrope`` model's rotary embeddings change factors:
+    ``original_max_position_embeddings`` (Phi-3 128k, Phi-3.5, Phi-4-mini: 4096), ``()`` for other models.
+
+    transformers picks the factors of a forward from its largest position id: the short ones while it is below
+    ``s``, the long ones for every token of a forward that reaches position ``s`` or past it.  Phi-3's own
+    ``generate`` drops its cache once the sequence passes ``s`` tokens and recomputes it with the long factors,
+    so the law of the token after a context of ``L`` tokens is that of one forward over the whole context:
+    short factors for ``L <= s``, long ones for ``L > s``.  :func:`spec.llm.generate.generate` keeps that law:
+    no step's tree passes from below ``s`` to ``s`` (the step whose root sits at ``s - 1`` has none: a root-only
+    step), and the cache is recomputed in one forward when the root first reaches ``s``."""
+    return tuple(sorted({top for top, _, kind in _rope_limits(config) if kind == "longrope"}))
 
 
 def full_attention_span(config: Any) -> int | None:
@@ -312,21 +331,24 @@ def check_positions(model: Any, name: str, positions: int, *, speculative: bool 
     return table
 
 
-def check_span(model: Any, name: str, positions: int, *, steps_capped: bool = False) -> None:
+def check_span(model: Any, name: str, positions: int, *, steps_capped: bool = False,
+               switches_handled: bool = False) -> None:
     """``ValueError`` unless the tree pass gives ``model`` the attention of its own decoding over its first
     ``positions`` positions.
 
     The limits of :func:`full_attention_span`, less those the decode takes care of: attention chunks where the
     forwards apply them (:func:`attention_chunks`: Llama 4's code), and the query temperature tuning when
     ``steps_capped`` (the decode loop caps each step's tree at :func:`exact_tree_nodes`, as
-    :func:`spec.llm.generate.generate` does).  Beyond a remaining limit a model's tree
+    :func:`spec.llm.generate.generate` does), and ``longrope``'s switches when ``switches_handled`` (the decode
+    loop cuts trees before them and recomputes the cache past them, :func:`rope_switches`, as ``generate``
+    does).  Beyond a remaining limit a model's tree
     rows would differ from its own decoding and the output law would not be the target's (a tiny Llama 4 with
     chunks of 6 and the chunks not applied: node logits off by 0.16 past the chunk).  Within it the two agree,
     so a decode that stays inside it is allowed.
     """
     cfg = getattr(model, "config", None)
     limits = [] if cfg is None else _span_limits(cfg, chunks_applied=attention_chunks(model) is not None,
-                                                 steps_capped=steps_capped)
+                                                 steps_capped=steps_capped, switches_handled=switches_handled)
     span, why = min(limits) if limits else (None, "")
     if span is not None and positions > span:
         raise ValueError(

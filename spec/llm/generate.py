@@ -54,7 +54,7 @@ from spec.builders import (
 )
 from spec.llm.adapter import (
     LLMDraft, check_attention, check_positions, check_span, exact_tree_nodes, forward_masked, forward_unchecked,
-    query_scale_floor, select_cache, sync, tree_logits, trim_cache,
+    query_scale_floor, rope_switches, select_cache, sync, tree_logits, trim_cache,
 )
 from spec.llm.host_verify import verify_chain_numpy, verify_tree_numpy
 from spec.llm.sampling import Sampling, logits_of, step_fault
@@ -286,6 +286,35 @@ def _prefill(model: Any, cache: Any, tokens: Sequence[int]) -> None:
     elif tokens:
         n = len(tokens)
         forward_masked(model, cache, tokens, np.arange(n), np.tril(np.ones((n, n), dtype=bool)))
+
+
+def _switches_passed(switches: Sequence[int], position: int) -> int:
+    """How many of a ``longrope`` model's switches (:func:`~spec.llm.adapter.rope_switches`) a forward reaching
+    ``position`` has passed: its factors are those of that many switches."""
+    return sum(position >= s for s in switches)
+
+
+def _recompute(model: Any, cache: Any, context: Sequence[int]) -> None:
+    """Refill ``cache`` with all of ``context`` but its last token, computed in ONE forward over all of it.
+
+    At a ``longrope`` switch (:func:`~spec.llm.adapter.rope_switches`): the forward reaches the last token's
+    position, so every cached key takes the factors past the switch, as in Phi-3's own ``generate``, which drops
+    its cache there; the last token (the next step's root) is fed again by that step."""
+    trim_cache(cache, 0)
+    _prefill(model, cache, context)
+    trim_cache(cache, len(context) - 1)
+
+
+def _root_step(target: Any, cache: Any, past: int, root: int, sampling: Sampling, rng: np.random.Generator,
+               where: tuple[torch.device, torch.dtype]) -> Verified:
+    """A step of no draft nodes: the target's row after the root alone, and a token drawn from it (the law of
+    plain decoding).  The step whose root sits right before a ``longrope`` switch takes it: a node past the
+    switch would need the other factors in the same forward."""
+    logits = forward_masked(target, cache, [root], [past], np.ones((1, past + 1), dtype=bool), where=where)[0]
+    with logits_of("target"):
+        probs = sampling.probs(logits).cpu().numpy()
+    return Verified(torch.tensor([categorical(probs, float(rng.random()))], device=logits.device), 0, ())
+
 
 def _verify(method: str, tree: DraftTree, p: torch.Tensor, rng: np.random.Generator, adaptive: bool,
             backend: str) -> Verified:
@@ -682,7 +711,10 @@ def generate(
     learned position table (:func:`~spec.llm.adapter.learned_positions`, either model's) each step's tree or
     chain is cut to the positions left, the fused step handing over to the unfused path there, so the
     decode needs prompt + ``max_new_tokens`` positions, one more than plain decoding (refused by name
-    otherwise, :func:`~spec.llm.adapter.check_positions`).  A target whose
+    otherwise, :func:`~spec.llm.adapter.check_positions`).  A ``longrope`` target (Phi-3 128k, Phi-4-mini)
+    decodes past its switch with the law of full forwards, as Phi-3's own ``generate`` does: no step's tree
+    crosses the switch, the step whose root sits right before it has no nodes, and the target's cache is
+    recomputed once the root reaches it (:func:`~spec.llm.adapter.rope_switches`).  A target whose
     attention does not take the tree mask, or which would leave its own decoding within prompt +
     ``max_new_tokens`` + ``budget`` positions (chunks the mask cannot apply, GPT-Neo's local
     layers), is refused (:func:`~spec.llm.adapter.check_attention`,
@@ -803,7 +835,8 @@ def generate(
     # the last step's root is at most position len(prompt) + max_new_tokens - 2, its nodes up to `budget` past it:
     # that many positions (and cache slots) in all (the span was asked for one more, refusing decodes that fit)
     reach = len(prompt) + max_new_tokens - 1 + budget
-    check_span(target, "target", reach, steps_capped=True)
+    check_span(target, "target", reach, steps_capped=True, switches_handled=True)
+    switches = rope_switches(getattr(target, "config", None))
     # A learned position table cuts the last steps' trees short instead (`room` below), so a speculative decode
     # needs one position more than plain decoding: the last step's root and one node.
     tables = [n for model, role in ((target, "target"), (draft, "draft"))
@@ -832,6 +865,7 @@ def generate(
     fuse = resolve_step_graph(step_graph, graphed and verifier not in ASKED_FUSION_ONLY, refusal)
     _prefill(target, t_cache, prompt[:-1])
     t_past, root = len(prompt) - 1, prompt[-1]
+    era = _switches_passed(switches, t_past - 1)  # the factors the cached keys took (longrope)
     d_step = LLMDraft(draft, d_cache, 0, pending=prompt, sampling=d_sampling, vocab=vocab)
     sync(device)
     prefill_s = time.perf_counter() - t_start
@@ -863,6 +897,12 @@ def generate(
         # (`floor`) cuts trees, not chains, which are exact at any length
         left = None if table is None else table - 1 - t_past  # positions past the root (>= 1: checked above)
         room = budget if left is None else min(budget, left)
+        # a longrope target: no tree passes a switch (the root right before one gets none), and once the root
+        # is at or past it, the cache is recomputed with the factors the root's own decoding takes
+        room = min([room] + [s - 1 - t_past for s in switches if s > t_past])
+        if _switches_passed(switches, t_past) > era:
+            _recompute(target, t_cache, prompt + out)
+            era = _switches_passed(switches, t_past)
         cap = room if floor is None or type(b) is ChainBuilder else min(room, exact_tree_nodes(floor, t_past))
         if room < budget and d_state is not None:  # the fused step's fixed shape no longer fits: unfused from here
             d_step, d_state = unfused(d_state), None
@@ -901,11 +941,16 @@ def generate(
             d_step, d_state = unfused(d_state), None
             device_tree = False
             host_until, backoff = len(steps) + 1 + backoff, 2 * backoff
-        if on_device:
+        if cap == 0:  # a longrope switch right after the root
+            t1 = time.perf_counter()
+            keep: Sequence[int] | NDArray[np.int64] = range(t_past + 1)
+            res, size = _root_step(target, t_cache, t_past, root, sampling, rng, where), 0
+            t2 = time.perf_counter()
+        elif on_device:
             assert isinstance(b, ChainBuilder)
             res, size, (t1, t2) = _chain_step(d_step, target, t_cache, t_past, root, cap, b.draw == Draw.IID,
                                               verifier, sampling, rng, backend, where, b.confidence)
-            keep: Sequence[int] | NDArray[np.int64] = range(t_past + 1 + res.n_accepted)  # fed in order: a trim
+            keep = range(t_past + 1 + res.n_accepted)  # fed in order: a trim
         elif (tried := device_tree and shape is not None and room == budget and (cap == budget or chain_shape)) and (
                 got := _tree_step(d_step, target, t_cache, t_past, root, shape, verifier, sampling, rng, backend,
                                   where)) is not None:
@@ -990,11 +1035,16 @@ def ar_generate(
     cache_arg = {cache_keyword(target): kv}  # the dynamic loop's keyword, looked up once
     _prefill(target, kv, prompt[:-1])
     tok, pos = prompt[-1], len(prompt) - 1
+    switches = rope_switches(getattr(target, "config", None))  # a longrope target's cache is recomputed past one
+    era = _switches_passed(switches, pos - 1)
     out: list[int] = []
     steps: list[StepStats] = []
     with torch.no_grad():
         while len(out) < max_new_tokens:
             t0 = time.perf_counter()
+            if _switches_passed(switches, pos) > era:
+                _recompute(target, kv, prompt + out)
+                era = _switches_passed(switches, pos)
             if dynamic:
                 ids = torch.tensor([[tok]], device=device)
                 logits = target(input_ids=ids, use_cache=True, **cache_arg).logits[0, -1]

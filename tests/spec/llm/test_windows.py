@@ -12,6 +12,7 @@ are both checked.
 
 from __future__ import annotations
 
+import itertools
 from types import SimpleNamespace
 from typing import Any
 
@@ -22,6 +23,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import spec.llm.adapter as adapter  # noqa: E402
+from spec.builders import BUILDERS  # noqa: E402
 from spec.llm.adapter import (  # noqa: E402
     AttentionWindow,
     attention_chunks,
@@ -31,6 +33,7 @@ from spec.llm.adapter import (  # noqa: E402
     exact_tree_nodes,
     full_attention_span,
     query_scale_floor,
+    rope_switches,
     tree_logits,
     windowed,
 )
@@ -705,17 +708,19 @@ def test_roberta_style_positions_are_refused_for_the_tree_pass(family: str) -> N
     assert len(ar_generate(model, [3, 5, 4], temperature=0, max_new_tokens=4).tokens) == 4
 
 
-def _rope_model(kind: str) -> Any:
-    """A tiny Phi-3 with ``longrope`` switching at 16 positions, or a tiny Llama with ``dynamic`` NTK past 16."""
-    torch.manual_seed(0)
-    small = dict(vocab_size=13, hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
-                 num_hidden_layers=2, bos_token_id=None, eos_token_id=None)
+def _rope_model(kind: str, seed: int = 0, *, vocab: int = 13, switch: int = 16, init: float = 0.02,
+                long: tuple[float, ...] = (1.0, 4.0, 16.0, 64.0)) -> Any:
+    """A tiny Phi-3 with ``longrope`` switching at ``switch`` positions (``long``: its long factors), or a tiny
+    Llama with ``dynamic`` NTK past 16; ``init``: the weights' standard deviation."""
+    torch.manual_seed(seed)
+    small = dict(vocab_size=vocab, hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
+                 num_hidden_layers=2, bos_token_id=None, eos_token_id=None, initializer_range=init)
     if kind == "longrope":
-        config = transformers.Phi3Config(**small, max_position_embeddings=256, original_max_position_embeddings=16,
+        config = transformers.Phi3Config(**small, max_position_embeddings=256, original_max_position_embeddings=switch,
                                          pad_token_id=0, rope_parameters={
                                              "rope_type": "longrope", "rope_theta": 10000.0,
-                                             "short_factor": [1.0] * 4, "long_factor": [1.0, 4.0, 16.0, 64.0],
-                                             "original_max_position_embeddings": 16})
+                                             "short_factor": [1.0] * 4, "long_factor": list(long),
+                                             "original_max_position_embeddings": switch})
         model = transformers.Phi3ForCausalLM(config)
     else:
         config = transformers.LlamaConfig(**small, max_position_embeddings=16,
@@ -730,7 +735,8 @@ def _rope_model(kind: str) -> Any:
 def test_rope_that_follows_the_largest_position_limits_the_span(kind: str) -> None:
     """transformers picks ``longrope``'s factors and ``dynamic`` NTK's frequencies from a forward's largest
     position id, so one tree forward gave every node its deepest node's.  Below the switch (16 positions here)
-    node logits equal full forwards; a tree across it is off; ``check_span`` refuses a decode that could cross."""
+    node logits equal full forwards; a tree across it is off; ``check_span`` refuses a decode that could cross,
+    unless the decode handles ``longrope``'s switch (``generate`` does: tested below)."""
     model = _rope_model(kind)
     assert full_attention_span(model.config) == 16
     chain = DraftTree.build(list(range(-1, 5)), [7, 3, 7, 11, 2, 9], "topk", {}, 13)
@@ -739,7 +745,164 @@ def test_rope_that_follows_the_largest_position_limits_the_span(kind: str) -> No
     assert node_logit_error(model, ctx + ctx[:4], chain) > 1e-5  # positions 13 .. 18: across the switch
     # the tight edge: the last step's root sits at position 3 + n - 2 and its nodes up to 4 past it, so n = 10
     # reaches 16 positions and n = 11 reaches 17 (audit D2 of 2026-11-27: n = 10 was refused, one too early)
-    with pytest.raises(ValueError, match=f"over 16 positions only \\(its '{kind}' rotary embeddings.*may reach 17"):
+    refused = f"over 16 positions only \\(its '{kind}' rotary embeddings.*may reach 17"
+    with pytest.raises(ValueError, match=refused):
+        check_span(model, "target", 17, steps_capped=True)
+    check_span(model, "target", 16, steps_capped=True)
+    if kind == "longrope":  # the decode cuts its trees at the switch and recomputes the cache past it
+        check_span(model, "target", 10**6, steps_capped=True, switches_handled=True)
+        out = generate(model, _rope_model(kind), [3, 1, 4], "chain", "sps", temperature=0, max_new_tokens=11, budget=4)
+        assert out.tokens == greedy_decode(model, [3, 1, 4], 11)
+        return
+    with pytest.raises(ValueError, match=refused):  # dynamic NTK: every step past the switch has its own
+        check_span(model, "target", 17, steps_capped=True, switches_handled=True)
+    with pytest.raises(ValueError, match=refused):
         generate(model, _rope_model(kind), [3, 1, 4], "chain", "sps", temperature=0, max_new_tokens=11, budget=4)
     out = generate(model, _rope_model(kind), [3, 1, 4], "chain", "sps", temperature=0, max_new_tokens=10, budget=4)
     assert out.tokens == greedy_decode(model, [3, 1, 4], 10)
+
+
+@pytest.mark.parametrize(("config", "switches"), [
+    (dict(rope_parameters={"rope_type": "longrope", "original_max_position_embeddings": 4096}), (4096,)),
+    (dict(rope_parameters={"rope_type": "longrope"}, original_max_position_embeddings=4096), (4096,)),
+    (dict(rope_parameters={"rope_type": "dynamic", "factor": 2.0}, max_position_embeddings=4096), ()),
+    (dict(rope_parameters={"rope_type": "default", "rope_theta": 1e4}), ()),
+    (dict(rope_scaling=None), ()),
+    (dict(), ()),
+    # per layer kind (Gemma 3's form): one switch per longrope entry, each once
+    (dict(rope_parameters={"full_attention": {"rope_type": "longrope", "original_max_position_embeddings": 64},
+                           "sliding_attention": {"rope_type": "default"}}), (64,)),
+    (dict(rope_parameters={"full_attention": {"rope_type": "longrope", "original_max_position_embeddings": 64},
+                           "sliding_attention": {"rope_type": "longrope", "original_max_position_embeddings": 32},
+                           "chunked_attention": {"rope_type": "longrope", "original_max_position_embeddings": 64}}),
+     (32, 64)),
+])
+def test_rope_switches_reads_longrope_from_the_config(config: dict[str, Any], switches: tuple[int, ...]) -> None:
+    assert rope_switches(SimpleNamespace(**config)) == switches
+    assert rope_switches(None) == ()
+
+
+#: A longrope pair whose law past the switch is far from the law of a cache kept across it (searched: seed 4 of
+#: 12 at this scale; total variation 0.37 on the second token's law below), and a draft far from the target
+SHARP_LONGROPE = dict(init=0.3, long=(8.0, 32.0, 128.0, 512.0))
+
+
+def _switch_steps(prompt: list[int], steps: list[Any], switch: int) -> tuple[int, int]:
+    """(root-only steps, steps whose tree crossed ``switch``) of a decode, from its step stats."""
+    root, zero, crossed = len(prompt) - 1, 0, 0
+    for st in steps:
+        zero += st.tree_size == 0
+        crossed += root < switch <= root + st.tree_size
+        root += st.emitted
+    return zero, crossed
+
+
+@pytest.mark.filterwarnings("ignore:.*original_max_position_embeddings.*")
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_longrope_decodes_past_its_switch_as_full_forwards_do(cache: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``longrope`` target decodes past its switch (16 here) with the law of one forward over the whole context
+    (Phi-3's own ``generate``, which drops its cache at the switch): no step's tree crosses it, the step whose
+    root sits right before it has no nodes, and the cache is recomputed when the root reaches it.  Greedy, every
+    builder (Traversal; a chain with SpS and ASpS too), budgets 1 and 4, prompts ending before, at and past the switch: the tokens of greedy
+    full forwards (``greedy_decode``), and ``ar_generate``'s too.  Without the recompute, or without the cut and
+    the recompute, tokens differ (asserted: the model is sharp enough to show it)."""
+    import spec.llm.generate as gen
+
+    target, draft = _rope_model("longrope", 0, init=0.5), _rope_model("longrope", 1, init=0.5)
+    # first roots at 2, 14, 15 (no nodes), 16 (a recompute) and 17 (a prefill past the switch: neither)
+    prompts = [[3, 1, 4], [5] * 15, [7] * 16, [2] * 17, [2] * 18]
+    configs = [(b, "traversal") for b in sorted(BUILDERS) if b != "chain"] + [("chain", "sps"), ("chain", "asps")]
+
+    def decode_all() -> tuple[int, int, int]:
+        differ = zero = crossed = 0
+        for prompt in prompts:
+            want = greedy_decode(target, prompt, 12)
+            differ += ar_generate(target, prompt, temperature=0, max_new_tokens=12, cache=cache).tokens != want
+            for (builder, verifier), budget in itertools.product(configs, (1, 4)):
+                out = generate(target, draft, prompt, builder, verifier, temperature=0, max_new_tokens=12,
+                               budget=budget, cache=cache, draft_temperature=1)
+                differ += out.tokens != want
+                z, c = _switch_steps(prompt, out.steps, 16)
+                zero, crossed = zero + z, crossed + c
+        return differ, zero, crossed
+
+    differ, zero, crossed = decode_all()
+    assert (differ, crossed) == (0, 0) and zero >= 10, (differ, zero, crossed)
+    monkeypatch.setattr(gen, "_recompute", lambda *args: None)
+    assert decode_all()[0] > 0
+    monkeypatch.setattr(gen, "rope_switches", lambda config: ())
+    differ, zero, crossed = decode_all()
+    assert differ > 0 and zero == 0 and crossed > 0
+
+
+@pytest.mark.filterwarnings("ignore:.*original_max_position_embeddings.*")
+def test_longrope_fused_and_device_steps_give_the_host_tokens_across_the_switch() -> None:
+    """At temperature 1 the fused steps (run eagerly on the CPU) and the device-drafted ones hand over to the host
+    path before the switch (16: cut steps, then a root-only one) and take over again after it: the same tokens
+    as the host path (chain and fixed trees, Traversal and SpS, 3 seeds), with fused steps on both sides."""
+    target, draft = (_rope_model("longrope", seed, vocab=VOCAB, **SHARP_LONGROPE) for seed in (4, 104))
+    prompt, sides = [1, 3, 0], set()
+    for (builder, verifier), seed in itertools.product([("chain", "traversal"), ("chain", "sps"),
+                                                        ("fixed", "traversal")], range(3)):
+        runs = [generate(target, draft, prompt, builder, verifier, max_new_tokens=24, budget=3, seed=seed,
+                         cache="static", chain_on_device=dev, step_graph=graph)
+                for dev, graph in ((False, False), (True, False), (True, True))]
+        assert runs[0].tokens == runs[1].tokens == runs[2].tokens, (builder, verifier, seed)
+        assert _switch_steps(prompt, runs[2].steps, 16)[1] == 0
+        root = len(prompt) - 1
+        for st in runs[2].steps:
+            if st.graph_s > 0:
+                sides.add(root >= 16)
+            root += st.emitted
+    assert sides == {False, True}
+
+
+LONGROPE_CASES = [("chain", "sps"), ("chain", "asps"), ("dyspec", "traversal")]
+LONGROPE_ALPHA = bonferroni(1e-3, len(LONGROPE_CASES) + 1)
+
+
+def _longrope_law_pair() -> tuple[Any, Any, list[int]]:
+    """The sharp pair (V = 4) switching at 8, and a prompt of 8: the first token is drawn from the root alone
+    (short factors) and the second after the cache is recomputed (long factors)."""
+    target, draft = (_rope_model("longrope", seed, vocab=VOCAB, switch=8, **SHARP_LONGROPE) for seed in (4, 104))
+    return target, draft, [1, 3, 0, 2, 1, 3, 2, 0]
+
+
+@pytest.mark.filterwarnings("ignore:.*original_max_position_embeddings.*")
+@pytest.mark.parametrize(("builder", "verifier"), LONGROPE_CASES)
+def test_first_two_tokens_across_a_longrope_switch_follow_the_full_forward_law(builder: str, verifier: str) -> None:
+    """The first two tokens after a prompt that ends at the switch follow the target's exact law from full
+    forwards (``exact_two_token_law``), at T = 1 with a draft at total variation 0.51 from it.
+
+    False-fail rate 1e-3 over these three and the check below; 700 samples on 16 cells detect a total variation
+    of ``detectable_tv(16, 700, LONGROPE_ALPHA)`` (about 0.17) with probability 0.999."""
+    target, draft, prompt = _longrope_law_pair()
+    counts = two_token_counts(target, draft, builder, verifier, {}, prompt=prompt)
+    result = chi_square_check(counts, exact_two_token_law(target, prompt=prompt), LONGROPE_ALPHA, simulate=NULL_DRAWS)
+    assert result.passed, (result, detectable_tv(16, SAMPLES, LONGROPE_ALPHA))
+
+
+@pytest.mark.filterwarnings("ignore:.*original_max_position_embeddings.*")
+def test_the_longrope_law_check_rejects_a_cache_kept_across_the_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check above has power against keeping the cache across the switch: that law of the pair is at total
+    variation 0.37 from the right one (asserted > 0.3, twice the detectable 0.17), and the check rejects it; the
+    counts fit the kept cache's own law (computed by hand: the prompt's keys short, the second token's row long),
+    which fails falsely with probability ``LONGROPE_ALPHA``."""
+    target, draft, prompt = _longrope_law_pair()
+    right = exact_two_token_law(target, prompt=prompt)
+    with torch.no_grad():
+        def probs(logits: Any) -> np.ndarray:
+            return torch.softmax(logits.double(), -1).numpy()
+
+        kept, keyword = np.zeros((VOCAB, VOCAB)), static_cache.cache_keyword(target)
+        for a in range(VOCAB):
+            cache = {keyword: transformers.DynamicCache()}
+            first = target(input_ids=torch.tensor([prompt]), use_cache=True, **cache).logits[0, -1]
+            second = target(input_ids=torch.tensor([[a]]), use_cache=True, **cache).logits[0, -1]
+            kept[a] = probs(first)[a] * probs(second)
+    wrong = kept.ravel()
+    assert 0.5 * np.abs(right - wrong).sum() > 0.3
+    monkeypatch.setattr("spec.llm.generate._recompute", lambda *args: None)
+    counts = two_token_counts(target, draft, "dyspec", "traversal", {}, prompt=prompt)
+    assert not chi_square_check(counts, right, LONGROPE_ALPHA, simulate=NULL_DRAWS).passed
+    assert chi_square_check(counts, wrong, LONGROPE_ALPHA, simulate=NULL_DRAWS).passed
