@@ -714,7 +714,9 @@ def generate(
     otherwise, :func:`~spec.llm.adapter.check_positions`).  A ``longrope`` target (Phi-3 128k, Phi-4-mini)
     decodes past its switch with the law of full forwards, as Phi-3's own ``generate`` does: no step's tree
     crosses the switch, the step whose root sits right before it has no nodes, and the target's cache is
-    recomputed once the root reaches it (:func:`~spec.llm.adapter.rope_switches`).  A target whose
+    recomputed once the root reaches it (:func:`~spec.llm.adapter.rope_switches`); a ``longrope`` draft's cache
+    is recomputed at its own switch too (for its acceptance: its rows are the law its tokens were drawn from
+    either way).  A target whose
     attention does not take the tree mask, or which would leave its own decoding within prompt +
     ``max_new_tokens`` + ``budget`` positions (chunks the mask cannot apply, GPT-Neo's local
     layers), is refused (:func:`~spec.llm.adapter.check_attention`,
@@ -837,6 +839,7 @@ def generate(
     reach = len(prompt) + max_new_tokens - 1 + budget
     check_span(target, "target", reach, steps_capped=True, switches_handled=True)
     switches = rope_switches(getattr(target, "config", None))
+    d_switches = rope_switches(getattr(draft, "config", None))  # recomputed past too: acceptance, not the law
     # A learned position table cuts the last steps' trees short instead (`room` below), so a speculative decode
     # needs one position more than plain decoding: the last step's root and one node.
     tables = [n for model, role in ((target, "target"), (draft, "draft"))
@@ -866,6 +869,7 @@ def generate(
     _prefill(target, t_cache, prompt[:-1])
     t_past, root = len(prompt) - 1, prompt[-1]
     era = _switches_passed(switches, t_past - 1)  # the factors the cached keys took (longrope)
+    d_era = _switches_passed(d_switches, t_past)  # the draft's first forward feeds the prompt and a tree past it
     d_step = LLMDraft(draft, d_cache, 0, pending=prompt, sampling=d_sampling, vocab=vocab)
     sync(device)
     prefill_s = time.perf_counter() - t_start
@@ -903,6 +907,13 @@ def generate(
         if _switches_passed(switches, t_past) > era:
             _recompute(target, t_cache, prompt + out)
             era = _switches_passed(switches, t_past)
+        if _switches_passed(d_switches, t_past) > d_era:  # a longrope draft's keys, for its rows' sake
+            _recompute(draft, d_cache, [t if t < d_vocab else 0 for t in prompt + out])  # as LLMDraft feeds them
+            d_era = _switches_passed(d_switches, t_past)
+            if d_state is not None:
+                d_state = (t_past, (root,))
+            else:
+                d_step = unfused((t_past, (root,)))
         cap = room if floor is None or type(b) is ChainBuilder else min(room, exact_tree_nodes(floor, t_past))
         if room < budget and d_state is not None:  # the fused step's fixed shape no longer fits: unfused from here
             d_step, d_state = unfused(d_state), None

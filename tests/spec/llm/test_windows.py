@@ -803,15 +803,20 @@ def test_longrope_decodes_past_its_switch_as_full_forwards_do(cache: str, monkey
     """A ``longrope`` target decodes past its switch (16 here) with the law of one forward over the whole context
     (Phi-3's own ``generate``, which drops its cache at the switch): no step's tree crosses it, the step whose
     root sits right before it has no nodes, and the cache is recomputed when the root reaches it.  Greedy, every
-    builder (Traversal; a chain with SpS and ASpS too), budgets 1 and 4, prompts ending before, at and past the switch: the tokens of greedy
-    full forwards (``greedy_decode``), and ``ar_generate``'s too.  Without the recompute, or without the cut and
-    the recompute, tokens differ (asserted: the model is sharp enough to show it)."""
+    builder (Traversal; a chain with SpS and ASpS too), budgets 1 and 4, prompts ending before, at and past the
+    switch: the tokens of greedy full forwards (``greedy_decode``, which are those of the model's own
+    ``generate``: asserted), and ``ar_generate``'s too.  Without the recompute, or without the cut and the
+    recompute, tokens differ (asserted: the model is sharp enough to show it)."""
     import spec.llm.generate as gen
 
     target, draft = _rope_model("longrope", 0, init=0.5), _rope_model("longrope", 1, init=0.5)
     # first roots at 2, 14, 15 (no nodes), 16 (a recompute) and 17 (a prefill past the switch: neither)
     prompts = [[3, 1, 4], [5] * 15, [7] * 16, [2] * 17, [2] * 18]
     configs = [(b, "traversal") for b in sorted(BUILDERS) if b != "chain"] + [("chain", "sps"), ("chain", "asps")]
+
+    for prompt in prompts:  # the reference is Phi-3's own decoding (it drops its cache at the switch)
+        own = target.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=12, min_new_tokens=12)
+        assert own[0, len(prompt):].tolist() == greedy_decode(target, prompt, 12)
 
     def decode_all() -> tuple[int, int, int]:
         differ = zero = crossed = 0
@@ -828,7 +833,8 @@ def test_longrope_decodes_past_its_switch_as_full_forwards_do(cache: str, monkey
 
     differ, zero, crossed = decode_all()
     assert (differ, crossed) == (0, 0) and zero >= 10, (differ, zero, crossed)
-    monkeypatch.setattr(gen, "_recompute", lambda *args: None)
+    recompute = gen._recompute  # the target's cache kept across the switch (the draft's still recomputed)
+    monkeypatch.setattr(gen, "_recompute", lambda model, *args: None if model is target else recompute(model, *args))
     assert decode_all()[0] > 0
     monkeypatch.setattr(gen, "rope_switches", lambda config: ())
     differ, zero, crossed = decode_all()
@@ -855,6 +861,48 @@ def test_longrope_fused_and_device_steps_give_the_host_tokens_across_the_switch(
                 sides.add(root >= 16)
             root += st.emitted
     assert sides == {False, True}
+
+
+@pytest.mark.filterwarnings("ignore:.*original_max_position_embeddings.*")
+def test_a_longrope_draft_is_recomputed_past_its_switch_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The draft's rows need not be its own decoding's (they are the law its tokens were drawn from), but a draft
+    cache kept across the switch drafts from mixed keys.  With the target itself as the draft, greedy: every
+    drafted token is accepted, past the switch too (chain SpS and Traversal, DySpec; both caches, fused steps);
+    with the draft's switch ignored, about a third past it are rejected (asserted: fewer accepted).  The tokens
+    are greedy decoding's either way.  A draft of fewer ids gets the ids it lacks as 0 in its recompute too, as
+    :class:`~spec.llm.adapter.LLMDraft` feeds them (an ``IndexError`` without)."""
+    import spec.llm.generate as gen
+
+    target, draft = _rope_model("longrope", 0, init=0.5), _rope_model("longrope", 0, init=0.5)
+    runs = [(b, v, cache, graph) for b, v in (("chain", "sps"), ("chain", "traversal"), ("dyspec", "traversal"))
+            for cache, graph in (("dynamic", False), ("static", False), ("static", True)) if b == "chain" or not graph]
+
+    def acceptance() -> tuple[int, int]:
+        accepted = drafted = 0
+        for prompt in ([3, 1, 4], [5] * 15, [7] * 16, [2] * 17):
+            want = greedy_decode(target, prompt, 30)
+            for builder, verifier, cache, graph in runs:
+                out = generate(target, draft, prompt, builder, verifier, temperature=0, max_new_tokens=30, budget=4,
+                               cache=cache, step_graph=graph)
+                assert out.tokens == want, (prompt, builder, verifier, cache, graph)
+                root = len(prompt) - 1
+                for st in out.steps:
+                    if root >= 16 and st.emitted == st.accepted + 1:  # past the switch, not cut by the length
+                        accepted, drafted = accepted + st.accepted, drafted + st.tree_size
+                    root += st.emitted
+        return accepted, drafted
+
+    accepted, drafted = acceptance()
+    assert accepted == drafted > 200, (accepted, drafted)
+    # a draft of fewer ids is fed the ids it lacks as 0, in its recompute too
+    small = _rope_model("longrope", 1, vocab=12, init=0.5)
+    for cache in ("dynamic", "static"):
+        out = generate(target, small, [12] * 15, "chain", "sps", temperature=0, max_new_tokens=8, budget=4, cache=cache)
+        assert out.tokens == greedy_decode(target, [12] * 15, 8)
+    switches = gen.rope_switches
+    monkeypatch.setattr(gen, "rope_switches", lambda config: switches(config) if config is target.config else ())
+    kept, drafted = acceptance()
+    assert kept < 0.9 * drafted, (kept, drafted)
 
 
 LONGROPE_CASES = [("chain", "sps"), ("chain", "asps"), ("dyspec", "traversal")]
@@ -902,7 +950,10 @@ def test_the_longrope_law_check_rejects_a_cache_kept_across_the_switch(monkeypat
             kept[a] = probs(first)[a] * probs(second)
     wrong = kept.ravel()
     assert 0.5 * np.abs(right - wrong).sum() > 0.3
-    monkeypatch.setattr("spec.llm.generate._recompute", lambda *args: None)
+    import spec.llm.generate as gen
+
+    recompute = gen._recompute  # the target's cache kept across the switch (the draft's still recomputed)
+    monkeypatch.setattr(gen, "_recompute", lambda model, *args: None if model is target else recompute(model, *args))
     counts = two_token_counts(target, draft, "dyspec", "traversal", {}, prompt=prompt)
     assert not chi_square_check(counts, right, LONGROPE_ALPHA, simulate=NULL_DRAWS).passed
     assert chi_square_check(counts, wrong, LONGROPE_ALPHA, simulate=NULL_DRAWS).passed
