@@ -923,7 +923,7 @@ def test_first_two_tokens_across_a_longrope_switch_follow_the_full_forward_law(b
     forwards (``exact_two_token_law``), at T = 1 with a draft at total variation 0.51 from it.
 
     False-fail rate 1e-3 over these three and the check below; 700 samples on 16 cells detect a total variation
-    of ``detectable_tv(16, 700, LONGROPE_ALPHA)`` (about 0.17) with probability 0.999."""
+    of ``detectable_tv(16, 700, LONGROPE_ALPHA)`` (about 0.16) with probability 0.999."""
     target, draft, prompt = _longrope_law_pair()
     counts = two_token_counts(target, draft, builder, verifier, {}, prompt=prompt)
     result = chi_square_check(counts, exact_two_token_law(target, prompt=prompt), LONGROPE_ALPHA, simulate=NULL_DRAWS)
@@ -933,7 +933,7 @@ def test_first_two_tokens_across_a_longrope_switch_follow_the_full_forward_law(b
 @pytest.mark.filterwarnings("ignore:.*original_max_position_embeddings.*")
 def test_the_longrope_law_check_rejects_a_cache_kept_across_the_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     """The check above has power against keeping the cache across the switch: that law of the pair is at total
-    variation 0.37 from the right one (asserted > 0.3, twice the detectable 0.17), and the check rejects it; the
+    variation 0.37 from the right one (asserted > 0.3, twice the detectable 0.16), and the check rejects it; the
     counts fit the kept cache's own law (computed by hand: the prompt's keys short, the second token's row long),
     which fails falsely with probability ``LONGROPE_ALPHA``."""
     target, draft, prompt = _longrope_law_pair()
