@@ -305,15 +305,20 @@ def _recompute(model: Any, cache: Any, context: Sequence[int]) -> None:
     trim_cache(cache, len(context) - 1)
 
 
+def _draw(logits: torch.Tensor, sampling: Sampling, rng: np.random.Generator) -> int:
+    """One token from the target's processed row ``logits`` ``(V,)``, by inverse CDF on one fresh uniform."""
+    with logits_of("target"):
+        probs = sampling.probs(logits).cpu().numpy()
+    return categorical(probs, float(rng.random()))
+
+
 def _root_step(target: Any, cache: Any, past: int, root: int, sampling: Sampling, rng: np.random.Generator,
                where: tuple[torch.device, torch.dtype]) -> Verified:
     """A step of no draft nodes: the target's row after the root alone, and a token drawn from it (the law of
     plain decoding).  The step whose root sits right before a ``longrope`` switch takes it: a node past the
     switch would need the other factors in the same forward."""
     logits = forward_masked(target, cache, [root], [past], np.ones((1, past + 1), dtype=bool), where=where)[0]
-    with logits_of("target"):
-        probs = sampling.probs(logits).cpu().numpy()
-    return Verified(torch.tensor([categorical(probs, float(rng.random()))], device=logits.device), 0, ())
+    return Verified(torch.tensor([_draw(logits, sampling, rng)], device=logits.device), 0, ())
 
 
 def _verify(method: str, tree: DraftTree, p: torch.Tensor, rng: np.random.Generator, adaptive: bool,
@@ -1061,9 +1066,7 @@ def ar_generate(
                 logits = target(input_ids=ids, use_cache=True, **cache_arg).logits[0, -1]
             else:
                 logits = forward_masked(target, kv, [tok], [pos], np.ones((1, pos + 1), dtype=bool))[0]
-            with logits_of("target"):
-                probs = sampling.probs(logits).cpu().numpy()
-            tok, pos = categorical(probs, float(rng.random())), pos + 1
+            tok, pos = _draw(logits, sampling, rng), pos + 1
             out.append(tok)
             steps.append(StepStats(0, 0, 1, 0, 0.0, time.perf_counter() - t0, 0.0))
             if tok in stops:

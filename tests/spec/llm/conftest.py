@@ -62,6 +62,15 @@ def greedy_decode(model: Any, prompt: list[int], n: int) -> list[int]:
     return ids[len(prompt):]
 
 
+def step_roots(prompt: list[int], steps: list[Any]) -> Iterator[tuple[int, Any]]:
+    """Each step of a decode (``GenerateOutput.steps``) with its root's position: the prompt's last token's for
+    the first, then past the tokens each step emitted; its nodes sit at root + depth."""
+    root = len(prompt) - 1
+    for step in steps:
+        yield root, step
+        root += step.emitted
+
+
 def no_host_scalar_writes() -> Any:
     """A dispatch mode that raises where a Python scalar is written into a tensor by indexing
     (``x[i] = 1.0``).  Torch makes that scalar a tensor first, and for a CUDA ``x`` it makes it on the

@@ -15,7 +15,7 @@ transformers = pytest.importorskip("transformers")
 from spec.builders import BUILDERS  # noqa: E402
 from spec.llm.generate import VERIFIERS, ar_generate, generate  # noqa: E402
 from spec.llm.verify import TREE_METHODS  # noqa: E402
-from tests.spec.llm.conftest import NULL_DRAWS, SavedPair, greedy_decode  # noqa: E402
+from tests.spec.llm.conftest import NULL_DRAWS, SavedPair, greedy_decode, step_roots  # noqa: E402
 from tests.spec.llm.test_sampling import reference  # noqa: E402
 from verification.calibrated import bonferroni, chi_square_check, detectable_tv  # noqa: E402
 
@@ -546,11 +546,9 @@ def test_learned_position_tables_bound_the_decode_by_name(arch: str, pair: tuple
         out = generate(target, draft, prompt, builder, verifier, temperature=0, max_new_tokens=19, budget=6,
                        draft_temperature=1.0, builder_params=params, cache=cache)
         assert out.tokens == ref[:19], (builder, verifier, cache)
-        past = len(prompt) - 1  # each step's root position; its nodes go up to past + tree_size
-        for s in out.steps:
+        for past, s in step_roots(prompt, out.steps):  # its nodes go up to past + tree_size
             assert past + s.tree_size <= 23, (builder, cache, past, s)
             capped += s.tree_size < 6 and past + 6 > 23
-            past += s.emitted
         with pytest.raises(ValueError, match="position embeddings for 24 positions.*may feed it 25 .prompt "
                                              "\\+ max_new_tokens: the last step's root and one node"):
             generate(target, draft, prompt, builder, verifier, temperature=0, max_new_tokens=20, budget=6,

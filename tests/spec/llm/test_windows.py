@@ -41,7 +41,7 @@ import spec.llm.static_cache as static_cache  # noqa: E402
 from spec.llm.generate import _prefill, ar_generate, generate, resolve_cache  # noqa: E402
 from spec.llm.static_cache import StaticTreeCache, holds_layers  # noqa: E402
 from spec.tree import dfs_order, random_tree  # noqa: E402
-from tests.spec.llm.conftest import NULL_DRAWS, greedy_decode  # noqa: E402
+from tests.spec.llm.conftest import NULL_DRAWS, greedy_decode, step_roots  # noqa: E402
 from tests.spec.llm.test_generate import SAMPLES, VOCAB, _tiny, exact_two_token_law, two_token_counts  # noqa: E402
 from tmc.multidraft import DraftTree  # noqa: E402
 from verification.calibrated import bonferroni, chi_square_check, detectable_tv  # noqa: E402
@@ -789,12 +789,9 @@ SHARP_LONGROPE = dict(init=0.3, long=(8.0, 32.0, 128.0, 512.0))
 
 def _switch_steps(prompt: list[int], steps: list[Any], switch: int) -> tuple[int, int]:
     """(root-only steps, steps whose tree crossed ``switch``) of a decode, from its step stats."""
-    root, zero, crossed = len(prompt) - 1, 0, 0
-    for st in steps:
-        zero += st.tree_size == 0
-        crossed += root < switch <= root + st.tree_size
-        root += st.emitted
-    return zero, crossed
+    roots = list(step_roots(prompt, steps))
+    return (sum(st.tree_size == 0 for _, st in roots),
+            sum(root < switch <= root + st.tree_size for root, st in roots))
 
 
 @pytest.mark.filterwarnings("ignore:.*original_max_position_embeddings.*")
@@ -855,11 +852,7 @@ def test_longrope_fused_and_device_steps_give_the_host_tokens_across_the_switch(
                 for dev, graph in ((False, False), (True, False), (True, True))]
         assert runs[0].tokens == runs[1].tokens == runs[2].tokens, (builder, verifier, seed)
         assert _switch_steps(prompt, runs[2].steps, 16)[1] == 0
-        root = len(prompt) - 1
-        for st in runs[2].steps:
-            if st.graph_s > 0:
-                sides.add(root >= 16)
-            root += st.emitted
+        sides |= {root >= 16 for root, st in step_roots(prompt, runs[2].steps) if st.graph_s > 0}
     assert sides == {False, True}
 
 
@@ -885,11 +878,9 @@ def test_a_longrope_draft_is_recomputed_past_its_switch_too(monkeypatch: pytest.
                 out = generate(target, draft, prompt, builder, verifier, temperature=0, max_new_tokens=30, budget=4,
                                cache=cache, step_graph=graph)
                 assert out.tokens == want, (prompt, builder, verifier, cache, graph)
-                root = len(prompt) - 1
-                for st in out.steps:
+                for root, st in step_roots(prompt, out.steps):
                     if root >= 16 and st.emitted == st.accepted + 1:  # past the switch, not cut by the length
                         accepted, drafted = accepted + st.accepted, drafted + st.tree_size
-                    root += st.emitted
         return accepted, drafted
 
     accepted, drafted = acceptance()
