@@ -115,6 +115,22 @@ def sample_builder_drafts(
     return [_tree_draft(model, b.build(ToyDraft(model, tuple(prefix)), budget, gen), 1.0 / n, prefix) for _ in range(n)]
 
 
+TREE_STREAM = 1  # spawn key of the stream builder_report draws its trees and probes from
+
+
+def tree_rng(seed: int) -> np.random.Generator:
+    """The generator :func:`builder_report` samples trees and Knuth's probes from, for the integer ``seed``.
+
+    It is ``seed`` with the spawn key ``(TREE_STREAM,)``: a stream apart from ``as_rng(seed)``, which
+    :func:`random_stationary_model` draws a model's rows from.  ``tmc acceptance --random V --seed S`` and
+    ``tmc bench builders`` give a model and its trees one integer; until 2026-11-27 both came from
+    ``default_rng(seed)``, so the first trees re-read the very words that had set the model's rows (with
+    Dirichlet(alpha < 1) rows, a row's first entry and the first draw from it are monotone in one uniform).
+    """
+    seed = check_int("seed", seed, minimum=0)
+    return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(TREE_STREAM,)))
+
+
 def draws_of(drafts: Sequence[TreeDraft]) -> set[Draw]:
     return {d for t in drafts for d in t.tree.draws}
 
@@ -200,6 +216,19 @@ def betting_interval(values: NDArray[np.float64], low: float, high: float, rate:
     return low + lo * (high - low), low + hi * (high - low)
 
 
+def _within_bounds(lengths: NDArray[np.float64], budget: int) -> NDArray[np.float64]:
+    """Trees' exact lengths put back inside ``[1, budget + 1]`` where rounding left them just outside.
+
+    A tree's length is a float sum of length × probability, so a tree that emits its whole path with
+    probability one can come out at ``budget + 1 + 2e-15`` (9.000000000000002 for a chain of 8 under Traversal),
+    which the betting interval refuses as outside its bounds.  Values further out than ``1e-9 (budget + 1)``
+    are left as they are, for the interval to refuse: no rounding explains them.
+    """
+    top = budget + 1.0
+    clipped = np.clip(lengths, 1.0, top)
+    return np.where(np.abs(lengths - clipped) <= 1e-9 * top, clipped, lengths)
+
+
 def _length_given_tree(draft: TreeDraft, kernel: TreeKernel) -> float:
     return math.fsum(len(s) * m for s, m in tree_kernel_outputs(draft.tree, kernel(draft.tree, draft.p_rows)).items())
 
@@ -219,13 +248,14 @@ def builder_report(
 
     Exact when the builder's randomness enumerates in ``max_runs`` runs (each
     entry then has ``completion_error``), else Monte Carlo over ``samples``
-    sampled trees (each entry has ``ci95``, a betting interval of level 95%
-    for lengths in ``[1, budget + 1]``; ``lp`` is ``None``).  An exact
-    report past :data:`MAX_COMPLETION_CELLS` sums each tree's exact length
-    (``completion_error`` ``None``, no ``lp``).  The
-    enumeration is not tried when Knuth's estimate of its runs is above
-    :data:`SKIP_FACTOR` × ``max_runs``.  The result is ``{"builder", "budget",
-    "exact", "estimated_runs", "trees", "entries": [...], "lp": {...} | None}``.
+    trees drawn from ``tree_rng(seed)`` (each entry has ``ci95``, a betting
+    interval of level 95% for lengths in ``[1, budget + 1]``; ``lp`` is
+    ``None``).  An exact report past :data:`MAX_COMPLETION_CELLS` sums each
+    tree's exact length (``completion_error`` ``None``, no ``lp``).  The
+    enumeration is not tried when Knuth's estimate of its runs (probes from
+    ``tree_rng(seed)`` too) is above :data:`SKIP_FACTOR` × ``max_runs``.  The
+    result is ``{"builder", "budget", "exact", "estimated_runs", "trees",
+    "entries": [...], "lp": {...} | None}``.
     """
     b = make_builder(builder)
     budget = check_int("budget", budget, minimum=1)
@@ -233,7 +263,7 @@ def builder_report(
     samples = check_int("samples", samples, minimum=2)
     say = progress or (lambda message: None)
     verifiers_for(verifiers, set(), b.adaptive_widths)  # names and widths before any building; draws below
-    estimate = estimate_runs(lambda s: b.build(ToyDraft(model, ()), budget, s), RUN_PROBES, seed)
+    estimate = estimate_runs(lambda s: b.build(ToyDraft(model, ()), budget, s), RUN_PROBES, tree_rng(seed))
     exact = estimate <= SKIP_FACTOR * max_runs
     if exact:
         say(f"about {estimate:.3g} builder runs (Knuth's estimate over {RUN_PROBES} probes): enumerating, "
@@ -247,7 +277,7 @@ def builder_report(
         say(f"about {estimate:.3g} builder runs (Knuth's estimate over {RUN_PROBES} probes), above "
             f"{SKIP_FACTOR} x {max_runs}: sampling {samples} trees ...")
     if not exact:
-        drafts = sample_builder_drafts(model, b, budget, samples, seed)
+        drafts = sample_builder_drafts(model, b, budget, samples, tree_rng(seed))
     kernels = verifiers_for(verifiers, draws_of(drafts), b.adaptive_widths)
     strings = completion_cells(model.vocab, draft_depth(drafts))
     checked = exact and strings <= MAX_COMPLETION_CELLS
@@ -266,7 +296,8 @@ def builder_report(
             lengths = np.array([_length_given_tree(d, kernel) for d in drafts])
             mean = float(lengths.mean())
             entries.append({"verifier": name, "expected_length": mean,
-                            "ci95": list(betting_interval(lengths, 1.0, budget + 1.0, CI_RATE))})
+                            "ci95": list(betting_interval(_within_bounds(lengths, budget), 1.0, budget + 1.0,
+                                                          CI_RATE))})
     lp: dict[str, Any] | None = None
     cells = sum(len(d.accepted_paths) for d in drafts) * model.vocab
     if checked and cells <= MAX_LP_CELLS:

@@ -41,7 +41,8 @@ def run_builder_bench(budgets: tuple[int, ...] = BUDGETS, n_models: int = MODELS
                                       name=f"{family}-{k}") for k in range(n_models)]
         for budget in budgets:
             for name in BUILDERS:
-                # each model's trees from a seed of its own: the mean's interval below adds the three as independent
+                # each model's trees from a seed of its own (builder_report's tree_rng stream of it, apart from the
+                # words that set the model's rows): the mean's interval below adds the three as independent
                 reps = [builder_report(m, name, budget, list(VERIFIERS), samples=samples, seed=seed * 100 + k,
                                        max_runs=max_runs) for k, m in enumerate(ms)]
                 row: dict[str, Any] = {"family": family, "budget": budget, "builder": name,
@@ -60,6 +61,10 @@ def run_builder_bench(budgets: tuple[int, ...] = BUDGETS, n_models: int = MODELS
     return {"budgets": list(budgets), "models_per_family": n_models, "rows": rows}
 
 
+def _models(n: int) -> str:
+    return f"{n} model" + ("" if n == 1 else "s")
+
+
 def render(report: dict[str, Any]) -> str:
     out = []
     for family in FAMILIES:
@@ -71,11 +76,12 @@ def render(report: dict[str, Any]) -> str:
                 half = r[f"{v}_ci95_half"]
                 return f"{r[v]:.3f}" + (f" ±{half:.3f}" if half else "")
             lp = f"{r['lp']:.3f}" if r["lp"] else "-"
-            gap = f"{100 * (1 - r['traversal'] / r['lp']):.1f}%" if r["lp"] else "-"
+            # rounded, then + 0.0: a Traversal length equal to its LP limit up to rounding printed "-0.0%"
+            gap = f"{round(100 * (1 - r['traversal'] / r['lp']), 1) + 0.0:.1f}%" if r["lp"] else "-"
             table.append([str(r["budget"]), r["builder"], cell("multidraft"), cell("traversal"), lp, gap,
                           "exact" if r["exact"] else "MC"])
         out.append(format_table(["budget", "builder", "residual", "traversal", "LP", "traversal below LP", "how"],
-                                table, title=f"{family} draft (V = 4, mean of {report['models_per_family']} models): E[tokens/step]"))
+                                table, title=f"{family} draft (V = 4, mean of {_models(report['models_per_family'])}): E[tokens/step]"))
     return "\n\n".join(out)
 
 

@@ -12,8 +12,10 @@ from scipy import stats
 from spec.acceptance import (
     builder_drafts,
     builder_report,
+    random_stationary_model,
     sample_builder_drafts,
     step_sequence_law,
+    tree_rng,
     verifiers_for,
 )
 from spec.builders import BUILDERS, DynaTreeBuilder, DySpecBuilder, make_builder
@@ -23,6 +25,7 @@ from tmc.laws import output_law
 from tmc.multidraft import tree_kernel_outputs
 from tmc.ordered_traversal import ordered_traversal_kernel
 from tmc.toy import PAPER_TOY_FILE
+from tmc.validate import as_rng
 
 from tests.spec.conftest import models
 from tests.spec.test_builders import SMALL
@@ -108,13 +111,57 @@ def test_monte_carlo_fallback_interval() -> None:
     (e,) = mc["entries"]
     kernel = TREE_VERIFIERS["traversal"].kernel
     lengths = [sum(len(s) * w for s, w in tree_kernel_outputs(d.tree, kernel(d.tree, d.p_rows)).items())
-               for d in sample_builder_drafts(m, make_builder("dyspec"), 5, 2000, 3)]  # the report's trees
+               for d in sample_builder_drafts(m, make_builder("dyspec"), 5, 2000, tree_rng(3))]  # the report's trees
     assert e["expected_length"] == pytest.approx(float(np.mean(lengths)), rel=1e-12)
     se = float(np.std(lengths, ddof=1)) / math.sqrt(len(lengths))
     assert abs(e["expected_length"] - exact["entries"][0]["expected_length"]) < 4 * se
     assert 0 < se < 0.05
     lo, hi = e["ci95"]  # the betting interval: a little wider than the normal one (1.2-1.3 times at 2000 trees)
     assert lo < exact["entries"][0]["expected_length"] < hi and 2 * 1.96 * se < hi - lo < 2 * 2 * 1.96 * se
+
+
+def test_a_random_model_and_its_sampled_trees_share_no_random_words() -> None:
+    """``tmc acceptance --random V --seed S --builder ...`` and ``tmc bench builders`` give a model and its trees
+    one integer.  The report's trees come from ``tree_rng(S)``, whose words are none of those ``as_rng(S)`` set the
+    model's rows from; until 2026-11-27 the trees were drawn from ``default_rng(S)`` itself (the report's mean then
+    equalled the mean over ``sample_builder_drafts(..., S)``, checked to fail here)."""
+    seed, budget, n = 1, 16, 40
+    m = random_stationary_model(4, seed)  # as the CLI builds it
+    report = builder_report(m, "dyspec", budget, "traversal", max_runs=1, samples=n, seed=seed)
+    assert not report["exact"]
+    kernel = TREE_VERIFIERS["traversal"].kernel
+
+    def mean_length(rng: object) -> float:
+        drafts = sample_builder_drafts(m, make_builder("dyspec"), budget, n, rng)  # type: ignore[arg-type]
+        return float(np.mean([sum(len(s) * w for s, w in tree_kernel_outputs(d.tree, kernel(d.tree, d.p_rows)).items())
+                              for d in drafts]))
+
+    got = report["entries"][0]["expected_length"]
+    assert got == pytest.approx(mean_length(tree_rng(seed)), rel=1e-12)
+    assert got != pytest.approx(mean_length(seed), rel=1e-9)  # not the model's own stream
+    words = 4096  # more than the rows of a V = 4 model take (2 (1 + 4 + 16 + 1) rows of 4 gamma draws)
+    model_words = set(as_rng(seed).bit_generator.random_raw(words).tolist())
+    assert not model_words & set(tree_rng(seed).bit_generator.random_raw(words).tolist())
+    with pytest.raises(ValueError, match="seed"):
+        tree_rng(-1)
+
+
+def test_a_sampled_tree_whose_length_rounds_past_the_budget_keeps_the_interval() -> None:
+    """A tree's exact length is a float sum, so a chain of 8 that Traversal accepts whole with probability one
+    came out at 9.000000000000002 > budget + 1, and the report failed ("a betting interval's values must lie in
+    [1.0, 9.0]": ``tmc bench builders``, peaked family, budget 8, with the 2026-11-27 tree seeds).  Such values
+    are put back on the bound; one far outside still raises."""
+    from spec.acceptance import _length_given_tree, _within_bounds
+
+    m = random_stationary_model(4, 0, concentration=0.3, agreement=0.6, zero_prob=0.0)
+    kernel = TREE_VERIFIERS["traversal"].kernel
+    lengths = [_length_given_tree(d, kernel) for d in sample_builder_drafts(m, make_builder("chain"), 8, 70, tree_rng(0))]
+    assert max(lengths) > 9.0  # the case is exercised (tree 68 of this stream)
+    (e,) = builder_report(m, "chain", 8, "traversal", max_runs=1, samples=70, seed=0)["entries"]
+    assert e["expected_length"] == pytest.approx(float(np.mean(lengths)), rel=1e-15)
+    assert 1.0 <= e["ci95"][0] <= e["expected_length"] <= e["ci95"][1] <= 9.0
+    assert _within_bounds(np.array([1 - 1e-14, 9 + 1e-14, 5.0]), 8).tolist() == [1.0, 9.0, 5.0]
+    assert _within_bounds(np.array([9.001]), 8).tolist() == [9.001]
 
 
 def test_monte_carlo_interval_covers_a_skewed_law() -> None:
