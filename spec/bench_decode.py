@@ -51,7 +51,12 @@ percentage of the target forward time: the builder's own work (builder time
 minus draft forwards), the verifier, and the draft forwards.  At temperature
 0 the ``=ar`` column is the share of prompts whose tokens equal ``ar``'s
 (greedy decoding): 1.0 in float32; in bfloat16 a tree forward and a one-token
-forward round differently, so an argmax tie can flip.
+forward round differently, so an argmax tie can flip.  Where HF ``generate``
+is known to leave greedy decoding (a ``longrope`` target across its switch
+on transformers 5.17-5.19: :func:`_hf_generate_off_greedy`) the column
+compares with ``ar-loop``'s tokens instead (``reference`` and
+``reference_why`` in the report; none without an ``ar-loop`` row), and the
+table says so.
 
 HF generate is called with no EOS token, like our loops, so every row decodes
 ``max_new_tokens`` tokens from the same law (masking the EOS instead, with
@@ -547,6 +552,33 @@ def _check_positions(target: Any, draft: Any, prompts: Sequence[Sequence[int]], 
         check_positions(draft, "draft", reach + ahead, speculative=ours)
 
 
+def _hf_generate_off_greedy(target: Any, prompts: Sequence[Sequence[int]], new_tokens: int) -> str | None:
+    """Why Hugging Face ``generate`` leaves the target's greedy decoding on this run, or ``None``.
+
+    transformers 5.17-5.19: a ``longrope`` model (Phi-3 128k, Phi-4-mini) drops its cache when the sequence
+    first passes its switch ``s`` but still feeds only the newest token, so that forward, which decodes position
+    ``s + 1``, sees no context (5.20 feeds the whole sequence there).  A prompt of at most ``s`` tokens that
+    decodes to ``s + 2`` or more meets it.  ``ar`` and ``ar-static`` are then no reference for the ``=ar``
+    column; ``ar-loop`` (:func:`~spec.llm.generate.ar_generate`, which recomputes its cache there) is.
+    """
+    from spec.llm.adapter import rope_switches
+
+    version = _transformers_version()
+    if tuple(int(part) for part in version.split(".")[:2]) >= (5, 20):
+        return None
+    met = [s for s in rope_switches(target.config) if any(len(p) <= s < len(p) + new_tokens - 1 for p in prompts)]
+    if not met:
+        return None
+    return (f"transformers {version}'s generate feeds a longrope target only its newest token when it drops its "
+            f"cache at the switch ({met[0]}), fixed in 5.20")
+
+
+def _transformers_version() -> str:
+    import transformers
+
+    return str(transformers.__version__)
+
+
 def _presize_static_caches(target: Any, draft: Any, prompts: Sequence[Sequence[int]], methods: Sequence[Method],
                            new_tokens: int) -> None:
     """Grow the models' shared static caches to the largest capacity any of our runs asks for.
@@ -639,6 +671,8 @@ def run_decode_bench(
         _presize_static_caches(target, draft, prompts, methods, new_tokens)
     rows: list[dict[str, Any]] = []
     n = len(methods)
+    hf_off = _hf_generate_off_greedy(target, prompts, new_tokens)
+    reference = "ar" if hf_off is None else "ar-loop"  # whose tokens the =ar column compares with
     with torch.inference_mode():
         for temp in temperatures:
             if warmup:  # compilation, graph capture and allocator growth happen here, untimed: a full decode
@@ -653,7 +687,8 @@ def run_decode_bench(
                 if progress:
                     progress(f"  T={temp:g} round {rnd + 1}/{rounds}: {len(prompts)} prompts x {n} methods in "
                              f"{time.perf_counter() - t0:.1f} s")
-            ref = next(([r["tokens"] for r in runs[k][0]] for k, m in enumerate(methods) if m.name == "ar"), None)
+            ref = next(([r["tokens"] for r in runs[k][0]] for k, m in enumerate(methods) if m.name == reference),
+                       None)
             for method, per_round in zip(methods, runs):
                 row = {"prompts": len(prompts), **_row(method, temp, [r for rr in per_round for r in rr])}
                 if method.step_graph:  # its fused steps are one graph: the split comes from a profile
@@ -692,7 +727,7 @@ def run_decode_bench(
            "draft_params": sum(p.numel() for p in draft.parameters())}
     return {"environment": env, "prompts": len(prompts), "prompt_tokens": [len(p) for p in prompts],
             "new_tokens": new_tokens, "temperatures": list(temperatures), "seed": seed, "rounds": rounds,
-            "order": order, "rows": rows}
+            "order": order, "reference": reference, "reference_why": hf_off, "rows": rows}
 
 
 def _fmt(v: Any, spec: str) -> str:
@@ -735,6 +770,8 @@ def render(report: dict[str, Any]) -> str:
                   f"{', OMP_WAIT_POLICY=' + env['omp_wait_policy'] if env.get('omp_wait_policy') else ''}), "
                   f"transformers {env['transformers']} "
                   f"(% columns: of the target forward time)"))
+    if report.get("reference_why"):
+        out.append(f"=ar compares with {report['reference']}'s tokens: {report['reference_why']}")
     return "\n\n".join(out)
 
 

@@ -271,7 +271,8 @@ def rope_switches(config: Any) -> tuple[int, ...]:
 
     transformers picks the factors of a forward from its largest position id: the short ones while it is below
     ``s``, the long ones for every token of a forward that reaches position ``s`` or past it.  Phi-3's own
-    ``generate`` drops its cache once the sequence passes ``s`` tokens and recomputes it with the long factors,
+    ``generate`` drops its cache once the sequence passes ``s`` tokens and recomputes it with the long factors
+    (from transformers 5.20; 5.17-5.19 drop it but feed only the newest token there, with no context),
     so the law of the token after a context of ``L`` tokens is that of one forward over the whole context:
     short factors for ``L <= s``, long ones for ``L > s``.  :func:`spec.llm.generate.generate` keeps that law:
     no step's tree passes from below ``s`` to ``s`` (the step whose root sits at ``s - 1`` has none: a root-only

@@ -50,6 +50,13 @@ def saved_pair(tmp_path_factory: pytest.TempPathFactory) -> SavedPair:
     return SavedPair(path, tok, target, draft)
 
 
+def transformers_version() -> tuple[int, ...]:
+    """The installed transformers' (major, minor)."""
+    import transformers
+
+    return tuple(int(part) for part in transformers.__version__.split(".")[:2])
+
+
 def greedy_decode(model: Any, prompt: list[int], n: int) -> list[int]:
     """Plain greedy decoding, full recompute through the model's own masks, no cache: the reference
     (minGPT style)."""

@@ -19,6 +19,7 @@ from transformers.cache_utils import DynamicSlidingWindowLayer  # noqa: E402
 from spec.builders import DynaTreeBuilder, WetapBuilder  # noqa: E402
 from spec.draft import BeamDraft, DraftModel, TopDraft, beam_candidates, draft_rows, select_beam  # noqa: E402
 from spec.draft import select_top, top_candidates  # noqa: E402
+from tests.spec.llm.conftest import transformers_version  # noqa: E402
 from tests.spec.test_beam import random_rows  # noqa: E402
 from spec.llm.adapter import (  # noqa: E402
     LLMDraft,
@@ -201,16 +202,10 @@ def test_additive_mask_refuses_a_mask_that_is_not_2d():
 # --- the cache keyword ---------------------------------------------------------------------
 
 
-def _transformers_version() -> tuple[int, ...]:
-    import transformers
-
-    return tuple(int(part) for part in transformers.__version__.split(".")[:2])
-
-
 def test_cache_keyword_follows_the_installed_transformers():
     """5.24 renamed the forward's ``past_key_values`` to ``cache`` (the old name warns); the
     helper reads the name off the signature, so it must agree with the release notes' version."""
-    want = "cache" if _transformers_version() >= (5, 24) else "past_key_values"
+    want = "cache" if transformers_version() >= (5, 24) else "past_key_values"
     assert cache_keyword(tiny_model()) == want
 
 

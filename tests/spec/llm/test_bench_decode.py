@@ -630,3 +630,45 @@ def test_save_without_matplotlib_names_only_the_json(saved_pair: SavedPair, tmp_
     assert sorted(p.name for p in out.iterdir()) == ["decode.json"]
     assert "tmc bench decode: matplotlib is not installed; decode.png not written" in err
     assert [line for line in err if line.startswith("wrote ")] == [f"wrote {out / 'decode.json'}"]
+
+
+@pytest.mark.filterwarnings("ignore:.*original_max_position_embeddings.*")
+def test_eq_ar_compares_with_ar_loop_where_hf_generate_leaves_a_longrope_targets_greedy_decoding(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """transformers 5.17-5.19 (the GPU machine's 5.17 among them): a ``longrope`` target's own ``generate`` drops
+    its cache at the switch but feeds only the newest token, so from position ``s + 1`` its tokens leave greedy
+    decoding; the ``=ar`` column then read 0.00 for every row of ours (a tiny Phi-3 pair on 5.17, checked).  There
+    the column compares with ``ar-loop`` (full forwards' law) and the table says why; elsewhere with ``ar``.  On
+    this transformers the real case runs; from 5.20 on, a version set back to 5.19 checks the switch-over."""
+    import spec.bench_decode as bench
+    from tests.spec.llm.conftest import greedy_decode, transformers_version
+    from tests.spec.llm.test_windows import _rope_model
+
+    target, draft = _rope_model("longrope", 0, init=0.5), _rope_model("longrope", 1, init=0.5)
+    prompts = [[5] * 15, [7] * 16]  # switch 16: both meet the dropped cache at position 17 (12 new tokens)
+    methods = _methods(("ar", "ar-loop", "chain:sps@3", "dyspec:traversal@4"))
+
+    def run(new_tokens: int) -> dict[str, Any]:
+        return run_decode_bench(target, draft, prompts, methods, temperatures=(0.0,), new_tokens=new_tokens,
+                                warmup=False)
+
+    real = run(12)
+    if transformers_version() < (5, 20):
+        assert real["reference"] == "ar-loop" and "fixed in 5.20" in real["reference_why"]
+        agree = {r["method"]: r["agree_ar"] for r in real["rows"]}
+        assert agree == {"ar": 0.0, "ar-loop": 1.0, "chain+sps@3": 1.0, "dyspec+traversal@4": 1.0}
+        assert "=ar compares with ar-loop's tokens" in render(real)
+        return
+    assert (real["reference"], real["reference_why"]) == ("ar", None)
+    assert all(r["agree_ar"] == 1.0 for r in real["rows"])
+    assert "=ar compares" not in render(real)
+    monkeypatch.setattr(bench, "_transformers_version", lambda: "5.19.0")
+    old = run(12)
+    assert old["reference"] == "ar-loop" and old["reference_why"].startswith("transformers 5.19.0's generate")
+    assert all(r["agree_ar"] == 1.0 for r in old["rows"])  # this generate is right: the plumbing only
+    assert "=ar compares with ar-loop's tokens" in render(old)
+    # the forward that decodes position s + 1 = 17 is the first one affected: a prompt of 15 meets it with 3 tokens
+    assert bench._hf_generate_off_greedy(target, [[5] * 15], 2) is None
+    assert bench._hf_generate_off_greedy(target, [[5] * 15], 3) is not None
+    assert bench._hf_generate_off_greedy(target, [[5] * 17], 30) is None  # a prefill past the switch: no cache
+    assert [greedy_decode(target, p, 12) for p in prompts] == [r["tokens"][0] for r in old["rows"] if r["method"] == "ar-loop"][0]
