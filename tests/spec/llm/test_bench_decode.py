@@ -667,6 +667,10 @@ def test_eq_ar_compares_with_ar_loop_where_hf_generate_leaves_a_longrope_targets
     assert old["reference"] == "ar-loop" and old["reference_why"].startswith("transformers 5.19.0's generate")
     assert all(r["agree_ar"] == 1.0 for r in old["rows"])  # this generate is right: the plumbing only
     assert "=ar compares with ar-loop's tokens" in render(old)
+    without = run_decode_bench(target, draft, prompts, _methods(("ar", "chain:sps@3")), temperatures=(0.0,),
+                               new_tokens=12, warmup=False)
+    assert without["reference"] is None and all("agree_ar" not in r for r in without["rows"])
+    assert "=ar left out (add ar-loop for a reference)" in render(without)
     # the forward that decodes position s + 1 = 17 is the first one affected: a prompt of 15 meets it with 3 tokens
     assert bench._hf_generate_off_greedy(target, [[5] * 15], 2) is None
     assert bench._hf_generate_off_greedy(target, [[5] * 15], 3) is not None
