@@ -54,9 +54,9 @@ minus draft forwards), the verifier, and the draft forwards.  At temperature
 forward round differently, so an argmax tie can flip.  Where HF ``generate``
 is known to leave greedy decoding (a ``longrope`` target across its switch
 on transformers 5.17-5.19: :func:`_hf_generate_off_greedy`) the column
-compares with ``ar-loop``'s tokens instead (``reference`` and
-``reference_why`` in the report; none without an ``ar-loop`` row), and the
-table says so.
+compares with ``ar-loop``'s tokens instead (``reference_why`` in the
+report), and the table says so.  ``reference`` names the row compared
+with, ``None`` when that row is not among the methods (no ``=ar`` then).
 
 HF generate is called with no EOS token, like our loops, so every row decodes
 ``max_new_tokens`` tokens from the same law (masking the EOS instead, with
@@ -672,9 +672,8 @@ def run_decode_bench(
     rows: list[dict[str, Any]] = []
     n = len(methods)
     hf_off = _hf_generate_off_greedy(target, prompts, new_tokens)
-    reference: str | None = "ar" if hf_off is None else "ar-loop"  # whose tokens the =ar column compares with
-    if hf_off is not None and all(m.name != reference for m in methods):
-        reference = None  # no row decodes greedily here: no =ar column
+    wanted = "ar" if hf_off is None else "ar-loop"  # whose tokens the =ar column compares with
+    reference = wanted if any(m.name == wanted for m in methods) else None  # None: no =ar column
     with torch.inference_mode():
         for temp in temperatures:
             if warmup:  # compilation, graph capture and allocator growth happen here, untimed: a full decode
