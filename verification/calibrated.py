@@ -20,6 +20,22 @@ distribution exceeds the ``1 − alpha`` critical value with probability at
 least ``1 − beta``.  (This relies on the usual asymptotic chi-square
 approximation, which ``min_expected`` keeps sound at ordinary rates.)
 
+That bound is on the merged bins: a discrepancy inside a bin of several cells
+is invisible to the statistic.  For a bin ``b`` of exact mass ``P_b``,
+``Σ_{i∈b} |p'_i − p_i| ≤ |P'_b − P_b| + 2 P_b``, so a law at total variation
+``ε`` on the cells is at least ``ε − m`` from the exact law on the bins, ``m``
+the exact mass of the bins that hold more than one cell.
+:func:`required_samples` sizes a check of ``n_bins`` unmerged bins;
+:func:`chi_square_samples` sizes one for a given law, merging as the check
+will at that size, so that the guarantee is on the cells.  (Sized by bins
+alone, 68 samples of a uniform law on 16 cells, for ``ε = 0.5``, merged every
+cell into one bin: the check could not fail.)  Cells far below the others
+(``1e-12`` beside ``0.5``) are folded into a bin of a larger cell at every size
+within reach, and mass moved between them is never seen; there the guarantee
+can only be on the bins (``cover="bins"``), and :func:`kl_check`, which merges
+nothing, is the test that covers every cell.  A sample that merges every
+positive cell into one bin is refused by :func:`chi_square_check`.
+
 That approximation is not a bound: at rates like ``1e-12`` a bin of a few
 expected samples has a binomial tail thousands of times the chi-square's.
 :func:`kl_check` is the finite-sample alternative, with no approximation in
@@ -39,8 +55,10 @@ either direction:
   ``k + 1`` outcomes) and McDiarmid (one sample moves ``‖p̂ − p'‖₁`` by at
   most ``2/N``) bound ``‖p̂ − p'‖₁ ≤ √(k/N) + √(2 ln(1/β) / N)`` with
   probability ``≥ 1 − β``.  :func:`kl_required_samples` is the least ``N``
-  for which ``2N·(ε − that/2)² > s``, a closed form.  It asks for about 2–3
-  times the chi-square size, the price of a rate that holds exactly.
+  for which ``2N·(ε − that/2)² > s``, a closed form.  It asks for 2–3 times
+  the chi-square's :func:`required_samples` on a few cells and more on many
+  (at ``alpha = 1e-3``: 2.3× for 2 cells, 3.2× for 10, 6.1× for 60), the price
+  of a rate that holds exactly.
 """
 
 from __future__ import annotations
@@ -51,7 +69,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from numpy.typing import NDArray
+from numpy.typing import ArrayLike, NDArray
 from scipy import optimize, stats
 
 from tmc.validate import check_int
@@ -90,6 +108,14 @@ def merge_bins(probs: NDArray[np.float64], samples: int, min_expected: float = 5
     return labels
 
 
+def _merged_mass(probs: NDArray[np.float64], labels: NDArray[np.int64]) -> tuple[int, float]:
+    """``(bins, m)``: how many bins ``labels`` forms and the exact mass of those holding more than one cell."""
+    bins = int(labels.max()) + 1 if labels.size else 0
+    cells = np.bincount(labels, minlength=bins)
+    mass = np.bincount(labels, weights=probs, minlength=bins)
+    return bins, float(mass[cells > 1].sum())
+
+
 def _critical(dof: int, alpha: float) -> float:
     return float(stats.chi2.isf(alpha, dof))
 
@@ -97,6 +123,43 @@ def _critical(dof: int, alpha: float) -> float:
 #: The most samples one check may ask for: past it (a tiny ``tv``) the samples would not fit in memory
 #: or time (``tv = 0.001`` at the suite's rate asked for 37.7 M samples, ``1e-6`` for 824 TiB).
 MAX_CHECK_SAMPLES = 10**7
+
+
+#: How far from 1 a law's sum may be (its own rounding); further is an unnormalised law, refused.
+LAW_SUM_ATOL = 1e-6
+
+
+def _check_law(name: str, probs: ArrayLike) -> NDArray[np.float64]:
+    """``probs`` as a 1-D float law: finite, non-negative, summing to 1 within :data:`LAW_SUM_ATOL`."""
+    try:
+        law = np.asarray(probs, dtype=np.float64)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{name} must be a 1-D array of probabilities: {err}") from None
+    if law.ndim != 1 or law.size == 0:
+        raise ValueError(f"{name} must be a non-empty 1-D array of probabilities, got shape {law.shape}")
+    if not np.isfinite(law).all() or (law < 0.0).any():
+        bad = int(np.flatnonzero(~np.isfinite(law) | (law < 0.0))[0])
+        raise ValueError(f"{name} must be finite and non-negative, got {float(law[bad])!r} at cell {bad}")
+    total = math.fsum(law.tolist())
+    if total <= 0.0:
+        raise ValueError(f"{name} has no positive cell")
+    if abs(total - 1.0) > LAW_SUM_ATOL:
+        raise ValueError(f"{name} must sum to 1 (an exact law), got {total!r}")
+    return law
+
+
+def _check_counts(counts: ArrayLike, shape: tuple[int, ...]) -> NDArray[np.int64]:
+    """``counts`` as integers, one per cell of a law of ``shape``: whole, non-negative numbers."""
+    raw = np.asarray(counts)
+    if raw.shape != shape:
+        raise ValueError(f"counts shape {raw.shape} differs from probs shape {shape} (both 1-D, one entry a cell)")
+    if raw.dtype == np.bool_ or not (np.issubdtype(raw.dtype, np.integer) or np.issubdtype(raw.dtype, np.floating)):
+        raise ValueError(f"counts must be whole numbers, got dtype {raw.dtype}")
+    if np.issubdtype(raw.dtype, np.floating) and not (np.isfinite(raw).all() and (raw == np.round(raw)).all()):
+        raise ValueError("counts must be whole numbers (sample counts), got a fraction or a non-finite value")
+    if (raw < 0).any():
+        raise ValueError("counts must be non-negative")
+    return raw.astype(np.int64)
 
 
 def _check_rates(alpha: float | None, beta: float | None = None) -> None:
@@ -108,8 +171,13 @@ def _check_rates(alpha: float | None, beta: float | None = None) -> None:
 
 
 def required_samples(n_bins: int, tv: float, alpha: float, beta: float = 1e-3) -> int:
-    """Least N that detects total variation ``tv`` with power ``1 − beta`` at level ``alpha``;
-    ``ValueError`` when that is more than :data:`MAX_CHECK_SAMPLES` or ``alpha`` has no critical value."""
+    """Least N that detects total variation ``tv`` on ``n_bins`` bins with power ``1 − beta`` at level ``alpha``;
+    ``ValueError`` when that is more than :data:`MAX_CHECK_SAMPLES` or ``alpha`` has no critical value.
+
+    The bins are those the check tests: where :func:`chi_square_check` will merge small cells, a
+    discrepancy inside a merged bin is not covered; :func:`chi_square_samples` sizes a check for a law.
+    """
+    check_int("n_bins", n_bins, minimum=1)
     n = _required(n_bins, tv, alpha, beta, MAX_CHECK_SAMPLES)
     if n is None:
         raise ValueError(f"detecting tv = {tv:g} at a false-fail rate of {alpha:.3g} per check needs more than "
@@ -142,8 +210,86 @@ def _required(n_bins: int, tv: float, alpha: float, beta: float, limit: int) -> 
     return n if n <= limit else None
 
 
+#: What :func:`chi_square_samples` sizes a check to cover: total variation on the law's cells, or on the bins
+#: the check merges them into at that size.
+COVERS: tuple[str, ...] = ("cells", "bins")
+
+
+def chi_square_samples(probs: ArrayLike, tv: float, alpha: float, beta: float = 1e-3,
+                       min_expected: float = 5.0, cover: str = "cells") -> int:
+    """The least sample size ``N`` at which :func:`chi_square_check` detects, with power ``1 − beta`` at
+    level ``alpha``, every sampler whose law is at total variation ``tv`` or more from ``probs``, on its
+    cells (``cover="cells"``) or on the bins the check merges them into at ``N`` (``cover="bins"``).
+
+    The check merges the cells of fewer than ``min_expected`` expected samples, and a discrepancy inside a
+    merged bin is invisible (module doc).  ``"cells"``: ``N`` is the least at which the merged bins' power
+    covers ``tv − m``, ``m`` the exact mass of the bins of several cells there; a law with cells far below
+    ``min_expected / MAX_CHECK_SAMPLES`` beside a larger one may have no such ``N`` (``ValueError``).
+    ``"bins"``: the least ``N`` at which the check has at least two bins and their power covers ``tv``.
+    Either way the least such ``N`` within each range of sizes that merge alike, searched from small to
+    large.  One positive cell: only a sample off it can fail the check, so ``N`` is the least with
+    ``(1 − tv)^N ≤ beta``.  ``ValueError`` above :data:`MAX_CHECK_SAMPLES`.
+    """
+    if cover not in COVERS:
+        raise ValueError(f"cover must be one of {', '.join(COVERS)}, got {cover!r}")
+    law = _check_law("probs", probs)
+    if not 0.0 < tv <= 1.0:
+        raise ValueError(f"tv must be in (0, 1], got {tv}")
+    _check_rates(alpha, beta)
+    pos = law[law > 0.0]
+    if pos.size == 1:
+        n = 1 if tv >= 1.0 else math.ceil(math.log(beta) / math.log1p(-tv))
+        if n > MAX_CHECK_SAMPLES:
+            raise ValueError(f"detecting tv = {tv:g} needs {n:,} samples, more than {MAX_CHECK_SAMPLES:,}; raise tv")
+        return n
+    # no size below the two-bin one can do (a check of one bin, or of several cells merged into one, has
+    # nothing to test: in "cells" that bin's mass m is 1), and the need grows with the bins and with tv − m
+    first = _required(2, tv, alpha, beta, MAX_CHECK_SAMPLES)
+    n = MAX_CHECK_SAMPLES + 1 if first is None else first
+    while n <= MAX_CHECK_SAMPLES:
+        labels = merge_bins(pos, n, min_expected)
+        bins, merged = _merged_mass(pos, labels)
+        if cover == "bins":
+            merged = 0.0 if bins >= 2 else 1.0
+        need = _required_cached(bins, tv - merged, alpha, beta) if merged < tv else None
+        if need is not None and need <= n:
+            return n
+        step = _next_merge_change(pos, n, min_expected)
+        if need is not None and (step is None or need < step):
+            n = need  # the same merging up to the next change: rechecked there
+        elif step is None:  # no merging left (m = 0) and still too few: more than the limit
+            break
+        else:
+            n = step
+    hint = " (or cover the merged bins)" if cover == "cells" else ""
+    raise ValueError(f"detecting tv = {tv:g} on the {cover} at a false-fail rate of {alpha:.3g} per check on this law "
+                     f"needs more than {MAX_CHECK_SAMPLES:,} samples per check; raise tv (--tv){hint}")
+
+
+@functools.lru_cache(maxsize=4096)
+def _required_cached(n_bins: int, tv: float, alpha: float, beta: float) -> int | None:
+    """:func:`_required` up to :data:`MAX_CHECK_SAMPLES` (the sizing of a suite asks for the same few many times)."""
+    return _required(n_bins, tv, alpha, beta, MAX_CHECK_SAMPLES)
+
+
+def _next_merge_change(pos: NDArray[np.float64], n: int, min_expected: float) -> int | None:
+    """The least size above ``n`` at which :func:`merge_bins` may merge ``pos`` differently (``None``: never)."""
+    small = pos * n < min_expected
+    if not small.any():
+        return None
+    sizes = [min_expected / float(x) for x in pos[small]] + [min_expected / float(pos[small].sum())]
+    out = []
+    for size in sizes:
+        m = int(math.ceil(size)) if size < 4.0 * MAX_CHECK_SAMPLES else 4 * MAX_CHECK_SAMPLES
+        out.append(max(m, n + 1))
+    return min(out)
+
+
 def detectable_tv(n_bins: int, samples: int, alpha: float, beta: float = 1e-3) -> float:
-    """Smallest total variation detected with power ``1 − beta`` by ``samples`` draws."""
+    """Smallest total variation detected on ``n_bins`` unmerged bins with power ``1 − beta`` by ``samples`` draws."""
+    check_int("n_bins", n_bins, minimum=1)
+    check_int("samples", samples, minimum=1)
+    _check_rates(alpha, beta)
     lo, hi = 1e-6, 1.0
     for _ in range(60):
         mid = math.sqrt(lo * hi)
@@ -180,21 +326,20 @@ def chi_square_check(
         raise ValueError(f"statistic must be 'pearson' or 'g', got {statistic!r}")
     simulate = check_int("simulate", simulate, minimum=0)
     _check_rates(alpha)
-    counts = np.asarray(counts, dtype=np.int64)
-    probs = np.asarray(probs, dtype=np.float64)
-    if counts.shape != probs.shape:
-        raise ValueError(f"counts shape {counts.shape} differs from probs shape {probs.shape}")
-    if (counts < 0).any():
-        raise ValueError("counts must be non-negative")
+    probs = _check_law("probs", probs)
+    counts = _check_counts(counts, probs.shape)
     samples = int(counts.sum())
     zero = probs <= 0.0
     impossible = int(counts[zero].sum())
     pos = np.flatnonzero(~zero)
     labels = merge_bins(probs[pos], samples, min_expected)
     n_bins = int(labels.max()) + 1 if pos.size else 0
+    if n_bins <= 1 and pos.size > 1:
+        raise ValueError(f"{samples} samples merge all {pos.size} positive cells into one bin (expected counts "
+                         f"below {min_expected:g}): the check could not fail; size it with chi_square_samples")
     obs = np.bincount(labels, weights=counts[pos], minlength=n_bins).astype(np.float64)
     exp = np.bincount(labels, weights=probs[pos], minlength=n_bins).astype(np.float64) * samples
-    if n_bins <= 1 or samples == 0:
+    if n_bins <= 1:  # one positive cell: only a sample off it fails
         stat, dof, p_value = 0.0, 0, 1.0
     else:
         stat = float(_gof_statistic(obs[None, :], exp, statistic)[0])
@@ -315,20 +460,12 @@ def kl_check(counts: NDArray[np.int64], probs: NDArray[np.float64], alpha: float
     0.  The false-fail rate is at most ``alpha`` for every ``N``.
     """
     _check_rates(alpha)
-    counts = np.asarray(counts, dtype=np.int64)
-    probs = np.asarray(probs, dtype=np.float64)
-    if counts.shape != probs.shape or counts.ndim != 1:
-        raise ValueError(f"counts shape {counts.shape} differs from probs shape {probs.shape} (both 1-D, one entry a cell)")
-    if (counts < 0).any():
-        raise ValueError("counts must be non-negative")
-    if not np.isfinite(probs).all() or (probs < 0.0).any():
-        raise ValueError("probs must be finite and non-negative")
+    probs = _check_law("probs", probs)
+    counts = _check_counts(counts, probs.shape)
     samples = int(counts.sum())
     zero = probs <= 0.0
     impossible = int(counts[zero].sum())
     k = int((~zero).sum())
-    if k == 0:
-        raise ValueError("probs has no positive cell")
     seen = (counts > 0) & ~zero
     if samples == 0:
         stat = 0.0
@@ -343,9 +480,8 @@ def kl_check(counts: NDArray[np.int64], probs: NDArray[np.float64], alpha: float
 
 def bonferroni(alpha: float, checks: int) -> float:
     """Per-check false-fail rate that keeps the family's at most ``alpha``."""
-    if checks < 1:
-        raise ValueError(f"checks must be >= 1, got {checks}")
-    return alpha / checks
+    _check_rates(alpha)
+    return alpha / check_int("checks", checks, minimum=1)
 
 
 def holm(p_values: Sequence[float], alpha: float) -> list[bool]:
@@ -355,11 +491,18 @@ def holm(p_values: Sequence[float], alpha: float) -> list[bool]:
     first that is not.  Uniformly more powerful than Bonferroni at the same
     family-wise false-fail rate.
     """
-    m = len(p_values)
-    order = np.argsort(np.asarray(p_values, dtype=np.float64), kind="stable")
+    _check_rates(alpha)
+    values = np.asarray(p_values, dtype=np.float64)
+    if values.ndim != 1:
+        raise ValueError(f"p_values must be a sequence of numbers, got shape {values.shape}")
+    outside = np.flatnonzero(~((values >= 0.0) & (values <= 1.0)))
+    if outside.size:
+        raise ValueError(f"p_values must lie in [0, 1], got {float(values[outside[0]])!r} at index {int(outside[0])}")
+    m = len(values)
+    order = np.argsort(values, kind="stable")
     rejected = [False] * m
     for rank, idx in enumerate(order):
-        if p_values[idx] >= alpha / (m - rank):
+        if values[idx] >= alpha / (m - rank):
             break
         rejected[int(idx)] = True
     return rejected

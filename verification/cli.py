@@ -38,7 +38,8 @@ def _register_suite(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                        help="total variation each statistical check must detect (default 0.05)")
     suite.add_argument("--test", choices=("kl-bound", "chi2"), default="kl-bound",
                        help="kl-bound (default): false-fail rate and power are finite-sample bounds (Agrawal's "
-                       "KL concentration; about twice the samples); chi2: Pearson's chi-square, rates asymptotic")
+                       "KL concentration; 2-6 times the samples); chi2: Pearson's chi-square, rates asymptotic, power on the bins "
+                       "of cells merged to >= 5 expected samples")
     add_seed(suite, "models table and of all sampling")
     suite.add_argument("--include-biased", action="store_true", help="also run the shipped BIASED examples (they must fail)")
     suite.add_argument("--quick", action="store_true", help="two models, one shape each (for tests)")

@@ -9,6 +9,7 @@ from scipy import stats
 from verification.calibrated import (
     bonferroni,
     chi_square_check,
+    chi_square_samples,
     detectable_tv,
     holm,
     kl_check,
@@ -141,6 +142,112 @@ def test_bad_arguments(kwargs, match):
         chi_square_check(**kwargs)
     with pytest.raises(ValueError, match="tv"):
         required_samples(3, 0.0, 0.1)
+
+
+def _binomial_miss(law: np.ndarray, truth: np.ndarray, n: int, alpha: float) -> float:
+    """Exact probability that ``chi_square_check`` passes ``n`` samples of ``truth`` against ``law``, for a law of
+    two positive cells and one cell of probability 0 (``truth`` may put mass there), by enumerating the
+    ``(n + 1)(n + 2) / 2`` count vectors."""
+    counts = _compositions(n, 3)
+    pmf = stats.multinomial.pmf(counts, n, truth)
+    return float(sum(p for c, p in zip(counts, pmf) if p > 0.0 and chi_square_check(c, law, alpha).passed))
+
+
+@pytest.mark.parametrize(
+    ("law", "truth", "tv"),
+    [
+        # sized by its 2 bins alone, 114 samples folded the 0.01 cell into the other: one bin, never failing
+        (np.array([0.99, 0.01, 0.0]), np.array([0.69, 0.31, 0.0]), 0.3),
+        (np.array([0.99, 0.01, 0.0]), np.array([0.69, 0.01, 0.3]), 0.3),  # the discrepancy off the cells
+        # the suite's greedy-match law on p = q at tv 0.5 (103 samples by bins: one bin)
+        (np.array([0.019, 0.981, 0.0]), np.array([0.519, 0.481, 0.0]), 0.5),
+        (np.array([0.3, 0.7, 0.0]), np.array([0.6, 0.4, 0.0]), 0.3),  # no merging at either size: unchanged
+    ],
+)
+def test_chi_square_samples_detect_the_tv_on_the_cells_exactly(law, truth, tv):
+    """``chi_square_samples`` sizes the check for the law, merging as the check does, so that a sampler at
+    ``tv`` on the cells is caught with probability at least ``1 - beta`` (exact enumeration of the outcomes;
+    the chi-square power is asymptotic, and here it holds exactly).  Sized from the bins alone
+    (``required_samples``), the first and third cases merged every cell into one bin: the check now refuses
+    such a sample rather than passing it."""
+    alpha, beta = 1e-3, 1e-3
+    assert 0.5 * np.abs(law - truth).sum() == pytest.approx(tv)
+    by_bins = required_samples(2, tv, alpha, beta)
+    n = chi_square_samples(law, tv, alpha, beta)
+    assert _binomial_miss(law, truth, n, alpha) <= beta, n
+    merged_at_bins_size = law[1] * by_bins < 5.0 or law[0] * by_bins < 5.0
+    if merged_at_bins_size:
+        assert n > by_bins
+        with pytest.raises(ValueError, match="into one bin .* could not fail; size it with chi_square_samples"):
+            chi_square_check(np.array([by_bins, 0, 0]), law, alpha)
+    else:
+        assert n == by_bins
+
+
+def test_chi_square_samples_covers_the_mass_of_merged_bins():
+    """A uniform law on 16 cells at tv 0.5: 68 samples (sized by 16 bins) leave 4.25 expected per cell, all
+    merged into one bin; the size is the least at which no cell is merged (80).  A law with 100 cells of
+    0.001 (mass 0.1, all merged at the bins' size): the size is one at which the merged mass ``m`` is below
+    ``tv`` and the bins' power covers ``tv - m``, and no smaller size is (every size checked)."""
+    uniform = np.full(16, 1 / 16)
+    assert required_samples(16, 0.5, 1e-3) == 68 and chi_square_samples(uniform, 0.5, 1e-3) == 80
+    law = np.array([0.5, 0.3, 0.1] + [0.001] * 100)
+    tv, alpha, beta = 0.1, 1e-3, 1e-3
+    need: dict[tuple[int, float], float] = {}
+
+    def covered(n: int) -> bool:
+        labels = merge_bins(law, n)
+        sizes, mass = np.bincount(labels), np.bincount(labels, weights=law)
+        key = (int(labels.max()) + 1, float(mass[sizes > 1].sum()))
+        if key not in need:
+            try:
+                need[key] = required_samples(key[0], tv - key[1], alpha, beta) if key[1] < tv else np.inf
+            except ValueError:  # tv - m too small for any size within the limit
+                need[key] = np.inf
+        return need[key] <= n
+
+    n = chi_square_samples(law, tv, alpha, beta)
+    assert covered(n) and not any(covered(k) for k in range(1, n))
+    assert n == 5000 > required_samples(len(law), tv, alpha, beta)  # 5 expected per small cell; by bins: 3097
+
+
+def test_chi_square_samples_for_one_cell_is_the_chance_of_never_leaving_it():
+    n = chi_square_samples(np.array([1.0, 0.0]), 0.05, 1e-6, 1e-3)
+    assert 0.95**n <= 1e-3 < 0.95 ** (n - 1)
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        # a NaN cell kept bin 0 and passed counts that never saw the 0.5 cell
+        (lambda: chi_square_check(np.array([0, 100]), np.array([0.5, np.nan]), 0.01), r"probs must be finite .* cell 1"),
+        (lambda: chi_square_check(np.array([50, 50]), np.array([1.2, -0.2]), 0.01), r"non-negative, got -0.2 at cell 1"),
+        (lambda: chi_square_check(np.array([50, 50]), np.array([1.0, 1.0]), 0.01), "must sum to 1"),
+        (lambda: chi_square_check(np.array([50.0, 2.7]), np.array([0.5, 0.5]), 0.01), "whole numbers"),
+        (lambda: chi_square_check(np.array([[50, 50]]), np.array([[0.5, 0.5]]), 0.01), "1-D array"),
+        (lambda: chi_square_check(np.array([80, 34]), np.array([0.99, 0.01]), 1e-3), "into one bin"),
+        (lambda: kl_check(np.array([50, 50]), np.array([1.0, 1.0]), 0.01), "must sum to 1"),
+        (lambda: kl_check(np.array([50.5, 50]), np.array([0.5, 0.5]), 0.01), "whole numbers"),
+        (lambda: holm([0.001, float("nan")], 0.05), r"p_values must lie in \[0, 1\], got nan at index 1"),
+        (lambda: holm([1.5, 0.2], 0.05), r"lie in \[0, 1\], got 1.5 at index 0"),
+        (lambda: holm([0.2, 0.3], 5.0), "alpha must be in"),
+        (lambda: bonferroni(2.0, 4), "alpha must be in"),
+        (lambda: bonferroni(1e-3, 2.5), "checks must be an integer"),
+        (lambda: bonferroni(1e-3, True), "checks must be an integer"),
+        (lambda: bonferroni(1e-3, 0), "checks must be >= 1"),
+        (lambda: required_samples(0, 0.1, 0.01), "n_bins must be >= 1"),
+        (lambda: required_samples(2.5, 0.1, 0.01), "n_bins must be an integer"),
+        (lambda: detectable_tv(16, -3, 0.01), "samples must be >= 1"),
+        (lambda: chi_square_samples(np.array([0.5, 0.5]), 0.0, 0.01), "tv must be in"),
+        (lambda: chi_square_samples(np.array([0.5, 0.6]), 0.1, 0.01), "must sum to 1"),
+        (lambda: chi_square_samples(np.array([0.5, 0.5]), 1e-4, 1e-9), "more than 10,000,000 samples"),
+    ],
+)
+def test_calibrated_functions_refuse_bad_arguments(call, match):
+    """Each of these was accepted before and answered (a vacuous pass, a NaN counted as a rejection, a
+    negative rate, a sample size for 0 bins) or raised numpy's own error."""
+    with pytest.raises(ValueError, match=match):
+        call()
 
 
 # ------------------------------------------------- the finite-sample KL-bound test

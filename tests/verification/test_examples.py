@@ -15,7 +15,7 @@ from tmc import paper_toy_model
 from tmc.enumeration import chain_output_law, tree_output_law
 from tmc.multidraft import ROOT, Draw, DraftTree, multidraft_kernel, tree_kernel_outputs
 from tmc.toy import ToyModel
-from verification.calibrated import chi_square_check, required_samples
+from verification.calibrated import chi_square_check, chi_square_samples
 from verification.examples import (
     BIASED_EXAMPLES,
     CORRECT_EXAMPLES,
@@ -304,12 +304,12 @@ def sample_cells(tree: DraftTree, p_rows: np.ndarray, sample, kernel: np.ndarray
     outputs = tree_kernel_outputs(tree, kernel)
     cells = sorted(outputs)
     index = {s: i for i, s in enumerate(cells)}
-    n = required_samples(len(cells), 0.05, ALPHA_EACH)  # fixed before sampling
+    probs = np.array([outputs[s] for s in cells] + [0.0])  # last cell: outputs the kernel rules out
+    n = chi_square_samples(probs, 0.05, ALPHA_EACH)  # fixed before sampling
     rng = np.random.default_rng(seed)
-    counts = np.zeros(len(cells) + 1, dtype=np.int64)  # last cell: outputs the kernel rules out
+    counts = np.zeros(len(cells) + 1, dtype=np.int64)
     for _ in range(n):
         counts[index.get(tuple(sample(tree, p_rows, rng)), len(cells))] += 1
-    probs = np.array([outputs[s] for s in cells] + [0.0])
     result = chi_square_check(counts, probs, ALPHA_EACH)
     assert result.passed, result
 
