@@ -285,6 +285,26 @@ def _next_merge_change(pos: NDArray[np.float64], n: int, min_expected: float) ->
     return min(out)
 
 
+def chi_square_detectable_tv(probs: ArrayLike, samples: int, alpha: float, beta: float = 1e-3,
+                             min_expected: float = 5.0, cover: str = "cells") -> float:
+    """Smallest total variation from ``probs`` that :func:`chi_square_check` on ``samples`` draws detects with
+    probability ``1 − beta``, merging as the check does at that size: on the bins, :func:`detectable_tv` of
+    their number; on the cells, that plus ``m``, the exact mass of the bins of several cells (at most 1).
+    ``ValueError`` where the sample merges every positive cell into one bin (the check refuses it)."""
+    if cover not in COVERS:
+        raise ValueError(f"cover must be one of {', '.join(COVERS)}, got {cover!r}")
+    law = _check_law("probs", probs)
+    n = check_int("samples", samples, minimum=1)
+    _check_rates(alpha, beta)
+    pos = law[law > 0.0]
+    if pos.size == 1:  # only a sample off the cell fails
+        return float(min(1.0, -math.expm1(math.log(beta) / n)))
+    bins, merged = _merged_mass(pos, merge_bins(pos, n, min_expected))
+    if bins < 2:
+        raise ValueError(f"{n} samples merge all {pos.size} positive cells into one bin: the check could not fail")
+    return float(min(1.0, detectable_tv(bins, n, alpha, beta) + (merged if cover == "cells" else 0.0)))
+
+
 def detectable_tv(n_bins: int, samples: int, alpha: float, beta: float = 1e-3) -> float:
     """Smallest total variation detected on ``n_bins`` unmerged bins with power ``1 − beta`` by ``samples`` draws."""
     check_int("n_bins", n_bins, minimum=1)

@@ -5,7 +5,9 @@ exact zeros and exact ties naturally.  A model-wide *relation* between the
 target ``p`` and the draft ``q`` covers the cases that break verifiers:
 independent rows, identical rows (``p == q``, zero residual mass), near ties
 (``p = q`` up to 1e-12), one-hot greedy targets, and rows with tiny
-probabilities (1e-12).
+probabilities (1e-12).  Tree distributions have exact zeros, ties and near
+ties (siblings equal up to a relative 1e-12 or 1e-9); :data:`chain_lengths`
+and :func:`tree_shapes` give the draft lengths and tree widths.
 """
 
 from __future__ import annotations
@@ -117,17 +119,43 @@ Rows = dict[Path, dict[int, float]]
 # from 0, so normalised probabilities are >= 0.05 / 4 and never mere rounding.
 WEIGHTS = st.one_of(st.just(0.0), st.floats(0.05, 1.0), st.floats(0.05, 1.0))
 
+#: Relative offsets of a near tie: one sibling's weight is another's times ``1 + offset``.
+NEAR_TIE_OFFSETS: tuple[float, ...] = (1e-12, -1e-12, 1e-9)
+
+#: Draft chain lengths the exact checks cover (DESIGN.md §5: chains of length 1..6).
+chain_lengths = st.integers(1, 6)
+
+
+@st.composite
+def tree_shapes(draw: st.DrawFn, *, max_depth: int = 3, max_width: int = 3, max_nodes: int = 12) -> list[int]:
+    """Widths ``[w_1, ..., w_d]`` of a draft tree (every node at depth ``i - 1`` gets ``w_i`` children, as
+    :func:`tmc.drafts.tree_drafts` takes them), at most ``max_nodes`` draft nodes in all."""
+    widths = draw(st.lists(st.integers(1, max_width), min_size=1, max_size=max_depth))
+    nodes, layer, out = 0, 1, []
+    for w in widths:
+        layer *= w
+        if nodes + layer > max_nodes:
+            break
+        nodes += layer
+        out.append(w)
+    return out or [1]
+
 spaces = st.builds(TreeSpace.full, st.integers(1, 3), st.integers(1, 3))
 
 
 @st.composite
 def weight_rows(draw: st.DrawFn, *, n_children: int, leaf_only: bool) -> list[float]:
-    """Normalised ``[P(a_1|s), ..., P(a_k|s), P(tau|s)]`` for one node."""
-    if leaf_only:
-        kids = draw(st.lists(WEIGHTS, min_size=n_children, max_size=n_children).filter(any))
-        return [w / sum(kids) for w in kids] + [0.0]
-    row = draw(st.lists(WEIGHTS, min_size=n_children + 1, max_size=n_children + 1).filter(any))
-    return [w / sum(row) for w in row]
+    """Normalised ``[P(a_1|s), ..., P(a_k|s), P(tau|s)]`` for one node, with exact zeros and ties and, now and
+    then, a near tie: one positive weight set to another's times ``1 + offset`` (:data:`NEAR_TIE_OFFSETS`)."""
+    size = n_children if leaf_only else n_children + 1
+    row = draw(st.lists(WEIGHTS, min_size=size, max_size=size).filter(any))
+    positive = [i for i, w in enumerate(row) if w > 0.0]
+    if len(row) >= 2 and positive and draw(st.booleans()):
+        src = draw(st.sampled_from(positive))
+        dst = draw(st.sampled_from([i for i in range(len(row)) if i != src]))
+        row[dst] = row[src] * (1.0 + draw(st.sampled_from(NEAR_TIE_OFFSETS)))
+    total = sum(row)
+    return [w / total for w in row] + ([0.0] if leaf_only else [])
 
 
 @st.composite

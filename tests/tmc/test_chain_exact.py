@@ -18,7 +18,7 @@ from tmc.commands.demo import PAPER_DRAFT_COLUMNS, PAPER_OUTPUT_ROWS, paper_join
 from tmc.enumeration import enumerate_drafts
 from tmc.toy import ToyModel
 from tmc.validate import check_chain
-from verification.strategies import toy_models
+from verification.strategies import chain_lengths, toy_models
 
 from .reference import asps_literal, block_literal, rational_rows, sps_literal, to_float
 
@@ -134,6 +134,17 @@ def test_completion_identity_and_asps_dominates_sps(model, n):
     # Thm 5.6 / B.9: ASpS expected length >= SpS's; block has the same law as ASpS.
     assert laws["asps"].expected_length >= laws["sps"].expected_length - 1e-12
     assert laws["block"].expected_length == pytest.approx(laws["asps"].expected_length, abs=1e-12)
+
+
+@settings(max_examples=20, deadline=None)
+@given(model=toy_models(max_vocab=2, depth=6), n=chain_lengths)
+def test_completion_identity_on_chains_of_every_length_up_to_six(model, n):
+    """DESIGN §5's chains of length 1..6 (two tokens, so 64 drafts at most): the three chain verifiers are lossless
+    and ASpS still dominates SpS; the tests above go to 4 on up to 4 tokens."""
+    laws = {k: chain_output_law(model, n, fn) for k, fn in KERNELS.items()}
+    for name, law in laws.items():
+        assert law.completion_error <= 1e-12, name
+    assert laws["asps"].expected_length >= laws["sps"].expected_length - 1e-12
 
 
 @settings(max_examples=60)

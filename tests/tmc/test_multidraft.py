@@ -20,7 +20,7 @@ from tmc.multidraft import (
 )
 from tmc.toy import ToyModel
 from verification.calibrated import chi_square_check, required_samples
-from verification.strategies import toy_models
+from verification.strategies import toy_models, tree_shapes
 
 Q = np.array([0.5, 0.3, 0.2])
 UNIFORM = np.full(3, 1 / 3)
@@ -116,7 +116,7 @@ def test_two_root_children_hand_computed(draw, expected):
 @settings(max_examples=40)
 @given(
     model=toy_models(max_vocab=3, depth=2),
-    widths=st.sampled_from([[1], [2], [3], [2, 1], [1, 2], [2, 2]]),
+    widths=tree_shapes(max_depth=2, max_width=3, max_nodes=6),
     draw=st.sampled_from(list(Draw)),
 )
 def test_tree_verification_is_lossless(model, widths, draw):

@@ -9,6 +9,7 @@ from scipy import stats
 from verification.calibrated import (
     bonferroni,
     chi_square_check,
+    chi_square_detectable_tv,
     chi_square_samples,
     detectable_tv,
     holm,
@@ -209,6 +210,29 @@ def test_chi_square_samples_covers_the_mass_of_merged_bins():
     n = chi_square_samples(law, tv, alpha, beta)
     assert covered(n) and not any(covered(k) for k in range(1, n))
     assert n == 5000 > required_samples(len(law), tv, alpha, beta)  # 5 expected per small cell; by bins: 3097
+
+
+def test_chi_square_detectable_tv_counts_the_merged_mass():
+    """At a fixed size: no merging, the bins' figure; a law whose small cells merge, that plus their mass, and a
+    sampler that moves that much plus the bins' figure within and across the cells is still caught: exact
+    enumeration on (0.9, 0.06, 0.04) at 60 samples (the last two cells merge, mass 0.1)."""
+    law = np.array([0.2, 0.3, 0.5])
+    assert chi_square_detectable_tv(law, 700, 1e-3) == detectable_tv(3, 700, 1e-3)
+    skewed = np.array([0.9, 0.06, 0.04, 0.0])
+    bins_only = chi_square_detectable_tv(skewed, 60, 1e-3, cover="bins")
+    on_cells = chi_square_detectable_tv(skewed, 60, 1e-3)
+    assert bins_only == detectable_tv(2, 60, 1e-3) and on_cells == pytest.approx(bins_only + 0.1)
+    with pytest.raises(ValueError, match="into one bin"):
+        chi_square_detectable_tv(skewed, 20, 1e-3)
+    # the hardest sampler at on_cells: all of the merged bin's mass moved within it costs 0.06 (invisible), the
+    # rest, on_cells - 0.06, moved from the first cell off the cells (seen)
+    shift = on_cells - 0.06
+    truth = np.array([0.9 - shift, 0.0, 0.10, shift])  # the merged bin's mass all on its smaller cell
+    assert 0.5 * np.abs(truth - skewed).sum() == pytest.approx(on_cells)
+    counts = _compositions(60, 4)
+    pmf = stats.multinomial.pmf(counts, 60, truth)
+    miss = float(sum(p for c, p in zip(counts, pmf) if p > 0.0 and chi_square_check(c, skewed, 1e-3).passed))
+    assert miss <= 1e-3, miss
 
 
 def test_chi_square_samples_for_one_cell_is_the_chance_of_never_leaving_it():

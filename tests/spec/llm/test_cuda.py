@@ -480,11 +480,11 @@ def test_fused_steps_on_cuda_follow_the_target_law(builder: str, verifier: str, 
     """``test_fused_law``'s check on CUDA, where the steps replay captured graphs: the first two tokens of 700
     seeded fused decodes against the target's exact law at T = 1 (computed on the CPU from the same weights).
     False-fail rate 1e-3 over the four cases; a total variation of about 0.16 is detected with probability
-    0.999 (``detectable_tv(16, 700, alpha)``)."""
+    0.999 (``chi_square_detectable_tv(law, 700, alpha)``)."""
     from tests.spec.llm.test_fused_law import fused_counts
     from tests.spec.llm.test_generate import SAMPLES, SETTINGS, _law_pair, exact_two_token_law
     from tests.spec.llm.conftest import NULL_DRAWS
-    from verification.calibrated import bonferroni, chi_square_check, detectable_tv
+    from verification.calibrated import bonferroni, chi_square_check, chi_square_detectable_tv
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -497,7 +497,7 @@ def test_fused_steps_on_cuda_follow_the_target_law(builder: str, verifier: str, 
     finally:
         torch._dynamo.reset()  # dynamo counts every compiled partial against one code object
     result = chi_square_check(counts, law, alpha, simulate=NULL_DRAWS)
-    assert result.passed, (result, detectable_tv(16, SAMPLES, alpha))
+    assert result.passed, (result, chi_square_detectable_tv(law, SAMPLES, alpha))
 
 
 LAW_DEVICE = "cuda"  # a name, so that the test's body can be run on the CPU (its skip mark aside)

@@ -31,7 +31,7 @@ from tests.spec.llm.test_generate import (  # noqa: E402
     two_token_counts,
 )
 from tests.spec.llm.conftest import NULL_DRAWS  # noqa: E402
-from verification.calibrated import bonferroni, chi_square_check, detectable_tv  # noqa: E402
+from verification.calibrated import bonferroni, chi_square_check, chi_square_detectable_tv  # noqa: E402
 
 pytestmark = pytest.mark.llm
 
@@ -73,7 +73,7 @@ def test_fused_steps_follow_the_target_law(builder: str, verifier: str, params: 
     """Chi-square of the fused path's first two tokens against the target's exact processed law.
 
     False-fail rate 1e-3 over the cases and the negative controls' fits (Bonferroni); 700 samples on at most 16 cells detect a total
-    variation of about ``detectable_tv(16, 700, FUSED_ALPHA)`` (≈ 0.17) with probability 0.999, and a sample
+    variation of about ``chi_square_detectable_tv(law, 700, FUSED_ALPHA)`` (0.17; 0.146 on the 4 cells of top-k 3 / top-p 0.8) with probability 0.999, and a sample
     in a cell of probability 0 (removed by top-k / top-p) fails the check."""
     target, draft = _law_pair()
     law = exact_two_token_law(target, *SETTINGS[setting])
@@ -83,7 +83,7 @@ def test_fused_steps_follow_the_target_law(builder: str, verifier: str, params: 
         if compile_step:  # dynamo counts every compiled partial against one code object: leave no entries behind
             torch._dynamo.reset()
     result = chi_square_check(counts, law, FUSED_ALPHA, simulate=NULL_DRAWS)
-    assert result.passed, (result, detectable_tv(16, SAMPLES, FUSED_ALPHA))
+    assert result.passed, (result, chi_square_detectable_tv(law, SAMPLES, FUSED_ALPHA))
 
 
 @pytest.mark.parametrize(("builder", "params"), [("chain", {}), ("fixed", {"width": 2, "draw": "iid"})],

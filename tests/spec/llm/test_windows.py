@@ -44,7 +44,7 @@ from spec.tree import dfs_order, random_tree  # noqa: E402
 from tests.spec.llm.conftest import NULL_DRAWS, greedy_decode, step_roots, transformers_version  # noqa: E402
 from tests.spec.llm.test_generate import SAMPLES, VOCAB, _tiny, exact_two_token_law, two_token_counts  # noqa: E402
 from tmc.multidraft import DraftTree  # noqa: E402
-from verification.calibrated import bonferroni, chi_square_check, detectable_tv  # noqa: E402
+from verification.calibrated import bonferroni, chi_square_check, chi_square_detectable_tv  # noqa: E402
 
 pytestmark = pytest.mark.llm
 
@@ -471,13 +471,15 @@ def test_first_two_tokens_follow_a_windowed_target_law(name: str, builder: str, 
     """Chi-square of the first two tokens at T = 1 against the windowed target's exact law, on either cache.
 
     False-fail rate 1e-3 over the six cases (Bonferroni); 700 samples on 16 cells detect a total variation
-    of about ``detectable_tv(16, 700, LAW_ALPHA)`` (≈ 0.16) with probability 0.999, less than the window's
-    own effect on these laws (asserted), so a decode that ignored the window would be caught (shown below)."""
-    assert window_effect(name) > detectable_tv(16, SAMPLES, LAW_ALPHA)
+    of ``chi_square_detectable_tv(law, 700, LAW_ALPHA)`` on the cells with probability 0.999 (0.165 for Mistral;
+    0.174 for Qwen2, whose law has cells of under 5 expected samples, merged), less than the window's own effect
+    on these laws (0.34, 0.30; asserted), so a decode that ignored the window would be caught (shown below)."""
     target, draft, prompt = law_pair(name)
     law = exact_two_token_law(target, prompt=prompt)
+    detectable = chi_square_detectable_tv(law, SAMPLES, LAW_ALPHA)
+    assert window_effect(name) > detectable
     result = chi_square_check(counts_of(target, draft, prompt, builder, verifier, cache), law, LAW_ALPHA, simulate=NULL_DRAWS)
-    assert result.passed, (result, detectable_tv(16, SAMPLES, LAW_ALPHA))
+    assert result.passed, (result, detectable)
 
 
 def test_the_windowed_law_check_rejects_a_decode_without_the_window(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -505,13 +507,13 @@ def llama4_law_pair(chunk: int = 2) -> tuple[Any, Any]:
 @pytest.mark.parametrize(("builder", "verifier"), LLAMA4_CASES)
 def test_first_two_tokens_follow_a_chunked_llama4_law(builder: str, verifier: str) -> None:
     """Chi-square of the first two tokens at T = 1 against the chunked, temperature-tuned Llama 4's exact law.
-    False-fail rate 1e-3 over the two cases; detects a total variation of about 0.16 (as above), less than the
-    chunks' own effect on this law, so a decode without them would be caught (next test)."""
+    False-fail rate 1e-3 over the two cases; detects a total variation of 0.166 on the cells (as above), less
+    than the chunks' own effect on this law (0.50), so a decode without them would be caught (next test)."""
     target, draft = llama4_law_pair()
     prompt = LLAMA4_LAW["prompt"]
     law = exact_two_token_law(target, prompt=prompt)
     wide = exact_two_token_law(llama4_law_pair(256)[0], prompt=prompt)
-    assert 0.5 * float(np.abs(law - wide).sum()) > detectable_tv(16, SAMPLES, LLAMA4_ALPHA)
+    assert 0.5 * float(np.abs(law - wide).sum()) > chi_square_detectable_tv(law, SAMPLES, LLAMA4_ALPHA)
     result = chi_square_check(counts_of(target, draft, prompt, builder, verifier), law, LLAMA4_ALPHA, simulate=NULL_DRAWS)
     assert result.passed, result
 
@@ -638,7 +640,7 @@ def test_mpt_decodes_chains_greedily_and_drafts_any_tree(cache: str) -> None:
 def test_first_two_tokens_follow_the_target_law_with_mpt(target_kind: str, builder: str, verifier: str) -> None:
     """Chi-square of the first two tokens at T = 1 against the target's exact law: an MPT target fed chains, and
     a Llama target with an MPT draft drafting DySpec trees.  False-fail rate 1e-3 over the two cases; detects a
-    total variation of about ``detectable_tv(16, SAMPLES, alpha)`` (≈ 0.16)."""
+    total variation of ``chi_square_detectable_tv(law, SAMPLES, alpha)`` on the cells (printed on a failure)."""
     alpha = bonferroni(1e-3, 2)
     mpt_target, mpt_draft = _mpt(2, LAW_VOCAB), _mpt(3, LAW_VOCAB)
     if target_kind == "mpt":
@@ -651,9 +653,9 @@ def test_first_two_tokens_follow_the_target_law_with_mpt(target_kind: str, build
         with torch.no_grad():
             target.lm_head.weight.mul_(8.0)
     prompt = [1, 3, 2, 0]
-    result = chi_square_check(counts_of(target, mpt_draft, prompt, builder, verifier),
-                              exact_two_token_law(target, prompt=prompt), alpha, simulate=NULL_DRAWS)
-    assert result.passed, result
+    law = exact_two_token_law(target, prompt=prompt)
+    result = chi_square_check(counts_of(target, mpt_draft, prompt, builder, verifier), law, alpha, simulate=NULL_DRAWS)
+    assert result.passed, (result, chi_square_detectable_tv(law, SAMPLES, alpha))
 
 
 def test_why_alibi_is_refused() -> None:
@@ -919,11 +921,12 @@ def test_first_two_tokens_across_a_longrope_switch_follow_the_full_forward_law(b
     forwards (``exact_two_token_law``), at T = 1 with a draft at total variation 0.51 from it.
 
     False-fail rate 1e-3 over these three and the check below; 700 samples on 16 cells detect a total variation
-    of ``detectable_tv(16, 700, LONGROPE_ALPHA)`` (about 0.16) with probability 0.999."""
+    of ``chi_square_detectable_tv(law, 700, LONGROPE_ALPHA)`` on the cells with probability 0.999."""
     target, draft, prompt = _longrope_law_pair()
     counts = two_token_counts(target, draft, builder, verifier, {}, prompt=prompt)
-    result = chi_square_check(counts, exact_two_token_law(target, prompt=prompt), LONGROPE_ALPHA, simulate=NULL_DRAWS)
-    assert result.passed, (result, detectable_tv(16, SAMPLES, LONGROPE_ALPHA))
+    law = exact_two_token_law(target, prompt=prompt)
+    result = chi_square_check(counts, law, LONGROPE_ALPHA, simulate=NULL_DRAWS)
+    assert result.passed, (result, chi_square_detectable_tv(law, SAMPLES, LONGROPE_ALPHA))
 
 
 @pytest.mark.filterwarnings("ignore:.*original_max_position_embeddings.*")
