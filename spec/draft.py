@@ -59,6 +59,21 @@ class DraftModel(Protocol):
         ...
 
 
+def _path_list(paths: object) -> list[Path]:
+    """``paths`` as a list of tuples of ints, before any draft call; ``ValueError`` naming ``paths`` or
+    ``paths[i]`` otherwise (a generator, a 2-D array, an int among the paths, a non-integer token)."""
+    if paths is None or isinstance(paths, (str, bytes)) or not isinstance(paths, (Sequence, np.ndarray)):
+        raise ValueError(f"paths must be a sequence of token paths, got {type(paths).__name__}")
+    out: list[Path] = []
+    for i, path in enumerate(paths):
+        if isinstance(path, (str, bytes)) or not isinstance(path, (Sequence, np.ndarray)):
+            raise ValueError(f"paths[{i}] must be a sequence of token ids, got {type(path).__name__}")
+        if any(isinstance(t, (bool, np.bool_)) or not isinstance(t, (int, np.integer)) for t in path):
+            raise ValueError(f"paths[{i}] must hold integer token ids, got {list(path)!r}")
+        out.append(tuple(int(t) for t in path))
+    return out
+
+
 def draft_rows(draft: DraftModel, paths: Sequence[Path]) -> FloatArray:
     """Ask ``draft`` for the rows of ``paths`` in one call; validate shape and values.
 
@@ -67,11 +82,10 @@ def draft_rows(draft: DraftModel, paths: Sequence[Path]) -> FloatArray:
     is not an integer ``>= 1``, or ``paths`` when it is not a sequence.
     """
     vocab = check_int("draft.vocab", draft.vocab, minimum=1)
-    if paths is None or isinstance(paths, (str, bytes)):
-        raise ValueError(f"paths must be a sequence of token paths, got {type(paths).__name__}")
+    paths = _path_list(paths)
     if not paths:
         return np.zeros((0, vocab))
-    raw = draft.rows(list(paths))
+    raw = draft.rows(paths)
     # booleans, text and complex entries refused; the rows' own precision sets the tolerance
     arr, given = as_real_array_with_dtype("draft rows", raw)
     if arr.shape != (len(paths), vocab):
@@ -280,6 +294,8 @@ def top_candidates(draft: DraftModel, paths: Sequence[Path], k: int) -> tuple[In
     real = tok >= 0
     if (tok >= vocab).any() or (tok < -1).any() or (real[:, 1:] > real[:, :-1]).any():
         raise ValueError(f"draft top_candidates returned ids outside [0, {vocab}) or padding (-1) before an id")
+    if not real[:, 0].all():  # a probability row has a token of q > 0
+        raise ValueError(f"draft top_candidates returned no token at all in row {int(np.argmin(real[:, 0]))}")
     with np.errstate(invalid="ignore"):
         if not (np.where(real, val > 0.0, val == 0.0) & (val < np.inf)).all():
             raise ValueError("draft top_candidates returned values that are not finite and > 0 (0 for padding)")

@@ -170,8 +170,12 @@ class Growing:
 
         A :class:`spec.draft.TopDraft` ranks them on its side and no row is
         fetched; other drafts' rows are fetched (and kept) as by :meth:`fetch`.
+        A ``k`` above the vocabulary asks for ``V`` (no row has more tokens): the
+        answer is ``(len(nodes), min(k, V))``, and a ``b_max = 10**9`` costs no
+        ``10**9``-wide arrays.
         """
-        got = top_candidates(self.draft, [self.path(n) for n in nodes], k)  # checks k
+        k = min(check_int("k", k, minimum=1), self.vocab)
+        got = top_candidates(self.draft, [self.path(n) for n in nodes], k)
         if got is not None:
             return got
         return select_top(self._fetched(nodes), k)

@@ -47,6 +47,12 @@ from tmc.multidraft import ROOT, Draw
 from tmc.validate import check_int
 
 
+#: The most nodes WETAP's scratch tree may be built with (its ``L`` layers before pruning): the paper's widest
+#: setting (``L = 8``, ``W_max = 128``) holds at most 912; an unbounded ``w_max`` (``10**9``) on a vocabulary of
+#: 8 asked for 19 M nodes and ended in a ``MemoryError``.
+MAX_SCRATCH_NODES = 2**20
+
+
 @dataclass(frozen=True)
 class WetapBuilder(TreeBuilder):
     """WETAP construction + pruning.  Defaults from the paper: ``L = 8`` (App. B.4),
@@ -96,15 +102,24 @@ class WetapBuilder(TreeBuilder):
         most ``W_min`` of them, each later one ``W_max``, and no layer more than ``vocab`` children a node of
         the one before."""
         check_int("budget", budget, minimum=1)
-        vocab = check_int("vocab", vocab, minimum=1)
-        fed, width = 0, 1
-        for level in range(1, self.length):
+        return self._layer_bound(check_int("vocab", vocab, minimum=1), self.length - 1)
+
+    def _layer_bound(self, vocab: int, layers: int) -> int:
+        """The most nodes layers ``1 .. layers`` can hold (widths ``W_min``, then ``W_max``; ``vocab`` children
+        a node)."""
+        total, width = 0, 1
+        for level in range(1, layers + 1):
             width = min(self.w_min if level == 1 else self.w_max, width * vocab)
-            fed += width
-        return fed
+            total += width
+        return total
 
     def _grow(self, grow: Growing, budget: int, sampler: Sampler, state: Any) -> None:
         # Build L layers in a scratch tree, then prune and copy the kept nodes into `grow`.
+        most = self._layer_bound(grow.vocab, self.length)
+        if most > MAX_SCRATCH_NODES:
+            raise ValueError(f"WETAP's {self.length} layers of up to w_max = {self.w_max} nodes could hold {most:,} nodes "
+                             f"on a vocabulary of {grow.vocab} before pruning, more than {MAX_SCRATCH_NODES:,}: "
+                             f"lower w_max or length")
         scratch = Growing(grow.draft, grow.vocab)
         cum: list[float] = []
         depth: list[int] = []

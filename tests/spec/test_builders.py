@@ -386,6 +386,46 @@ def test_draft_rows_checks_the_vocabulary_and_the_paths() -> None:
     assert draft_rows(_BadDraft([0.5, 0.5, 0.0]), []).shape == (0, 3)
 
 
+def test_draft_rows_reads_the_paths_before_calling_the_draft() -> None:
+    """A generator of paths had failed with ``TypeError`` after the draft was called, a 2-D array of paths with
+    numpy's "truth value is ambiguous", an int among the paths with ``TypeError``: now a ``ValueError`` naming
+    ``paths`` or ``paths[i]`` before any draft call, and an array of paths is read as its rows."""
+    from spec.draft import draft_rows
+
+    class Counting(HashedDraft):
+        calls = 0
+
+        def rows(self, paths):  # type: ignore[no-untyped-def]
+            Counting.calls += 1
+            assert all(isinstance(p, tuple) and all(type(t) is int for t in p) for p in paths)
+            return super().rows(paths)
+
+    draft = Counting(5, seed=2)
+    for paths, message in (((p for p in [(0,), (1,)]), "paths must be a sequence of token paths, got generator"),
+                           ([(0,), 5], r"paths\[1\] must be a sequence of token ids, got int"),
+                           ([(0,), "ab"], r"paths\[1\] must be a sequence of token ids, got str"),
+                           ([(0, 1.5)], r"paths\[0\] must hold integer token ids"),
+                           ([(True,)], r"paths\[0\] must hold integer token ids")):
+        with pytest.raises(ValueError, match=message):
+            draft_rows(draft, paths)  # type: ignore[arg-type]
+    assert Counting.calls == 0
+    as_array = draft_rows(draft, np.array([[0, 1], [2, 3]]))  # type: ignore[arg-type]
+    np.testing.assert_array_equal(as_array, draft_rows(draft, [(0, 1), (2, 3)]))
+
+
+def test_wetap_refuses_a_scratch_tree_past_its_limit() -> None:
+    """An unbounded ``w_max`` (``10**9``) on a vocabulary of 8 built layers of up to 8^t nodes, 19 M in all,
+    and ended in a ``MemoryError``; now a ``ValueError`` before the first draft call.  The paper's widest
+    setting (912 nodes at most) and a vocabulary that keeps the layers small still build."""
+    from spec.builders.wetap import MAX_SCRATCH_NODES, WetapBuilder
+
+    with pytest.raises(ValueError, match=r"could hold 19,173,960 nodes on a vocabulary of 8 .* lower w_max or length"):
+        WetapBuilder(w_max=10**9).build(HashedDraft(8, seed=1), 6)
+    assert WetapBuilder().build(HashedDraft(4096, seed=1), 6).size == 6
+    assert WetapBuilder(length=3, w_max=10**9).build(HashedDraft(3, seed=1), 6).size == 6  # 3 + 9 + 27 nodes
+    assert WetapBuilder(w_max=128)._layer_bound(10**6, 8) == 16 + 7 * 128 < MAX_SCRATCH_NODES
+
+
 @pytest.mark.parametrize(
     ("name", "params", "message"),
     [

@@ -130,11 +130,32 @@ class _Liar:
         ([[0, 1, 0]], [[0.5, 0.3, 0.2]], "same id twice"),
         ([[0, 1, 2]], [[4.0, 3.0, 2.0]], r"summing to 9.0 in row 0: not probabilities"),  # had built a tree
         ([[0, 1, 2]], [[0.9, 0.9, 0.1]], "summing to 1.9"),
+        # a row of padding only: at the root DynaTree later blamed "token -1", at an inner node it built no children
+        ([[-1, -1, -1]], [[0.0, 0.0, 0.0]], "no token at all in row 0"),
     ],
 )
 def test_top_candidates_refuses_a_malformed_answer(tok: object, val: object, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         top_candidates(_Liar(tok, val), [()], 3)  # type: ignore[arg-type]
+
+
+def test_a_width_above_the_vocabulary_asks_for_the_vocabulary() -> None:
+    """DynaTree's ``b_max`` (and any ``k`` of ``Growing.top``) had no upper limit and sized two ``(rows, k)``
+    arrays: ``b_max = 10**9`` on a vocabulary of 8 asked for 7.45 GiB a row.  Now ``k`` is cut to ``V``; the
+    tree is the one ``b_max = V`` builds, and a ``10**7`` (160 MB a row before) allocates no wide array."""
+    import tracemalloc
+
+    draft = HashedDraft(8, seed=1)
+    grow = Growing(draft, 8)
+    tokens, values = grow.top([ROOT], 10**7)
+    assert tokens.shape == values.shape == (1, 8)
+    narrow = DynaTreeBuilder(b_max=8).build(draft, 6, rng=3)
+    tracemalloc.start()
+    wide = DynaTreeBuilder(b_max=10**7).build(draft, 6, rng=3)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 8 * 2**20, peak
+    assert (wide.parents, wide.tokens) == (narrow.parents, narrow.tokens)
 
 
 def test_top_candidates_of_no_paths_and_of_other_drafts() -> None:
