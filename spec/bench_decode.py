@@ -186,7 +186,7 @@ def parse_method(text: str, budget: int, chain_budget: int) -> Method:
     row's temperature), e.g. ``chain:sps:host:torch`` or ``fixed/draw=topk:traversal:dtemp=1``.
     """
     from spec.builders import BUILDERS, make_builder
-    from spec.llm.generate import VERIFIERS
+    from spec.llm.generate import VERIFIERS, check_decode_options
     from spec.builders import FixedBuilder
     from spec.llm.tree_device import DEVICE_TREE_METHODS, walks_on_device
     from spec.llm.verify import CHAIN_METHODS
@@ -244,8 +244,9 @@ def parse_method(text: str, budget: int, chain_budget: int) -> Method:
     else:
         n = chain_budget if builder == "chain" else budget
     params = _builder_params(text, fields)
-    try:
-        made = make_builder(builder, **dict(params))  # refuse unknown or bad parameters before any model loads
+    try:  # refuse unknown or bad parameters, budgets and pairings before any model loads
+        made = make_builder(builder, **dict(params))
+        check_decode_options(made, verifier, n, draft_temperature=draft_temperature)
     except ValueError as err:
         raise ValueError(f"method {text!r}: {err}") from None
     # a fixed tree or a chain of fixed length is fused at both of the bench's temperatures (generate._device_shape):
@@ -319,6 +320,7 @@ def heldout_options(folder: str | Path | None) -> tuple[dict[str, Any], str]:
                 f"prompts: {where}, so held out as spec.llm.train's defaults hold out (every {default.val_every}th "
                 f"standard-library file, no --max-chars); a pair trained with other corpus options may have trained "
                 f"on them")
+    _check_report_fields(report, config)
     options = {"val_every": config["val_every"], "max_chars": config.get("max_chars"),
                "roots": list(config.get("roots") or source_roots(False))}
     note = ""
@@ -327,6 +329,21 @@ def heldout_options(folder: str | Path | None) -> tuple[dict[str, Any], str]:
         note = f"; its roots are not on this machine, this machine's are used ({', '.join(options['roots'])})"
     return options, (f"prompts: held out as the pair's training held them out ({report}: val_every="
                      f"{options['val_every']}, max_chars={options['max_chars']}){note}")
+
+
+def _check_report_fields(report: Path | None, config: dict[str, Any]) -> None:
+    """``ValueError`` naming ``report`` unless its corpus fields have spec.llm.train's types (a ``null`` or a text
+    ``val_every`` / ``max_chars`` had reached the corpus split as a ``TypeError``)."""
+    def whole(value: object) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool)
+
+    val_every, max_chars, roots = config.get("val_every"), config.get("max_chars"), config.get("roots")
+    if not whole(val_every) or val_every < 2:  # type: ignore[operator]
+        raise ValueError(f"{report}: config.val_every must be an integer >= 2, got {val_every!r}")
+    if max_chars is not None and (not whole(max_chars) or max_chars < 1):
+        raise ValueError(f"{report}: config.max_chars must be null or an integer >= 1, got {max_chars!r}")
+    if roots is not None and (not isinstance(roots, list) or not all(isinstance(r, str) for r in roots)):
+        raise ValueError(f"{report}: config.roots must be a list of folder names, got {roots!r}")
 
 
 def _hf_kwargs(temperature: float, new_tokens: int, pad: int) -> dict[str, Any]:
@@ -932,16 +949,28 @@ def bench(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     report["heldout"] = {**options, "note": note}
     text = render(report)
     if args.save:
-        out = Path(args.save)
+        save(report, Path(args.save))
+    return report, text
+
+
+def save(report: dict[str, Any], out: Path) -> None:
+    """Write ``decode.json`` and ``decode.png`` into ``out``.  A write that fails (a full disk, a ``decode.json``
+    that is a folder) is reported on stderr and in ``report["save_error"]``, and the run's table is still printed
+    (the command then exits 1): an error here had lost the table of a run of many minutes."""
+    written: list[Path] = []
+    try:
         (out / "decode.json").write_text(json.dumps(report, indent=2))
-        written = [out / "decode.json"]
+        written.append(out / "decode.json")
         try:
             plot(report, out / "decode.png")
             written.append(out / "decode.png")
         except ImportError:
             print("tmc bench decode: matplotlib is not installed; decode.png not written", file=sys.stderr)
+    except OSError as err:
+        report["save_error"] = f"--save {out}: {err.strerror or err} ({getattr(err, 'filename', None) or out})"
+        print(f"tmc bench decode: {report['save_error']}; the table follows, the report is not saved", file=sys.stderr)
+    if written:
         print(f"wrote {' and '.join(map(str, written))}", file=sys.stderr)
-    return report, text
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -967,7 +996,7 @@ def run_as_module(name: str, handler: Callable[[argparse.Namespace], tuple[dict[
         print(f"tmc bench {name}: {' '.join(str(err).split())}", file=sys.stderr)
         return 2
     print(json.dumps(report, indent=2) if args.json else text)
-    return 0
+    return 1 if report.get("save_error") else 0
 
 
 if __name__ == "__main__":

@@ -50,7 +50,7 @@ def run_mask_bench(sizes: tuple[int, ...] = SIZES, trees: int = 5, block: int = 
                 if family == "random":
                     tree = random_tree(size, rng)
                 else:
-                    tree = DySpecBuilder().build(HashedDraft(64, seed=seed * 1000 + k), size, rng)
+                    tree = DySpecBuilder().build(HashedDraft(64, seed=(seed * 1000 + k) % 2**64), size, rng)
                 depths.append(tree.depth())
                 for name, c in block_counts(tree, block).items():
                     counts[name].append(c)

@@ -43,6 +43,17 @@ def parse_param(text: str) -> tuple[str, Any]:
     return key.replace("-", "_"), parsed
 
 
+def param_dict(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """The ``--param KEY=VALUE`` pairs as keyword arguments; ``ValueError`` for a key given twice (``dict`` kept the
+    last one silently)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"--param {key} given twice ({out[key]!r} and {value!r})")
+        out[key] = value
+    return out
+
+
 def _param(text: str) -> tuple[str, Any]:
     try:
         return parse_param(text)
@@ -64,7 +75,8 @@ def extend_acceptance(
                         help="--builder: a builder parameter (repeatable), e.g. --param width=3 --param draw=iid")
     parser.add_argument("--samples", type=_samples, default=None,
                         help=f"--builder: sampled trees when the exact enumeration is too large (default 2000, "
-                             f"at least {MIN_SAMPLES}: the 95%% interval is a normal approximation; drawn with "
+                             f"at least {MIN_SAMPLES}, below which the interval is wide; the 95%% interval is a betting one, valid "
+                             f"at any sample size; drawn with "
                              f"--seed, which also seeds a --random model)")
     parser.add_argument("--max-runs", type=positive_int, default=None,
                         help="--builder: largest exact enumeration, in builder runs (default 20000)")
@@ -114,7 +126,7 @@ def _acceptance_hook(args: argparse.Namespace) -> int | None:
     from tmc.toy import load_model
 
     model = load_model(args.model) if args.model else random_stationary_model(args.random, args.seed)
-    builder = make_builder(args.builder, **dict(args.param))
+    builder = make_builder(args.builder, **param_dict(args.param))
     verifier = args.verifier or "multidraft"
     report = builder_report(model, builder, args.budget, verifier,
                             max_runs=DEFAULT_MAX_RUNS if args.max_runs is None else args.max_runs,
@@ -199,9 +211,15 @@ def _cmd_decode(args: argparse.Namespace) -> int:
         import transformers  # noqa: F401
     except ImportError:
         fail("tmc decode needs torch and transformers: pip install 'tmc-spec[llm]' (CPU torch: pip install torch==2.13.0)")
-    from spec.llm.generate import ar_generate, generate
+    from spec.llm.generate import ar_generate, check_decode_options, generate
     from spec.llm.models import draft_tokenizer_note, load_for_decoding, stop_token_ids
 
+    try:  # names and settings refused before any model loads (minutes for a large pair, or a download)
+        params = param_dict(args.param)
+        check_decode_options(args.builder, args.verifier, args.budget, params, args.temperature, args.top_k,
+                             args.top_p, args.draft_temperature)
+    except ValueError as err:
+        fail(str(err))
     for flag, path in (("--target", args.target), ("--draft", args.draft)):  # the hub's retries take about a minute
         if not Path(path).is_dir():
             print(f"note: {flag} {path} is not a folder here: loading it as a Hugging Face hub id", file=sys.stderr)
@@ -231,7 +249,7 @@ def _cmd_decode(args: argparse.Namespace) -> int:
 
     def speculative() -> Any:
         return generate(target, draft, ids, args.builder, args.verifier, budget=args.budget,
-                        builder_params=dict(args.param), cache=args.cache, chain_on_device=not args.host_chain,
+                        builder_params=params, cache=args.cache, chain_on_device=not args.host_chain,
                         verify_backend=args.verify_backend, draft_temperature=args.draft_temperature,
                         step_graph={"on": True, "off": False}.get(args.step_graph, "auto"),
                         compile_step=args.compile_step or False, **settings)

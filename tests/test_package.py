@@ -195,6 +195,9 @@ BAD_CALLS = [
     ["audit", "tmc:sps_sample", "--kind", "chain", "--seed", "-1"],
     ["proofs", "--seed", "-1"],
     ["proofs", "--only", "Z.99"],
+    # 2**64: no generator takes it (torch's "Overflow when unpacking long long", after the models loaded)
+    ["bench", "decode", "--seed", "18446744073709551616"],
+    ["suite", "--seed", "18446744073709551616"],
 ]
 
 
@@ -205,6 +208,20 @@ def test_cli_errors_are_one_line_without_traceback(capsys, argv):
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1, err
     assert "Traceback" not in err and lines[0].startswith("tmc"), err
+    if "18446744073709551616" in argv:
+        assert "--seed: must be < 2**64, got 18446744073709551616" in err, err
+
+
+def test_the_largest_seed_reaches_every_generator():
+    """2**64 - 1 is taken: numpy's generators accept it, and ``bench masks`` derives its drafts' seeds below 2**64
+    (``seed * 1000 + k`` had passed it: 2**60 was refused after the first family had run)."""
+    from spec.bench_masks import run_mask_bench
+    from tmc.cli import SEED_LIMIT, seed_int
+
+    for seed in (2**60, SEED_LIMIT - 1):
+        assert seed_int(str(seed)) == seed
+        report = run_mask_bench(sizes=(8,), trees=2, seed=seed)
+        assert [r["family"] for r in report["rows"]] == ["random", "dyspec"]
 
 
 @pytest.mark.parametrize(

@@ -65,6 +65,19 @@ def _bounded_int(text: str, low: int) -> int:
     return value
 
 
+#: Seeds are below this: numpy's and torch's generators take no larger one (``2**64`` reached torch as
+#: "Overflow when unpacking long long", after the models had loaded).
+SEED_LIMIT = 2**64
+
+
+def seed_int(text: str) -> int:
+    """``argparse`` type: a seed, an integer in ``[0, 2**64)``."""
+    value = _bounded_int(text, 0)
+    if value >= SEED_LIMIT:
+        raise argparse.ArgumentTypeError(f"must be < 2**64, got {value}")
+    return value
+
+
 def probability(text: str) -> float:
     """``argparse`` type: a number in the open interval (0, 1)."""
     return _number_in(text, upper_closed=False)
@@ -88,7 +101,7 @@ def _number_in(text: str, *, upper_closed: bool) -> float:
 
 def add_seed(parser: argparse.ArgumentParser, what: str = "random choices") -> None:
     """``--seed S``: the same flag, type and default in every subcommand."""
-    parser.add_argument("--seed", type=nonnegative_int, default=0, help=f"seed of the {what} (integer >= 0, default 0)")
+    parser.add_argument("--seed", type=seed_int, default=0, help=f"seed of the {what} (an integer from 0 to 2^64 - 1, default 0)")
 
 
 def add_json(parser: argparse.ArgumentParser) -> None:

@@ -816,21 +816,13 @@ def generate(
         raise ValueError(f"target and draft must be on one device, got {device} and "
                          f"{model_device(draft)}: move both there (model.to(device))")
     prompt = _prompt(input_ids, vocab)
-    if builder_params is not None and not isinstance(builder_params, Mapping):
-        raise ValueError(f"builder_params must be a mapping of builder parameters (e.g. {{'width': 2}}), got "
-                         f"{type(builder_params).__name__} {builder_params!r}")
-    b = make_builder(builder, **(builder_params or {}))
+    b, budget, sampling, d_sampling = check_decode_options(builder, verifier, budget, builder_params, temperature,
+                                                           top_k, top_p, draft_temperature)
     check_attention(target, "target", trees=type(b) is not ChainBuilder)  # a chain builder's trees are chains
     check_attention(draft, "draft", trees=False)  # its rows need only be the law its tokens were drawn from
-    if verifier not in VERIFIERS:
-        raise ValueError(f"unknown verifier {verifier!r}; choose one of {', '.join(VERIFIERS)}")
     if order not in ORDERS:
         raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
     cache = resolve_cache(target, cache, draft)
-    budget = check_int("budget", budget, minimum=1)
-    if budget > MAX_BUDGET:
-        raise ValueError(f"budget must be <= {MAX_BUDGET:,} draft nodes a step, got {budget:,}: a step's tree pass "
-                         f"holds a budget x (context + budget) attention mask")
     on_device = chain_on_device and _device_chain(b, verifier)
     max_new_tokens = check_int("max_new_tokens", max_new_tokens, minimum=0)
     seed = check_int("seed", seed, minimum=0)
@@ -850,8 +842,6 @@ def generate(
     tables = [n for model, role in ((target, "target"), (draft, "draft"))
               if (n := check_positions(model, role, len(prompt) + max_new_tokens, speculative=True)) is not None]
     table = min(tables) if tables else None
-    sampling = Sampling(temperature, top_k, top_p)
-    d_sampling = sampling if draft_temperature is None else _draft_sampling(draft_temperature, top_k, top_p)
     fixed_shape = _device_shape(b, verifier, budget, d_sampling, min(vocab, d_vocab)) if chain_on_device else None
     if fixed_shape is not None:  # the host path asks this of every tree it verifies
         verifiers_for(verifier, {fixed_shape[1]}, b.adaptive_widths)
@@ -1003,6 +993,47 @@ def generate(
             break
     sync(device)
     return GenerateOutput(out, steps, prefill_s, time.perf_counter() - t_start)
+
+def check_decode_options(builder: str | TreeBuilder, verifier: str, budget: int,
+                         builder_params: Mapping[str, Any] | None = None, temperature: float = 1.0,
+                         top_k: int | None = None, top_p: float | None = None,
+                         draft_temperature: float | None = None) -> tuple[TreeBuilder, int, Sampling, Sampling]:
+    """The checks of :func:`generate` that need no model: ``(builder, budget, sampling, draft sampling)``, or the
+    ``ValueError`` ``generate`` would raise.  ``tmc decode`` and ``tmc bench decode`` run them before loading a
+    pair, so a bad name or setting is refused at once rather than after the models load (minutes for a large
+    pair, or a hub download).  Also refused here: a chain verifier on a fixed tree that is never a chain, and a
+    verifier that needs a node's number of children fixed before they are drawn on a builder whose is not
+    (both of which :func:`generate` otherwise meets at the first step)."""
+    if builder_params is not None and not isinstance(builder_params, Mapping):
+        raise ValueError(f"builder_params must be a mapping of builder parameters (e.g. {{'width': 2}}), got "
+                         f"{type(builder_params).__name__} {builder_params!r}")
+    b = make_builder(builder, **(builder_params or {}))
+    if verifier not in VERIFIERS:
+        raise ValueError(f"unknown verifier {verifier!r}; choose one of {', '.join(VERIFIERS)}")
+    budget = check_int("budget", budget, minimum=1)
+    if budget > MAX_BUDGET:
+        raise ValueError(f"budget must be <= {MAX_BUDGET:,} draft nodes a step, got {budget:,}: a step's tree pass "
+                         f"holds a budget x (context + budget) attention mask")
+    if verifier in CHAIN_METHODS:
+        # a fixed tree drawn swor, or drawn iid (its full shape, every step) with a node of two children: never a
+        # chain the verifier takes (topk trees on rows of one token, a greedy draft's, are chains)
+        if isinstance(b, FixedBuilder) and (b.draw == Draw.SWOR or (
+                b.draw == Draw.IID and any(len(c) > 1 for c in _children(b.full_shape(budget))))):
+            raise ValueError(f"verifier {verifier!r} verifies chains; use a chain builder or a tree verifier")
+    else:
+        verifiers_for(verifier, set(), b.adaptive_widths)
+    sampling = Sampling(temperature, top_k, top_p)
+    d_sampling = sampling if draft_temperature is None else _draft_sampling(draft_temperature, top_k, top_p)
+    return b, budget, sampling, d_sampling
+
+
+def _children(parents: Sequence[int]) -> list[list[int]]:
+    """Each node's children (index ``0`` the root, ``i + 1`` node ``i``) of a tree given by its parents."""
+    out: list[list[int]] = [[] for _ in range(len(parents) + 1)]
+    for i, parent in enumerate(parents):
+        out[parent + 1].append(i)
+    return out
+
 
 def _draft_sampling(temperature: float, top_k: int | None, top_p: float | None) -> Sampling:
     """The draft's :class:`Sampling` at its own temperature, a bad value named as ``draft_temperature``."""

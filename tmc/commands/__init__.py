@@ -282,4 +282,4 @@ def _cmd_bench(args: argparse.Namespace, owners: list[tuple[argparse.Action, fro
         (ep,) = [ep for ep in entry_points(group=BENCH_GROUP) if ep.name == args.what]
         report, text = ep.load()(args)
     print(json.dumps(report, indent=2) if args.json else text)
-    return 0
+    return 1 if report.get("save_error") else 0  # a benchmark whose --save failed (its table is printed)

@@ -93,6 +93,14 @@ def test_parse_method() -> None:
                 "wetap:traversal:graph", "dynatree:multidraft:graph"):
         with pytest.raises(ValueError, match="method"):
             parse_method(bad, 16, 4)
+    # refused only after the models loaded and the earlier rows ran (an audit): now at parsing
+    for bad, message in (("fixed:sps", "verifies chains"), ("fixed/draw=iid:block", "verifies chains"),
+                         ("dyspec:traversal@5000", "budget must be <= 4,096"),
+                         ("dyspec:ordered_traversal", "number of children is fixed"),
+                         ("dyspec-threshold:kseq", "number of children is fixed")):
+        with pytest.raises(ValueError, match=f"method {bad!r}: .*{message}"):
+            parse_method(bad, 16, 4)
+    assert parse_method("fixed/draw=topk:sps", 16, 4).verifier == "sps"  # a chain on a greedy draft's rows
 
 
 def test_parse_method_builder_parameters() -> None:
@@ -601,6 +609,41 @@ def test_prompts_are_held_out_by_the_pairs_own_training_options(
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "report.json: cannot read spec.llm.train's report" in err[0], err
+
+
+@pytest.mark.parametrize(("config", "message"), [
+    ({"val_every": None}, "config.val_every must be an integer >= 2, got None"),
+    ({"val_every": "7"}, "config.val_every must be an integer >= 2, got '7'"),
+    ({"val_every": 1}, "config.val_every must be an integer >= 2, got 1"),
+    ({"val_every": 9, "max_chars": "1e6"}, "config.max_chars must be null or an integer >= 1, got '1e6'"),
+    ({"val_every": 9, "max_chars": 0}, "config.max_chars must be null or an integer >= 1, got 0"),
+    ({"val_every": 9, "roots": "/usr/lib"}, "config.roots must be a list of folder names"),
+])
+def test_heldout_options_refuse_a_report_with_fields_of_the_wrong_type(
+        tmp_path: Path, config: dict[str, Any], message: str) -> None:
+    """A ``null`` or text ``val_every`` / ``max_chars`` in ``report.json`` had reached the corpus split and ended
+    the benchmark in a ``TypeError`` traceback: now a one-line ``ValueError`` naming the file."""
+    from spec.bench_decode import heldout_options
+
+    (tmp_path / "report.json").write_text(json.dumps({"config": config}))
+    with pytest.raises(ValueError, match=f"report.json: {message}"):
+        heldout_options(tmp_path)
+
+
+def test_a_failed_save_keeps_the_table_and_exits_1(saved_pair: SavedPair, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """A write that failed after the run (here ``decode.json`` is a folder) lost the table, and ``python -m
+    spec.bench_decode`` ended in a traceback: now the table is printed, stderr says what was not written, exit 1."""
+    out = tmp_path / "out"
+    (out / "decode.json").mkdir(parents=True)
+    argv = ["--pair", str(saved_pair.path), "--prompts", "1", "--prompt-tokens", "8", "--new-tokens", "1",
+            "--methods", "ar", "--temperatures", "0", "--device", "cpu", "--threads", "1", "--save", str(out)]
+    assert main(argv) == 1
+    got = capsys.readouterr()
+    assert "tok/step" in got.out and "\nar " in got.out, got.out
+    assert "the table follows, the report is not saved" in got.err and "decode.json" in got.err
+    assert tmc_main(["bench", "decode", *argv]) == 1
+    assert "the report is not saved" in capsys.readouterr().err
 
 
 def test_heldout_options_use_this_machines_roots_for_roots_it_lacks(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import itertools
+import re
 from typing import Any
 
 import numpy as np
@@ -17,7 +18,7 @@ from spec.llm.generate import VERIFIERS, ar_generate, generate  # noqa: E402
 from spec.llm.verify import TREE_METHODS  # noqa: E402
 from tests.spec.llm.conftest import NULL_DRAWS, SavedPair, greedy_decode, step_roots  # noqa: E402
 from tests.spec.llm.test_sampling import reference  # noqa: E402
-from verification.calibrated import bonferroni, chi_square_check, detectable_tv  # noqa: E402
+from verification.calibrated import bonferroni, chi_square_check, chi_square_detectable_tv  # noqa: E402
 
 pytestmark = pytest.mark.llm
 
@@ -836,13 +837,13 @@ def test_first_two_tokens_follow_the_target_law_with_a_draft_of_another_vocabula
     is cut to the target's 4 ids.  The first two tokens must still follow the target's exact law at T = 1.
 
     False-fail rate 1e-3 over the five cases; 700 samples on 16 cells detect a total variation of about
-    ``detectable_tv(16, 700, OTHER_VOCAB_ALPHA)`` (≈ 0.16) with probability 0.999."""
+    ``chi_square_detectable_tv(law, 700, OTHER_VOCAB_ALPHA)`` (0.164; no cell merged) with probability 0.999."""
     target = _law_pair()[0]
     draft = _tiny(draft_vocab, 4, layers=1, scale=8.0)
     law = exact_two_token_law(target, *SETTINGS[0])
     counts = two_token_counts(target, draft, builder, verifier, params, SETTINGS[0])
     result = chi_square_check(counts, law, OTHER_VOCAB_ALPHA, simulate=NULL_DRAWS)
-    assert result.passed, (result, detectable_tv(16, SAMPLES, OTHER_VOCAB_ALPHA))
+    assert result.passed, (result, chi_square_detectable_tv(law, SAMPLES, OTHER_VOCAB_ALPHA))
 
 
 @pytest.mark.parametrize("setting", SETTINGS)
@@ -853,7 +854,8 @@ def test_first_two_tokens_follow_the_target_law(builder: str, verifier: str, par
 
     False-fail rate 1e-3 over the ten cases (Bonferroni); with 700 samples
     on at most 16 cells the check detects a total variation of about
-    ``detectable_tv(16, 700, alpha)`` ≈ 0.17 with probability 0.999, and any
+    ``chi_square_detectable_tv(law, 700, alpha)`` (0.167 on 16 cells; 0.142 on the
+    4 of top-k 3 / top-p 0.8; no cell merged) with probability 0.999, and any
     sample in a cell of probability 0 (a token that top-k or top-p removed)
     fails it.  Exact losslessness of the same verifiers on the same trees is
     proved by enumeration in the numpy tests; this checks the LLM plumbing
@@ -864,7 +866,7 @@ def test_first_two_tokens_follow_the_target_law(builder: str, verifier: str, par
     law = exact_two_token_law(target, *setting)
     counts = two_token_counts(target, draft, builder, verifier, params, setting)
     result = chi_square_check(counts, law, ALPHA, simulate=NULL_DRAWS)
-    assert result.passed, (result, detectable_tv(16, SAMPLES, ALPHA))
+    assert result.passed, (result, chi_square_detectable_tv(law, SAMPLES, ALPHA))
 
 
 #: builder, verifier, params of the steps cut at a position table's end; WETAP's 4 layers cut to 3 there
@@ -882,7 +884,7 @@ def test_steps_cut_at_a_position_table_keep_the_target_law(builder: str, verifie
     so the verifier's corrections carry the check.
 
     False-fail rate 1e-3 over the four cases; 700 samples on 16 cells detect a total variation of about
-    ``detectable_tv(16, 700, CUT_ALPHA)`` (≈ 0.16) with probability 0.999."""
+    ``chi_square_detectable_tv(law, 700, CUT_ALPHA)`` (on the cells, merged ones included) with probability 0.999."""
     target, draft = (_gpt2(seed, layers, VOCAB, 8, n_embd=16, n_head=2, initializer_range=0.2)
                      for seed, layers in ((3, 2), (4, 1)))
     prompt = [1, 3, 0, 2, 1, 3]
@@ -894,7 +896,7 @@ def test_steps_cut_at_a_position_table_keep_the_target_law(builder: str, verifie
         assert out.steps[0].tree_size <= 2 and all(s.tree_size == 1 for s in out.steps[1:]), out.steps
         counts[out.tokens[0] * VOCAB + out.tokens[1]] += 1
     result = chi_square_check(counts, law, CUT_ALPHA, simulate=NULL_DRAWS)
-    assert result.passed, (result, detectable_tv(16, SAMPLES, CUT_ALPHA))
+    assert result.passed, (result, chi_square_detectable_tv(law, SAMPLES, CUT_ALPHA))
 
 
 def test_the_law_check_rejects_target_rows_processed_at_the_wrong_temperature(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -943,6 +945,37 @@ def test_decode_command_reports_a_missing_model_in_one_line(tmp_path: object, ca
     code = main(["decode", "--target", missing, "--draft", missing, "--prompt", "x", "--device", "gpu"])
     lines = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and lines[:2] == notes and len(lines) == 3 and "device 'gpu' is not a torch device" in lines[2]
+
+
+@needs_decode_command
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--verifier", "bogus"], "unknown verifier 'bogus'"),
+    (["--builder", "fixed", "--verifier", "sps"], "verifier 'sps' verifies chains"),  # fixed draws swor
+    (["--builder", "fixed", "--param", "draw=iid", "--verifier", "asps"], "verifies chains"),
+    (["--builder", "dyspec", "--verifier", "ordered_traversal"], "number of children is fixed"),
+    (["--temperature", "-1"], "temperature must be >= 0"),
+    (["--top-p", "0"], r"top_p must be None or a number in \(0, 1\]"),
+    (["--top-p", "1.5"], r"top_p must be None or a number in \(0, 1\]"),
+    (["--draft-temperature", "-1"], "draft_temperature must be >= 0"),
+    (["--budget", "5000"], "budget must be <= 4,096"),
+    (["--builder", "fixed", "--param", "width=0"], "width must be >= 1"),
+    (["--builder", "fixed", "--param", "width=2", "--param", "width=3"], r"--param width given twice \(2 and 3\)"),
+])
+def test_decode_command_refuses_bad_settings_before_loading_the_models(
+        extra: list[str], message: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each of these was refused only after both models had loaded (minutes for a large pair, or a download), and a
+    repeated ``--param`` kept its last value silently: now one line, and no model is loaded."""
+    import spec.llm.models as models
+    from tmc.cli import main
+
+    def no_load(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(models, "load_for_decoding", no_load)
+    code = main(["decode", "--target", "t", "--draft", "d", "--prompt", "x", *extra])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(lines) == 1, lines
+    assert re.search(message, lines[0]), lines
 
 
 @needs_decode_command
@@ -1180,13 +1213,13 @@ def test_first_two_tokens_follow_the_target_law_with_the_draft_at_its_own_temper
     the output law must stay the target's.
 
     False-fail rate 1e-3 over the three cases and the next test's fit to its bug's law; 700 samples on 16 cells detect a total variation of
-    about ``detectable_tv(16, 700, WARM_ALPHA)`` (≈ 0.16) with probability 0.999.  The next test shows
+    ``chi_square_detectable_tv(law, 700, WARM_ALPHA)`` (0.163; no cell merged) with probability 0.999.  The next test shows
     the check's power against the bug this setting invites (tokens drawn warm, rows recorded cold)."""
     target, draft = _law_pair()
     law = exact_two_token_law(target, *SETTINGS[0])
     counts = two_token_counts(target, draft, builder, verifier, params, SETTINGS[0], draft_temperature)
     result = chi_square_check(counts, law, WARM_ALPHA, simulate=NULL_DRAWS)
-    assert result.passed, (result, detectable_tv(16, SAMPLES, WARM_ALPHA))
+    assert result.passed, (result, chi_square_detectable_tv(law, SAMPLES, WARM_ALPHA))
 
 
 def test_the_law_check_rejects_draft_tokens_drawn_from_another_law_than_recorded(
@@ -1214,7 +1247,7 @@ def test_the_law_check_rejects_draft_tokens_drawn_from_another_law_than_recorded
     accept = r * np.minimum(1.0, p / q)
     res = np.maximum(p - q, 0.0)
     wrong = accept + (1.0 - accept.sum()) * res / res.sum()
-    assert 0.5 * np.abs(wrong - p).sum() > 0.2 > detectable_tv(VOCAB, SAMPLES, WARM_ALPHA)
+    assert 0.5 * np.abs(wrong - p).sum() > 0.2 > chi_square_detectable_tv(p, SAMPLES, WARM_ALPHA)
 
     from spec.randomness import RngSampler
 
