@@ -994,6 +994,7 @@ def generate(
     sync(device)
     return GenerateOutput(out, steps, prefill_s, time.perf_counter() - t_start)
 
+
 def check_decode_options(builder: str | TreeBuilder, verifier: str, budget: int,
                          builder_params: Mapping[str, Any] | None = None, temperature: float = 1.0,
                          top_k: int | None = None, top_p: float | None = None,
