@@ -79,10 +79,16 @@ def draft_rows(draft: DraftModel, paths: Sequence[Path]) -> FloatArray:
 
     Returns float64 rows renormalised to sum to exactly 1 (within rounding).
     ``ValueError`` names the path whose row is bad, or ``draft.vocab`` when it
-    is not an integer ``>= 1``, or ``paths`` when it is not a sequence.
+    is not an integer ``>= 1``, or ``paths`` (``paths[i]``) when it is not a sequence of token-id sequences.
     """
+    return rows_for_paths(draft, _path_list(paths))
+
+
+def rows_for_paths(draft: DraftModel, paths: list[Path]) -> FloatArray:
+    """:func:`draft_rows` for paths known to be a list of tuples of ints (a builder's own nodes): the rows are
+    checked, the paths are not.  A builder's layer fetch takes this way; reading 784 paths of up to 7 tokens
+    cost 1.5 ms a call (24 µs for 16), host time on every step of a decode."""
     vocab = check_int("draft.vocab", draft.vocab, minimum=1)
-    paths = _path_list(paths)
     if not paths:
         return np.zeros((0, vocab))
     raw = draft.rows(paths)

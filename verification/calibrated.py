@@ -210,6 +210,16 @@ def _required(n_bins: int, tv: float, alpha: float, beta: float, limit: int) -> 
     return n if n <= limit else None
 
 
+def _one_cell_samples(tv: float, beta: float) -> int:
+    """One positive cell: only a sample off it fails a check, so the least ``N`` with ``(1 − tv)^N ≤ beta``."""
+    return 1 if tv >= 1.0 else math.ceil(math.log(beta) / math.log1p(-tv))
+
+
+def _one_cell_tv(samples: int, beta: float) -> float:
+    """One positive cell: the least total variation that ``samples`` draws leave with probability ``≤ beta``."""
+    return float(min(1.0, -math.expm1(math.log(beta) / samples)))
+
+
 #: What :func:`chi_square_samples` sizes a check to cover: total variation on the law's cells, or on the bins
 #: the check merges them into at that size.
 COVERS: tuple[str, ...] = ("cells", "bins")
@@ -238,7 +248,7 @@ def chi_square_samples(probs: ArrayLike, tv: float, alpha: float, beta: float = 
     _check_rates(alpha, beta)
     pos = law[law > 0.0]
     if pos.size == 1:
-        n = 1 if tv >= 1.0 else math.ceil(math.log(beta) / math.log1p(-tv))
+        n = _one_cell_samples(tv, beta)
         if n > MAX_CHECK_SAMPLES:
             raise ValueError(f"detecting tv = {tv:g} needs {n:,} samples, more than {MAX_CHECK_SAMPLES:,}; raise tv")
         return n
@@ -298,7 +308,7 @@ def chi_square_detectable_tv(probs: ArrayLike, samples: int, alpha: float, beta:
     _check_rates(alpha, beta)
     pos = law[law > 0.0]
     if pos.size == 1:  # only a sample off the cell fails
-        return float(min(1.0, -math.expm1(math.log(beta) / n)))
+        return _one_cell_tv(n, beta)
     bins, merged = _merged_mass(pos, merge_bins(pos, n, min_expected))
     if bins < 2:
         raise ValueError(f"{n} samples merge all {pos.size} positive cells into one bin: the check could not fail")
@@ -445,7 +455,7 @@ def kl_required_samples(cells: int, tv: float, alpha: float, beta: float = 1e-3)
         raise ValueError(f"tv must be in (0, 1], got {tv}")
     _check_rates(alpha, beta)
     if k == 1:  # any sample off the one cell fails: miss only if all N land on it
-        n = 1 if tv >= 1.0 else math.ceil(math.log(beta) / math.log1p(-tv))
+        n = _one_cell_samples(tv, beta)
     else:
         n = math.floor((_kl_margin(k, alpha, beta) / tv) ** 2) + 1  # sqrt(N) tv strictly above the margin
     if n > MAX_CHECK_SAMPLES:
@@ -460,7 +470,7 @@ def kl_detectable_tv(cells: int, samples: int, alpha: float, beta: float = 1e-3)
     n = check_int("samples", samples, minimum=1)
     _check_rates(alpha, beta)
     if k == 1:
-        return float(min(1.0, -math.expm1(math.log(beta) / n)))
+        return _one_cell_tv(n, beta)
     return float(min(1.0, _kl_margin(k, alpha, beta) / math.sqrt(n)))
 
 

@@ -39,7 +39,7 @@ from typing import Any, ClassVar
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from spec.draft import DraftModel, beam_candidates, draft_rows, select_beam, select_top, top_candidates
+from spec.draft import DraftModel, beam_candidates, rows_for_paths, select_beam, select_top, top_candidates
 from spec.draft import top_tokens as top_tokens  # re-exported: the builders' ranking rule
 from spec.randomness import RngSampler, Sampler, as_sampler
 from tmc.multidraft import ROOT, DraftTree, Draw
@@ -151,7 +151,7 @@ class Growing:
         """Evaluate the draft rows of every node in ``nodes`` not fetched yet, in one call."""
         missing = list(dict.fromkeys(n for n in nodes if n not in self._rows))
         if missing:
-            rows = draft_rows(self.draft, [self.path(n) for n in missing])
+            rows = rows_for_paths(self.draft, [self.path(n) for n in missing])  # its own paths: tuples of ints
             self._rows.update(zip(missing, rows))
 
     def beam(self, nodes: Sequence[int], weights: ArrayLike, k: int) -> tuple[IntArray, FloatArray]:

@@ -240,7 +240,12 @@ def _draft_probs(tree: DraftTree, vocab: int) -> torch.Tensor | None:
     return torch.from_numpy(rows)
 
 def _is_chain(tree: DraftTree) -> bool:
-    return all(par == i - 1 for i, par in enumerate(tree.parents))
+    return _chain_parents(tree.parents)
+
+
+def _chain_parents(parents: Sequence[int]) -> bool:
+    """Whether ``parents`` make a chain: each node the child of the one before."""
+    return all(par == i - 1 for i, par in enumerate(parents))
 
 def resolve_cache(model: Any, cache: str, *others: Any) -> str:
     """``cache`` checked against :data:`CACHES`, with ``auto`` read as ``static`` on CUDA and ``dynamic``
@@ -1019,21 +1024,13 @@ def check_decode_options(builder: str | TreeBuilder, verifier: str, budget: int,
         # a fixed tree drawn swor, or drawn iid (its full shape, every step) with a node of two children: never a
         # chain the verifier takes (topk trees on rows of one token, a greedy draft's, are chains)
         if isinstance(b, FixedBuilder) and (b.draw == Draw.SWOR or (
-                b.draw == Draw.IID and any(len(c) > 1 for c in _children(b.full_shape(budget))))):
+                b.draw == Draw.IID and not _chain_parents(b.full_shape(budget)))):
             raise ValueError(f"verifier {verifier!r} verifies chains; use a chain builder or a tree verifier")
     else:
         verifiers_for(verifier, set(), b.adaptive_widths)
     sampling = Sampling(temperature, top_k, top_p)
     d_sampling = sampling if draft_temperature is None else _draft_sampling(draft_temperature, top_k, top_p)
     return b, budget, sampling, d_sampling
-
-
-def _children(parents: Sequence[int]) -> list[list[int]]:
-    """Each node's children (index ``0`` the root, ``i + 1`` node ``i``) of a tree given by its parents."""
-    out: list[list[int]] = [[] for _ in range(len(parents) + 1)]
-    for i, parent in enumerate(parents):
-        out[parent + 1].append(i)
-    return out
 
 
 def _draft_sampling(temperature: float, top_k: int | None, top_p: float | None) -> Sampling:
