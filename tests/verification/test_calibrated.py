@@ -265,6 +265,12 @@ def test_chi_square_samples_for_one_cell_is_the_chance_of_never_leaving_it():
         (lambda: chi_square_samples(np.array([0.5, 0.5]), 0.0, 0.01), "tv must be in"),
         (lambda: chi_square_samples(np.array([0.5, 0.6]), 0.1, 0.01), "must sum to 1"),
         (lambda: chi_square_samples(np.array([0.5, 0.5]), 1e-4, 1e-9), "more than 10,000,000 samples"),
+        (lambda: chi_square_samples(np.array([0.5, 0.5]), 0.1, 0.01, cover="all"), "cover must be one of cells, bins"),
+        (lambda: chi_square_samples(np.array([0.5, 0.5]), 0.1, 0.01, beta=1.0), "beta must be in"),
+        (lambda: chi_square_detectable_tv(np.array([0.5, 0.5]), 0, 0.01), "samples must be >= 1"),
+        (lambda: chi_square_detectable_tv(np.array([0.5, 0.5]), 2.5, 0.01), "samples must be an integer"),
+        (lambda: chi_square_detectable_tv(np.array([0.5, 0.5]), 100, 0.01, cover="x"), "cover must be one of"),
+        (lambda: chi_square_detectable_tv(np.array([0.5, np.nan]), 100, 0.01), "probs must be finite"),
     ],
 )
 def test_calibrated_functions_refuse_bad_arguments(call, match):
