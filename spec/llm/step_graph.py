@@ -86,8 +86,8 @@ from spec.llm.verify import _CHAIN_STEPS, CHAIN_METHODS, _prepare_chain, noise_s
 from tmc.noise import check_uniforms
 from tmc.validate import check_int
 
-__all__ = ["COMPILE_SCOPES", "ChainStepGraph", "ChainStepResult", "FusedStep", "clamp_ids", "shared_chain_step",
-           "target_rows_and_fault"]
+__all__ = ["COMPILE_SCOPES", "STEP_IO", "STEP_IO_MODES", "ChainStepGraph", "ChainStepResult", "FusedStep", "clamp_ids",
+           "resolve_io", "shared_chain_step", "target_rows_and_fault"]
 
 _INTS = 6  # t_len, d_len, root, pending[0], pending[1], two pending tokens (0/1)
 
@@ -109,6 +109,27 @@ def _vocab_of(model: Any) -> int:
 
 #: What ``compile_backend`` compiles (module doc): each draw and the verifier's head, or the whole step.
 COMPILE_SCOPES: tuple[str, ...] = ("parts", "whole")
+
+#: Where a fused step's upload and its one transfer back run (:attr:`FusedStep.io`).  ``"host"``: the decode's
+#: call copies the staged integers and uniforms to the device before the run or replay and reads the output
+#: tensor back after it (``tolist``: a copy to pageable memory that waits for the step).  ``"upload"``: the
+#: upload is the first node of the step's work (captured in its graph), the output read back as for ``"host"``.
+#: ``"graph"``: the upload and a copy of the output into a pinned host buffer are both part of the step's work,
+#: so a replayed step is ONE launch, then one wait for the stream and a read of host memory.  The tokens are the
+#: same in every mode (the same device work on the same values); only the host's calls per step differ.
+STEP_IO_MODES: tuple[str, ...] = ("host", "upload", "graph")
+
+#: The mode a fused step takes when none is named (``io=None``); read when the step is made.
+STEP_IO = "graph"
+
+
+def resolve_io(io: str | None) -> str:
+    """``io``, or :data:`STEP_IO` for ``None``; ``ValueError`` unless one of :data:`STEP_IO_MODES`."""
+    got = STEP_IO if io is None else io
+    if not isinstance(got, str) or got not in STEP_IO_MODES:
+        raise ValueError(f"io must be one of {STEP_IO_MODES} or None, got {got!r}")
+    return got
+
 
 #: Graphs dynamo may keep per code object (``_draw_row``, ``_verify_head``): one per setting (sampling, verifier,
 #: chain length, vocabulary) a process decodes with; its default (8) is hit by a benchmark's rows.
@@ -178,7 +199,10 @@ class FusedStep:
     draft_uniforms: int  # the draws' uniforms a step (0: ranked draws)
     noise: int  # the verifier's uniforms a step
 
-    def _setup(self, target: Any, draft: Any, t_cache: StaticTreeCache, d_cache: StaticTreeCache, vocab: int) -> None:
+    def _setup(self, target: Any, draft: Any, t_cache: StaticTreeCache, d_cache: StaticTreeCache, vocab: int,
+               io: str | None = None) -> None:
+        self.io = resolve_io(io)  # where the upload and the transfer back run (STEP_IO_MODES)
+        self._back: torch.Tensor | None = None  # io "graph": the output's host copy (pinned on CUDA)
         for name, cache, model in (("t_cache", t_cache, target), ("d_cache", d_cache, draft)):
             if not isinstance(cache, StaticTreeCache):
                 raise ValueError(f"{name} must be a StaticTreeCache (cache='static'), got {type(cache).__name__}")
@@ -357,7 +381,7 @@ class FusedStep:
         subclass may use the higher bits) raise its ``ValueError`` (the draft's first)."""
         self._stage(t_past, root, d_past, pending, needs)
         out, raw, t_logits = self._execute()
-        got: list[int] = out.tolist()  # the step's one transfer
+        got = self._read(out)  # the step's one transfer
         if got[0] & 1:  # name the fault: the draft's logits first, then the target's
             for row in raw:
                 with logits_of("draft"):
@@ -372,8 +396,36 @@ class FusedStep:
         copy (unchecked: :meth:`_launch` runs after the subclass's checks)."""
         self._prepare(*needs)
         self._host_np[:_INTS] = (t_past, d_past, root, pending[0], pending[-1], len(pending) - 1)
-        if self._staged is not self._host:
+        if self._staged is not self._host and self.io == "host":  # else the step's work uploads (_body)
             self._staged.copy_(self._host, non_blocking=self.device.type == "cuda")
+
+    def _body(self) -> Any:
+        """The step's device work as it is run or captured: :meth:`_run`, after the upload when ``io`` is not
+        ``"host"``, and followed by the output's copy into the host buffer ``_back`` when it is ``"graph"``
+        (made at the first run, before any capture: a warm-up run comes first)."""
+        cuda = self.device.type == "cuda"
+        if self.io != "host" and self._staged is not self._host:
+            self._staged.copy_(self._host, non_blocking=cuda)
+        result = self._run()
+        if self.io == "graph":
+            out = result[0]
+            if self._back is None:
+                with torch.inference_mode(False):
+                    self._back = torch.zeros(out.shape, dtype=out.dtype, pin_memory=cuda)
+                self._back_np: NDArray[np.int64] = self._back.numpy()
+            self._back.copy_(out, non_blocking=cuda)
+        return result
+
+    def _read(self, out: torch.Tensor) -> list[int]:
+        """The step's output on the host: ``out`` read back (``io`` ``"host"`` / ``"upload"``), or the host
+        buffer the step's work copied it into, once the device's stream has finished (``"graph"``)."""
+        if self.io != "graph":
+            got: list[int] = out.tolist()
+            return got
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+        back: list[int] = self._back_np.tolist()
+        return back
 
     @staticmethod
     def _feed(cache: StaticTreeCache, buf: _Size, tokens: torch.Tensor, positions: torch.Tensor,
@@ -410,17 +462,17 @@ class FusedStep:
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
             for _ in range(2):
-                self._run()
+                self._body()
         torch.cuda.current_stream(self.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):  # a pool of its own: it replays in any order with the caches' graphs
-            self._out = self._run()
+            self._out = self._body()
         self._graph = graph
         self.captures += 1
 
     def _execute(self) -> Any:
         if not self.graphs:
-            return self._run()
+            return self._body()
         if self._graph is None:
             self._capture()
         self._graph.replay()
@@ -441,7 +493,7 @@ class FusedStep:
             self.t_cache.length, self.d_cache.length = t_past, d_past
 
         call()
-        last = self._out if self.graphs else self._run()
+        last = self._out if self.graphs else self._body()
 
         def host() -> None:
             self._execute = lambda: last  # type: ignore[method-assign]
@@ -513,12 +565,13 @@ class ChainStepGraph(FusedStep):
     eagerly on the same buffers.  ``captures`` and ``replays`` count graphs
     captured and replayed.  ``compile_backend``: a ``torch.compile`` backend for the draws and the
     verifier's head, or for the whole step with ``compile_scope="whole"`` (module doc), or ``None``.
+    ``io``: where the upload and the transfer back run, one of :data:`STEP_IO_MODES` (``None``: :data:`STEP_IO`).
     """
 
     def __init__(self, target: Any, draft: Any, t_cache: StaticTreeCache, d_cache: StaticTreeCache, *, k: int,
                  verifier: str, iid: bool, sampling: Sampling, d_sampling: Sampling, vocab: int,
-                 compile_backend: str | None = None, compile_scope: str = "parts") -> None:
-        self._setup(target, draft, t_cache, d_cache, vocab)
+                 compile_backend: str | None = None, compile_scope: str = "parts", io: str | None = None) -> None:
+        self._setup(target, draft, t_cache, d_cache, vocab, io)
         if verifier not in CHAIN_METHODS:
             raise ValueError(f"verifier must be one of {CHAIN_METHODS} (a chain verifier), got {verifier!r}")
         self.k = self.size = self.forwards = check_int("k", k, minimum=1)  # drafts = draft forwards a step
@@ -647,19 +700,21 @@ class ChainStepGraph(FusedStep):
             ints = self._ints
             return self._forward(self.t_cache, self._verify, self._t_cols, ints[2].expand(k + 1).contiguous(), ints[0])
 
-        return self._time_in_turns(self._run, forwards, target, reps, calls)
+        return self._time_in_turns(self._body, forwards, target, reps, calls)
 
 
 def shared_chain_step(target: Any, draft: Any, t_cache: StaticTreeCache, d_cache: StaticTreeCache, *, k: int,
                       verifier: str, iid: bool, sampling: Sampling, d_sampling: Sampling, vocab: int,
-                      compile_backend: str | None = None, compile_scope: str = "parts") -> ChainStepGraph:
+                      compile_backend: str | None = None, compile_scope: str = "parts",
+                      io: str | None = None) -> ChainStepGraph:
     """The :class:`ChainStepGraph` of these caches and settings, made once and reused across decodes (as
     :func:`~spec.llm.static_cache.shared_static_cache` reuses the caches), so a decode replays the graph an
     earlier one captured: only a cache that grew since makes it capture again."""
-    key = (id(d_cache), k, verifier, bool(iid), sampling, d_sampling, vocab, compile_backend, compile_scope)
+    io = resolve_io(io)
+    key = (id(d_cache), k, verifier, bool(iid), sampling, d_sampling, vocab, compile_backend, compile_scope, io)
     return shared_step(t_cache, key, ChainStepGraph, target, draft, d_cache, lambda: ChainStepGraph(
         target, draft, t_cache, d_cache, k=k, verifier=verifier, iid=iid, sampling=sampling, d_sampling=d_sampling,
-        vocab=vocab, compile_backend=compile_backend, compile_scope=compile_scope))
+        vocab=vocab, compile_backend=compile_backend, compile_scope=compile_scope, io=io))
 
 
 _Step = TypeVar("_Step", bound=FusedStep)

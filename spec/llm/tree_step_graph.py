@@ -80,7 +80,7 @@ from numpy.typing import NDArray
 from spec.llm.adapter import _tree_layout
 from spec.llm.sampling import Sampling, categorical_draw, ranked_tokens, swor_draws
 from spec.llm.static_cache import StaticTreeCache
-from spec.llm.step_graph import ChainStepResult, FusedStep, clamp_ids, shared_step, target_rows_and_fault
+from spec.llm.step_graph import ChainStepResult, FusedStep, clamp_ids, resolve_io, shared_step, target_rows_and_fault
 from spec.llm.tree_device import DEVICE_TREE_METHODS, TreePlan, tree_head, walks_on_device
 from tmc.multidraft import ROOT, Draw
 from tmc.validate import check_int
@@ -159,14 +159,15 @@ class TreeStepGraph(FusedStep):
     (:func:`~spec.llm.tree_device.walks_on_device`).  ``compile_backend`` compiles the draws
     and the verifier's head (the target's rows, the flags, the walk and the cache moves' slots:
     :func:`_tree_head`) before the capture, or the whole step with
-    ``compile_scope="whole"`` (:mod:`spec.llm.step_graph`).
+    ``compile_scope="whole"`` (:mod:`spec.llm.step_graph`).  ``io``: where the upload and the transfer back
+    run (:data:`~spec.llm.step_graph.STEP_IO_MODES`; ``None``: :data:`~spec.llm.step_graph.STEP_IO`).
     """
 
     def __init__(self, target: Any, draft: Any, t_cache: StaticTreeCache, d_cache: StaticTreeCache, *,
                  parents: Sequence[int], order: Sequence[int], verifier: str, sampling: Sampling,
                  d_sampling: Sampling, vocab: int, draw: Draw | str = Draw.IID,
-                 compile_backend: str | None = None, compile_scope: str = "parts") -> None:
-        self._setup(target, draft, t_cache, d_cache, vocab)
+                 compile_backend: str | None = None, compile_scope: str = "parts", io: str | None = None) -> None:
+        self._setup(target, draft, t_cache, d_cache, vocab, io)
         if verifier not in DEVICE_TREE_METHODS:
             raise ValueError(f"verifier must be one of {DEVICE_TREE_METHODS} (walked on the device), got {verifier!r}")
         if draw not in FUSED_DRAWS:
@@ -371,7 +372,7 @@ class TreeStepGraph(FusedStep):
         def target() -> torch.Tensor:
             return self._target_logits(self._ints[2].expand(n + 1), self._ints[0])
 
-        return self._time_in_turns(self._run, forwards, target, reps, calls)
+        return self._time_in_turns(self._body, forwards, target, reps, calls)
 
     def step(self, t_past: int, root: int, d_past: int, pending: Sequence[int],
              u_draft: NDArray[np.float64] | None, u_verify: NDArray[np.float64]) -> ChainStepResult | None:
@@ -494,12 +495,14 @@ def _rank_layer(logits: torch.Tensor, parents: torch.Tensor, picks: torch.Tensor
 def shared_tree_step(target: Any, draft: Any, t_cache: StaticTreeCache, d_cache: StaticTreeCache, *,
                      parents: Sequence[int], order: Sequence[int], verifier: str, sampling: Sampling,
                      d_sampling: Sampling, vocab: int, draw: Draw | str = Draw.IID,
-                     compile_backend: str | None = None, compile_scope: str = "parts") -> TreeStepGraph:
+                     compile_backend: str | None = None, compile_scope: str = "parts",
+                     io: str | None = None) -> TreeStepGraph:
     """The :class:`TreeStepGraph` of these caches and settings, made once and reused across decodes
     (:func:`spec.llm.step_graph.shared_chain_step`'s rule)."""
+    io = resolve_io(io)
     key = ("tree", id(d_cache), tuple(parents), tuple(order), verifier, sampling, d_sampling, vocab,
-           getattr(draw, "value", draw), compile_backend, compile_scope)
+           getattr(draw, "value", draw), compile_backend, compile_scope, io)
     return shared_step(t_cache, key, TreeStepGraph, target, draft, d_cache, lambda: TreeStepGraph(
         target, draft, t_cache, d_cache, parents=parents, order=order, verifier=verifier, sampling=sampling,
         d_sampling=d_sampling, vocab=vocab, draw=draw, compile_backend=compile_backend,
-        compile_scope=compile_scope))
+        compile_scope=compile_scope, io=io))

@@ -356,6 +356,45 @@ def test_fused_tree_steps_replay_one_graph(pairs: tuple[tuple[object, object], t
         assert got.tokens == want, name
 
 
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # torch's own code
+@pytest.mark.filterwarnings("ignore:TensorFloat32 tensor cores:UserWarning")  # inductor's advice; TF32 stays off
+@pytest.mark.filterwarnings(r"ignore:\s*Online softmax is disabled:UserWarning")  # inductor's notice (tiny rows)
+@pytest.mark.parametrize("io", ["host", "upload", "graph"])
+@pytest.mark.parametrize(("builder", "verifier", "tree"), [
+    ("chain", "sps", {"budget": 4}), ("chain", "asps", {"budget": 4, "compile_step": True}),
+    ("fixed", "traversal", {"budget": 7, "builder_params": {"draw": "iid", "width": 2}})])
+def test_io_modes_replay_the_same_tokens_on_cuda(pairs: tuple[tuple[object, object], tuple[object, object]],
+                                                 monkeypatch: pytest.MonkeyPatch, io: str, builder: str,
+                                                 verifier: str, tree: dict[str, object]) -> None:
+    """Each ``io`` mode (``STEP_IO_MODES``: the upload, and the copy of the output into pinned host memory,
+    captured in the step's graph or run around it): greedy decoding equals the CPU's with the step captured
+    once and replayed every later step, and at T = 1 on 3 seeds the graphed run gives the tokens of the plain
+    device path (the compiled case: on at least 2 of 3, ``test_compiled_fused_steps_on_cuda``'s rule)."""
+    from spec.llm import step_graph
+    from spec.llm.static_cache import shared_static_cache
+
+    (t_cpu, _), (t_gpu, d_gpu) = pairs
+    prompt = [2, 7, 1, 8, 2, 8]
+    ref = ar_generate(t_cpu, prompt, temperature=0, max_new_tokens=40).tokens
+    t_cache = shared_static_cache(t_gpu, "target", 1, graphs=True)
+    t_cache.step_graphs.clear()  # the cache is shared: an earlier test in this process may have left steps on it
+    monkeypatch.setattr(step_graph, "STEP_IO", io)
+    out = generate(t_gpu, d_gpu, prompt, builder, verifier, temperature=0, max_new_tokens=40, step_graph=True,
+                   **tree)
+    assert out.tokens == ref
+    fused = [s for s in t_cache.step_graphs.values() if getattr(s, "io", None) == io]
+    assert len(fused) == 1 and fused[0].graphs and fused[0].captures == 1
+    assert fused[0].replays == len(out.steps) - 1 > 0
+    same = 0
+    for seed in range(3):
+        kw: dict[str, object] = dict(temperature=1.0, max_new_tokens=40, seed=seed, **tree)
+        got = generate(t_gpu, d_gpu, prompt, builder, verifier, step_graph=True, **kw)
+        plain = generate(t_gpu, d_gpu, prompt, builder, verifier, step_graph=False,
+                         **{k: v for k, v in kw.items() if k != "compile_step"})
+        same += got.tokens == plain.tokens
+    assert same >= (2 if "compile_step" in tree else 3)
+
+
 def test_auto_fuses_steps_where_the_caches_capture_graphs(
         pairs: tuple[tuple[object, object], tuple[object, object]]) -> None:
     """``step_graph="auto"`` (the default) on CUDA: a fixed chain with a chain verifier and a fixed i.i.d. tree run

@@ -392,6 +392,66 @@ def test_profile_times_the_step_and_its_forwards(pair: tuple[Any, Any]) -> None:
         step.profile(1, 4, 0, [4], reps=1)  # checked before any work
 
 
+def _steps_by_io(pair: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch, builder: str, verifier: str,
+                 **kw: Any) -> dict[str, list[Any]]:
+    """Fused decodes (T = 1, 3 seeds, and T = 0) under each of ``STEP_IO_MODES`` as the default, with the step
+    each made: ``{mode: [results..., step]}``."""
+    from spec.llm import step_graph
+
+    target, draft = pair
+    got: dict[str, list[Any]] = {}
+    for mode in step_graph.STEP_IO_MODES:
+        monkeypatch.setattr(step_graph, "STEP_IO", mode)
+        got[mode] = [generate(target, draft, [5, 3, 5], builder, verifier, step_graph=True, cache="static",
+                              temperature=temp, max_new_tokens=30, seed=seed, **kw)
+                     for temp, seed in ((1.0, 0), (1.0, 1), (1.0, 2), (0.0, 0))]
+        t_cache = static_cache.shared_static_cache(target, "target", 1, graphs=False)
+        got[mode].append(next(s for s in t_cache.step_graphs.values() if s.io == mode and s.verifier == verifier))
+    return got
+
+
+@pytest.mark.parametrize(("builder", "verifier", "kw"), [
+    ("chain", "sps", {"budget": 4}), ("chain", "block", {"budget": 3, "builder_params": {"draw": "topk"}}),
+    ("fixed", "traversal", {"budget": 7, "builder_params": {"draw": "iid", "width": 2}}),
+    ("fixed", "multidraft", {"budget": 6, "builder_params": {"draw": "swor", "width": 2}})])
+def test_every_io_mode_gives_the_same_tokens(pair: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch, builder: str,
+                                             verifier: str, kw: dict[str, Any]) -> None:
+    """Where the upload and the transfer back run (``io``) changes only the host's calls: the same tokens and
+    accepted counts in every mode (here eagerly, on the CPU; on CUDA in ``test_cuda``), every step after the
+    first fused; in ``"graph"`` mode the step's output is read from the host buffer its work wrote (all zeros
+    before: a read of the buffer without the copy decodes the token 0 every step)."""
+    got = _steps_by_io(pair, monkeypatch, builder, verifier, **kw)
+    ref = got["host"]
+    for mode, runs in got.items():
+        step = runs.pop()
+        assert step.io == mode and (step._back is not None) == (mode == "graph")
+        for run, want in zip(runs, ref):
+            assert run.tokens == want.tokens and [s.accepted for s in run.steps] == [s.accepted for s in want.steps]
+            assert sum(s.graph_s > 0 for s in run.steps) == len(run.steps) - 1 > 3
+
+
+def test_io_modes_are_checked(pair: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    from spec.llm import step_graph
+    from spec.llm.tree_step_graph import TreeStepGraph
+
+    target, draft = pair
+    tc, dc = StaticTreeCache(target, 64), StaticTreeCache(draft, 64)
+    kw: dict[str, Any] = dict(sampling=Sampling(), d_sampling=Sampling(), vocab=29)
+    for bad in ("fast", "", 1, "GRAPH"):
+        with pytest.raises(ValueError, match=r"io must be one of \('host', 'upload', 'graph'\) or None, got"):
+            ChainStepGraph(target, draft, tc, dc, k=3, verifier="sps", iid=True, io=bad, **kw)
+        with pytest.raises(ValueError, match="io must be one of"):
+            TreeStepGraph(target, draft, tc, dc, parents=[-1, 0], order=[0, 1], verifier="traversal", io=bad, **kw)
+        with pytest.raises(ValueError, match="io must be one of"):
+            shared_chain_step(target, draft, tc, dc, k=3, verifier="sps", iid=True, io=bad, **kw)
+    assert step_graph.resolve_io(None) == step_graph.STEP_IO == "graph"
+    monkeypatch.setattr(step_graph, "STEP_IO", "upload")
+    assert ChainStepGraph(target, draft, tc, dc, k=3, verifier="sps", iid=True, **kw).io == "upload"
+    monkeypatch.setattr(step_graph, "STEP_IO", "fast")  # a bad default is named too, when a step is made
+    with pytest.raises(ValueError, match="io must be one of .* got 'fast'"):
+        ChainStepGraph(target, draft, tc, dc, k=3, verifier="sps", iid=True, **kw)
+
+
 def test_fused_steps_grow_the_caches_they_outrun(pair: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     """Caches sized far too small up front (64 slots for 100 positions) grow during the fused steps: the step
     rebuilds its buffers for the new ones, and the tokens stay the device chain's."""
