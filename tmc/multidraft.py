@@ -279,20 +279,27 @@ def swor_sequence_prob(q_row: FloatArray, tokens: Sequence[int]) -> float:
 
 
 def proposal_laws(tree: DraftTree, node: int) -> list[FloatArray]:
-    """The law each child of ``node`` was actually drawn from, in order (DESIGN.md §4)."""
+    """The law each child of ``node`` was actually drawn from, in order (DESIGN.md §4).
+
+    A ``swor`` node's first child comes from the stored row itself: nothing is removed yet, and dividing
+    by the row's sum (``1 - 1.1e-16`` for some stored rows) would move ``q`` by an ulp, so ``p = q``
+    would no longer accept with probability exactly 1."""
     kids = tree.children(node)
     laws: list[FloatArray] = []
     removed = np.zeros(tree.vocab, dtype=bool)
-    for k in kids:
+    for i, k in enumerate(kids):
         kind, tok = tree.draws[k], tree.tokens[k]
         if kind == Draw.TOPK:
             law = np.zeros(tree.vocab)
             law[tok] = 1.0
         elif kind == Draw.IID:
             law = tree.q_rows[node]
-        else:
-            rest = np.where(removed, 0.0, tree.q_rows[node])
-            law = rest / rest.sum()
+        else:  # swor (siblings share one kind): the first child is drawn from the stored row, none removed
+            if i == 0:
+                law = tree.q_rows[node]
+            else:
+                rest = np.where(removed, 0.0, tree.q_rows[node])
+                law = rest / rest.sum()
             removed[tok] = True
         laws.append(law)
     return laws

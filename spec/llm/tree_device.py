@@ -275,17 +275,19 @@ def _post_order(kids: list[list[int]]) -> list[int]:
 # ------------------------------------------------------------------ shared rules, row by row
 
 
-def _laws(b: _Batch, q_b: Tensor, removed: Tensor, tok: Tensor) -> Tensor:
+def _laws(b: _Batch, q_b: Tensor, removed: Tensor, tok: Tensor, first: bool) -> Tensor:
     """The law each rank's child was drawn from (:func:`spec.llm.verify._proposal_laws`), ``(c, V)``;
     marks ``tok`` removed from the without-replacement rows (``removed`` ``(c, V)`` bool, in place).
+    ``first``: rank 0, whose without-replacement children come from the stored rows (none removed yet).
     Only the kinds the batch holds are formed (each is a handful of kernels on a GPU)."""
     c = tok.shape[0]
-    law = q_b  # iid: the node's draft row
+    law = q_b  # iid, and the first swor rank: the node's draft row
     if Draw.SWOR in b.kinds:
-        rest = torch.where(removed, 0.0, q_b)
-        swor = rest / _total(rest)
+        if not first:
+            rest = torch.where(removed, 0.0, q_b)
+            swor = rest / _total(rest)
+            law = swor if b.kinds == {Draw.SWOR} else torch.where(b.iid[:c], q_b, swor)
         removed.scatter_(1, tok[:, None], True)
-        law = swor if b.kinds == {Draw.SWOR} else torch.where(b.iid[:c], q_b, swor)
     if Draw.TOPK in b.kinds:
         point = point_rows(tok[:, None], q_b.shape[1])
         law = point if b.kinds == {Draw.TOPK} else torch.where(b.topk[:c], point, law)
@@ -338,10 +340,10 @@ def _residual_tests(b: _Batch, tok: Tensor, q: Tensor, p: Tensor, u: Tensor) -> 
     q_b = q.index_select(0, b.rows)
     removed = torch.zeros_like(r, dtype=torch.bool)
     chosen = torch.full((r.shape[0],), -1, dtype=torch.int64, device=p.device)  # accepted child's row, -1: none yet
-    for kids, kid_rows in zip(b.kids, b.kid_rows):
+    for j, (kids, kid_rows) in enumerate(zip(b.kids, b.kid_rows)):
         c = kids.shape[0]
         t = tok.index_select(0, kids)
-        law = _laws(b, q_b[:c], removed[:c], t)
+        law = _laws(b, q_b[:c], removed[:c], t, j == 0)
         open_ = chosen[:c] < 0
         passed = open_ & (u.index_select(0, kids) < _acceptance(_at(r[:c], t), _at(law, t)))
         chosen[:c] = torch.where(passed, kid_rows, chosen[:c])
@@ -594,7 +596,7 @@ def _traversal(plan: TreePlan, tok: Tensor, q: Tensor, p: Tensor, u: Tensor,
                 kids = visit[:c, j]
                 kid_rows = kids + 1
             t = tok.index_select(0, kids)
-            law = _laws(b, q_b[:c], removed[:c], t)
+            law = _laws(b, q_b[:c], removed[:c], t, j == 0)
             if visit is not None:
                 law = torch.where(b.ordered[:c], laws_all[j].index_select(0, pos[:c]), law)
             kid_value, kid_miss = _child_state(v[:c], m[:c], row[:c], law, t)

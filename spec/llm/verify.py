@@ -819,15 +819,18 @@ def _proposal_laws(tree: _Tree, node: int) -> list[Tensor]:
     """The law each child of ``node`` was drawn from: :func:`tmc.multidraft.proposal_laws`."""
     laws: list[Tensor] = []
     removed = torch.zeros(tree.vocab, dtype=torch.bool)
-    for kid in tree.children(node):
+    for i, kid in enumerate(tree.children(node)):
         kind, tok = tree.draws[kid], tree.tokens[kid]
         if kind == Draw.TOPK:
             laws.append(_point_mass(tree.vocab, tok))
         elif kind == Draw.IID:
             laws.append(tree.q_rows[node])
-        else:
-            rest = torch.where(removed, 0.0, tree.q_rows[node])
-            laws.append(rest / _total(rest))
+        else:  # swor: the first child from the stored row, none removed (tmc.multidraft.proposal_laws)
+            if i == 0:
+                laws.append(tree.q_rows[node])
+            else:
+                rest = torch.where(removed, 0.0, tree.q_rows[node])
+                laws.append(rest / _total(rest))
             removed[tok] = True
     return laws
 

@@ -16,6 +16,7 @@ from tmc.multidraft import (
     multidraft_sample,
     multidraft_sample_from_uniforms,
     proposal_laws,
+    residual_node_rule,
     tree_kernel_outputs,
 )
 from tmc.toy import ToyModel
@@ -137,6 +138,33 @@ def test_kernel_contract_on_every_tree(model, widths):
                 for node in range(-1, tree.size):
                     for kid in tree.children(node):
                         assert kern[node + 1, tree.tokens[kid]] == 0.0
+
+
+#: A draft row whose stored (renormalised) form still sums to ``1 - 1.1e-16`` in floats.
+SHORT_SUM_ROW = (1e-12, 1.0)
+
+
+def test_a_swor_first_child_is_drawn_from_the_stored_row():
+    """``p = q`` bit for bit accepts a first child with probability exactly ``min(1, p/q) = 1`` whatever the
+    draw kind: the first ``swor`` child is drawn from the stored row (nothing removed yet), not from it divided
+    by its sum (that law put ``q(1)`` an ulp above ``p(1)``, accepted with ``1 - 1.1e-16`` and rejected the
+    drafted token at ``u = 1 - 2^-53``; found by hypothesis in ``test_kernel_contract_on_every_tree``)."""
+    from tmc.kseq import kseq_sample_from_uniforms
+    from tmc.traversal import traversal_sample_from_uniforms
+
+    for draw in ("iid", "swor"):
+        tree = DraftTree.build([-1, -1], [1, 0], draw, {-1: SHORT_SUM_ROW}, 2)
+        q = tree.q_rows[-1]
+        assert float(q.sum()) < 1.0  # stored renormalised, its float sum still 1 - 1.1e-16: the case at stake
+        p_rows = np.stack([q, q, q])
+        assert residual_node_rule(tree, -1, q)[0][0] == 1.0, draw
+        assert proposal_laws(tree, -1)[0] is tree.q_rows[-1]
+        u = np.full(3, np.nextafter(1.0, 0.0))
+        for sample in (multidraft_sample_from_uniforms, traversal_sample_from_uniforms, kseq_sample_from_uniforms):
+            assert sample(tree, p_rows, u)[0] == 1, (draw, sample.__name__)
+    # the second swor child's law is still the row without the first token, renormalised
+    tree = DraftTree.build([-1, -1], [1, 0], "swor", {-1: (0.25, 0.75)}, 2)
+    assert [law.tolist() for law in proposal_laws(tree, -1)] == [[0.25, 0.75], [1.0, 0.0]]
 
 
 def test_wrong_proposal_law_is_biased():

@@ -582,6 +582,30 @@ def test_ordered_traversal_at_the_subnormal_edge_in_every_port(draw, tokens, q_r
     assert kernel.sum() == pytest.approx(1.0, abs=1e-12) and (kernel >= 0).all()
 
 
+def test_a_swor_first_child_comes_from_the_stored_row_on_every_port():
+    """``tests/tmc/test_multidraft.py``'s row whose stored sum is ``1 - 1.1e-16``, drawn ``swor`` into two root
+    children with ``p = q``: the first child is accepted for every uniform (``min(1, p/q) = 1``; ordered Traversal
+    visits them in its own order), by numpy, by the device walks and by the host walks alike (each port once
+    divided the first child's law by the row's sum)."""
+    from tests.spec.llm.test_verify_torch import EDGE_UNIFORMS
+    from tests.tmc.test_multidraft import SHORT_SUM_ROW
+
+    tree = DraftTree.build([-1, -1], [1, 0], "swor", {-1: SHORT_SUM_ROW}, 2)
+    q = tree.q_rows[-1]
+    p = q_rows = np.stack([q, q, q])
+    for u0 in EDGE_UNIFORMS:
+        u = np.full(3, u0)
+        for method in TREE_METHODS:
+            want = NUMPY_TREE[method](tree, p, u)
+            if method != "ordered_traversal":  # which visits the children in its own order
+                assert want[0] == 1, (method, u0)
+            host = verify_tree(method, list(tree.tokens), list(tree.parents), tree.draws, as_tensor(q_rows, "cpu"),
+                               as_tensor(p, "cpu"), as_tensor(u, "cpu"))
+            assert host.tokens.tolist() == want, (method, u0)
+            if method in DEVICE_TREE_METHODS:
+                assert run(method, tree, q_rows, p, u, "cpu") == want, (method, u0)
+
+
 def test_device_walks_beside_a_shared_entry_near_one_equal_numpy():
     """The chains of ``SHARED_DOMINANT_CHAINS`` as trees: the device walks take the difference of the rests at a
     token both rows hold above 1/2 as numpy does (``p = [1.0, 1e-20]`` beside ``q = [1, 0]`` accepted node 0)."""
