@@ -7,7 +7,8 @@ are verified in index order.  Every node records how it was drawn:
 
 * ``iid`` — i.i.d. from its parent's draft row ``q`` (SpecInfer);
 * ``swor`` — without replacement: from ``q`` with the earlier siblings
-  removed and renormalised (Sequoia, DySpec Alg. 3);
+  removed and renormalised (Sequoia, DySpec Alg. 3); the first child from
+  ``q`` as stored (nothing removed, so no renormalising rounding);
 * ``topk`` — deterministically (top-k or greedy): a point mass.
 
 Verification at an accepted node starts from the residual target ``r = p``
@@ -42,7 +43,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from tmc.noise import categorical, check_uniforms
-from tmc.residual import acceptance_probability, residual
+from tmc.residual import acceptance_at, residual
 from tmc.validate import as_real_array_with_dtype, as_rng, check_int, check_prob_rows
 
 Path = tuple[int, ...]
@@ -323,7 +324,7 @@ def residual_node_rule(
     accept: list[float] = []
     for kid, law in zip(tree.children(node), proposals(tree, node)):
         tok = tree.tokens[kid]
-        accept.append(acceptance_probability(float(r[tok]), float(law[tok])))
+        accept.append(acceptance_at(r, law, tok))
         r = residual(r, law, tok)
     return tuple(accept), r
 
@@ -356,7 +357,7 @@ def multidraft_kernel(tree: DraftTree, p_rows: ArrayLike, proposals: ProposalFn 
         r = p[node + 1]
         for kid, law in zip(tree.children(node), proposals(tree, node)):
             tok = tree.tokens[kid]
-            accept = acceptance_probability(float(r[tok]), float(law[tok]))
+            accept = acceptance_at(r, law, tok)
             if accept > 0.0:
                 stack.append((kid, reach * accept))
             reach *= 1.0 - accept
@@ -385,12 +386,12 @@ def residual_walk_step(
     tree: DraftTree, node: int, p_row: FloatArray, uu: FloatArray, proposals: ProposalFn = proposal_laws
 ) -> int | FloatArray:
     """The sampler at one accepted node: the first child whose test passes (``uu[kid]`` against
-    :func:`~tmc.residual.acceptance_probability`), or, when every test fails, the residual to emit
+    :func:`~tmc.residual.acceptance_at`), or, when every test fails, the residual to emit
     from (``p_row`` at a leaf).  Residuals are formed only as far as the tests go."""
     r = p_row
     for kid, law in zip(tree.children(node), proposals(tree, node)):
         tok = tree.tokens[kid]
-        if uu[kid] < acceptance_probability(float(r[tok]), float(law[tok])):
+        if uu[kid] < acceptance_at(r, law, tok):
             return kid
         r = residual(r, law, tok)
     return r

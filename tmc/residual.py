@@ -9,6 +9,11 @@ output must come from
 
     r' = norm((r − law)_+).
 
+At a token both rows hold above 1/2 the difference ``r − law`` is that of
+the rests (:func:`row_difference`), and the accept test reads ``r(x) ≥
+law(x)`` from it too (:func:`acceptance_at`), so a token the residual would
+re-emit is never the one rejected.
+
 **Degenerate case.**  When ``(r − law)_+`` has no mass left (``r ≤ law``
 everywhere after rounding) the rejection itself had probability zero up to
 rounding, so any law keeps the step lossless; the rule here returns ``r`` with
@@ -68,6 +73,22 @@ def acceptance_probability(r_x: float, law_x: float) -> float:
     if law_x <= 0.0:
         return 1.0
     return min(1.0, r_x / law_x)
+
+
+def acceptance_at(r: FloatArray, law: FloatArray, tok: int) -> float:
+    """:func:`acceptance_probability` of the draft token ``tok`` of ``law`` against ``r``, and ``1`` wherever
+    :func:`difference_at` finds ``r(tok) ≥ law(tok)``.
+
+    The accept test then agrees with :func:`residual`: the residual keeps mass at ``tok`` only where that
+    difference is positive, and there the token is never rejected.  The two can disagree where both rows hold
+    ``tok`` above 1/2, the entries rounded apart from their rests: ``r = [9.999999999989997e-13,
+    0.9999999999989999]`` beside ``law = [9.999999999990001e-13, 0.999999999999]`` has ``r(1) < law(1)`` as
+    floats but ``r(1) > law(1)`` by the rests; the ratio accepted token 1 with ``1 - 1.1e-16`` and the residual
+    then emitted token 1, the token just rejected."""
+    r_x, law_x = float(r[tok]), float(law[tok])
+    if r_x > 0.5 and law_x > 0.5 and difference_at(r, law, tok) >= 0.0:
+        return 1.0
+    return acceptance_probability(r_x, law_x)
 
 
 def residual(r: FloatArray, law: FloatArray, rejected: int) -> FloatArray:

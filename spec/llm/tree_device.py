@@ -304,6 +304,15 @@ def _acceptance(r_x: Tensor, law_x: Tensor) -> Tensor:
     return torch.where(r_x <= 0.0, 0.0, torch.where(law_x <= 0.0, 1.0, torch.clamp_max(r_x / law_x, 1.0)))
 
 
+def _acceptance_at(r: Tensor, law: Tensor, tok: Tensor, diff: Tensor) -> Tensor:
+    """:func:`tmc.residual.acceptance_at` row by row ``(c,)``: the ratio test of each row's ``tok``, 1 where both
+    rows hold it above 1/2 and their difference there (``diff`` = :func:`_row_difference`'s, the rests') is not
+    negative."""
+    r_t, law_t = _at(r, tok), _at(law, tok)
+    agree = (r_t > 0.5) & (law_t > 0.5) & (_at(diff, tok) >= 0.0)
+    return torch.where(agree, 1.0, _acceptance(r_t, law_t))
+
+
 def _child_state(value: Tensor, miss: Tensor, row: Tensor, law: Tensor, tok: Tensor) -> tuple[Tensor, Tensor]:
     """``(a_i, 1 − a_i)`` of each child: :func:`tmc.traversal._child_state` row by row."""
     q_t, r_t = _at(law, tok), _at(row, tok)
@@ -345,9 +354,10 @@ def _residual_tests(b: _Batch, tok: Tensor, q: Tensor, p: Tensor, u: Tensor) -> 
         t = tok.index_select(0, kids)
         law = _laws(b, q_b[:c], removed[:c], t, j == 0)
         open_ = chosen[:c] < 0
-        passed = open_ & (u.index_select(0, kids) < _acceptance(_at(r[:c], t), _at(law, t)))
+        diff = _row_difference(r[:c], law)  # one difference for the test and the residual
+        passed = open_ & (u.index_select(0, kids) < _acceptance_at(r[:c], law, t, diff))
         chosen[:c] = torch.where(passed, kid_rows, chosen[:c])
-        r[:c] = torch.where((open_ & ~passed)[:, None], _residual_rows(r[:c], law, t), r[:c])
+        r[:c] = torch.where((open_ & ~passed)[:, None], _residual_rows(r[:c], law, t, diff), r[:c])
     return chosen, r
 
 

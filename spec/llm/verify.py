@@ -383,12 +383,13 @@ def _row_difference(r: Tensor, law: Tensor) -> Tensor:
     return torch.where(both, diff.scatter(-1, m, rest), diff)
 
 
-def _residual_rows(r: Tensor, law: Tensor, rejected: Tensor) -> Tensor:
+def _residual_rows(r: Tensor, law: Tensor, rejected: Tensor, diff: Tensor | None = None) -> Tensor:
     """:func:`tmc.residual.residual` row by row: ``norm((r − law)_+)``, degenerate case included.
 
-    ``r`` and ``law`` ``(m, V)``, ``rejected`` ``(m,)`` int64; returns ``(m, V)``.
+    ``r`` and ``law`` ``(m, V)``, ``rejected`` ``(m,)`` int64; returns ``(m, V)``.  ``diff``: their
+    :func:`_row_difference` when the caller has it already.
     """
-    res = torch.clamp_min(_row_difference(r, law), 0.0)
+    res = torch.clamp_min(_row_difference(r, law) if diff is None else diff, 0.0)
     total = _total(res)
     rest = r.scatter(1, rejected[:, None], 0.0)
     left = _total(rest)
@@ -398,6 +399,15 @@ def _residual_rows(r: Tensor, law: Tensor, rejected: Tensor) -> Tensor:
 def _residual(r: Tensor, law: Tensor, rejected: int) -> Tensor:
     """:func:`_residual_rows` for one ``(V,)`` row."""
     return _residual_rows(r[None], law[None], torch.tensor([rejected], device=r.device))[0]
+
+
+def _acceptance_at(r: Tensor, law: Tensor, tok: int) -> float:
+    """:func:`tmc.residual.acceptance_at`: the ratio test of ``tok``, 1 where the rows' difference there (the
+    rests' where both exceed 1/2, :func:`_row_difference`) is not negative."""
+    r_x, law_x = float(r[tok]), float(law[tok])
+    if r_x > 0.5 and law_x > 0.5 and float(_row_difference(r, law)[tok]) >= 0.0:
+        return 1.0
+    return _acceptance(r_x, law_x)
 
 
 def _acceptance(r_x: float, law_x: float) -> float:
@@ -860,7 +870,7 @@ def _residual_walk_step(tree: _Tree, node: int) -> int | Tensor:
     r = tree.p[node + 1]
     for kid, law in zip(tree.children(node), _proposal_laws(tree, node)):
         tok = tree.tokens[kid]
-        if tree.u[kid] < _acceptance(float(r[tok]), float(law[tok])):
+        if tree.u[kid] < _acceptance_at(r, law, tok):
             return kid
         r = _residual(r, law, tok)
     return r

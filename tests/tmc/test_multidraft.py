@@ -167,6 +167,35 @@ def test_a_swor_first_child_is_drawn_from_the_stored_row():
     assert [law.tolist() for law in proposal_laws(tree, -1)] == [[0.25, 0.75], [1.0, 0.0]]
 
 
+#: Draft and target rows (as given, before each is renormalised) whose stored forms disagree at token 1: the
+#: target's entry is below the draft's as floats, above it by the rests (hypothesis, ``kernel_contract``).
+ROUNDED_APART = ((9.999999999989999e-13, 0.9999999999989999), (9.999999999989999e-13, 0.9999999999990001))
+
+
+def test_the_accept_test_agrees_with_the_residual_where_rows_round_apart():
+    """``acceptance_at``: where both rows hold the drafted token above 1/2, ``r(tok) ≥ law(tok)`` by the rests
+    (the residual's own difference) accepts with probability 1, so the token the residual would re-emit is never
+    rejected; the float ratio had accepted with ``1 - 1.1e-16`` and the kernel emitted token 1 with ``1.1e-16``."""
+    from tmc.multidraft import check_tree_p_rows
+    from tmc.residual import acceptance_at, difference_at
+
+    q_raw, p_raw = ROUNDED_APART
+    for draw in ("iid", "swor"):
+        tree = DraftTree.build([-1, -1], [1, 0], draw, {-1: q_raw}, 2)
+        p_rows = np.array([p_raw, p_raw, p_raw])
+        p, q = check_tree_p_rows(tree, p_rows)[0], tree.q_rows[-1]
+        assert p[1] < q[1] and difference_at(p, q, 1) > 0.0  # the case at stake: floats and rests disagree
+        assert acceptance_at(p, q, 1) == 1.0
+        assert residual_node_rule(tree, -1, p)[0][0] == 1.0, draw
+        assert multidraft_kernel(tree, p_rows)[0].tolist() == [0.0, 0.0], draw  # no correction at the root
+        u = np.full(3, np.nextafter(1.0, 0.0))
+        assert multidraft_sample_from_uniforms(tree, p_rows, u)[0] == 1, draw
+    # away from 1/2 the test is the ratio's: min(1, r/law)
+    r, law = np.array([0.25, 0.75]), np.array([0.5, 0.5])
+    assert [acceptance_at(r, law, 0), acceptance_at(r, law, 1)] == [0.5, 1.0]
+    assert acceptance_at(np.array([0.4, 0.6]), np.array([0.3, 0.7]), 1) == 0.6 / 0.7
+
+
 def test_wrong_proposal_law_is_biased():
     # Negative control: a tree drawn without replacement but verified as if
     # drawn i.i.d. breaks the completion identity.

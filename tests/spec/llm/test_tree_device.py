@@ -606,6 +606,30 @@ def test_a_swor_first_child_comes_from_the_stored_row_on_every_port():
                 assert run(method, tree, q_rows, p, u, "cpu") == want, (method, u0)
 
 
+def test_ports_accept_where_rows_round_apart_as_numpy_does():
+    """``tests/tmc/test_multidraft.py``'s ``ROUNDED_APART`` rows (the target below the draft at token 1 as floats,
+    above it by the rests): every port's residual walk accepts the drafted token 1 for every uniform, as numpy's
+    ``acceptance_at`` does, on an i.i.d. and a without-replacement pair of root children."""
+    from tests.spec.llm.test_verify_torch import EDGE_UNIFORMS
+    from tests.tmc.test_multidraft import ROUNDED_APART
+
+    q_raw, p_raw = ROUNDED_APART
+    for draw in ("iid", "swor"):
+        tree = DraftTree.build([-1, -1], [1, 0], draw, {-1: q_raw}, 2)
+        q_rows = np.stack([tree.q_rows[-1]] * 3)
+        p = np.array([p_raw, p_raw, p_raw])
+        for u0 in EDGE_UNIFORMS:
+            u = np.full(3, u0)
+            for method in ("multidraft", "kseq"):
+                want = NUMPY_TREE[method](tree, p, u)
+                if method == "multidraft":
+                    assert want[0] == 1, (draw, u0)
+                host = verify_tree(method, list(tree.tokens), list(tree.parents), tree.draws,
+                                   as_tensor(q_rows, "cpu"), as_tensor(p, "cpu"), as_tensor(u, "cpu"))
+                assert host.tokens.tolist() == want, (method, draw, u0)
+                assert run(method, tree, q_rows, p, u, "cpu") == want, (method, draw, u0)
+
+
 def test_device_walks_beside_a_shared_entry_near_one_equal_numpy():
     """The chains of ``SHARED_DOMINANT_CHAINS`` as trees: the device walks take the difference of the rests at a
     token both rows hold above 1/2 as numpy does (``p = [1.0, 1e-20]`` beside ``q = [1, 0]`` accepted node 0)."""
