@@ -401,11 +401,19 @@ def _residual(r: Tensor, law: Tensor, rejected: int) -> Tensor:
     return _residual_rows(r[None], law[None], torch.tensor([rejected], device=r.device))[0]
 
 
-def _acceptance_at(r: Tensor, law: Tensor, tok: int) -> float:
-    """:func:`tmc.residual.acceptance_at`: the ratio test of ``tok``, 1 where the rows' difference there (the
-    rests' where both exceed 1/2, :func:`_row_difference`) is not negative."""
+def _difference_at(r: Tensor, law: Tensor, tok: int) -> float:
+    """``r(tok) − law(tok)``: :func:`tmc.residual.difference_at` (the rests' difference where both exceed 1/2)."""
     r_x, law_x = float(r[tok]), float(law[tok])
-    if r_x > 0.5 and law_x > 0.5 and float(_row_difference(r, law)[tok]) >= 0.0:
+    if r_x > 0.5 and law_x > 0.5:
+        return float(_row_difference(r, law)[tok])
+    return r_x - law_x
+
+
+def _acceptance_at(r: Tensor, law: Tensor, tok: int) -> float:
+    """:func:`tmc.residual.acceptance_at`: the ratio test of ``tok``, 1 where both rows hold it above 1/2 and
+    :func:`_difference_at` is not negative there."""
+    r_x, law_x = float(r[tok]), float(law[tok])
+    if r_x > 0.5 and law_x > 0.5 and _difference_at(r, law, tok) >= 0.0:
         return 1.0
     return _acceptance(r_x, law_x)
 
@@ -911,8 +919,7 @@ def _child_state(value: float, miss: float, row: Tensor, law: Tensor, tok: int) 
     q_tok, r_tok = float(law[tok]), float(row[tok])
     if r_tok <= 0.0:  # never accepted (tmc.traversal._child_state)
         return 0.0, 1.0
-    # r(tok) − q(tok) as tmc.residual.difference_at forms it (the rests' difference where both exceed 1/2)
-    diff = float(_row_difference(row, law)[tok]) if r_tok > 0.5 and q_tok > 0.5 else r_tok - q_tok
+    diff = _difference_at(row, law, tok)
     gap = diff - miss * r_tok if value >= 0.5 else value * r_tok - q_tok
     if gap >= 0.0:
         return 1.0, 0.0
