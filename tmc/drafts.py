@@ -73,9 +73,17 @@ def check_widths(widths: Sequence[int]) -> tuple[int, ...]:
     return out
 
 
+def _checked(model: object) -> ToyModel:
+    """``model`` when it is a :class:`~tmc.toy.ToyModel`, else a ``ValueError`` naming it."""
+    if not isinstance(model, ToyModel):
+        raise ValueError(f"model must be a tmc.ToyModel, got {type(model).__name__}")
+    return model
+
+
 def iter_chain_drafts(model: ToyModel, n: int, prefix: Path = ()) -> Iterator[DraftChain]:
     """Every draft chain of length ``n`` with positive draft probability."""
     n = check_int("n", n, minimum=0)
+    prefix = _checked(model).checked_path("prefix", prefix)
     for ref in product(range(model.vocab), repeat=n):
         q_rows, p_rows = model.chain_rows(ref, prefix)
         weight = float(np.prod(q_rows[np.arange(n), list(ref)])) if n else 1.0
@@ -97,7 +105,8 @@ def child_options(model: ToyModel, path: Path, width: int, draw: Draw | str) -> 
     id), probability 1.
     """
     kind = Draw.parse(draw)
-    q = model.q(path)
+    width = check_int("width", width, minimum=0)
+    q = _checked(model).q(model.checked_path("path", path))
     if kind == Draw.TOPK:
         order = sorted(range(model.vocab), key=lambda t: (-q[t], t))
         return [(tuple(order[:width]), 1.0)]
@@ -117,7 +126,7 @@ def iter_tree_drafts(
     """
     kind = Draw.parse(draw)
     shape = check_widths(widths)
-    base = tuple(prefix)
+    base = _checked(model).checked_path("prefix", prefix)
 
     # Depth first over the choices of each node's children, breadth first over the nodes, with an explicit
     # stack (a recursion of one frame per node hit Python's limit at about 1000 nodes: `--tree 10,10,10`).
@@ -166,10 +175,11 @@ def one_level_draft_law(model: ToyModel, k: int, draw: Draw | str, prefix: Path 
     k = check_int("k", k, minimum=0)
     if kind == Draw.TOPK:
         raise ValueError("one_level_draft_law takes draw 'iid' or 'swor'; a topk draft has one outcome")
-    support = int(np.count_nonzero(model.q(tuple(prefix)) > 0))
+    prefix = _checked(model).checked_path("prefix", prefix)
+    support = int(np.count_nonzero(model.q(prefix) > 0))
     if kind == Draw.SWOR and k > support:
         raise ValueError(f"k = {k} draws without replacement need k tokens with q > 0; q has {support}")
-    return dict(child_options(model, tuple(prefix), k, kind))
+    return dict(child_options(model, prefix, k, kind))
 
 
 def sample_children(q_row: FloatArray, width: int, draw: Draw | str, rng: np.random.Generator) -> list[int]:
@@ -195,7 +205,7 @@ def sample_tree_draft(
     """One draft tree of the shape drawn from the toy draft (nodes breadth first), with its weight."""
     kind = Draw.parse(draw)
     shape = check_widths(widths)
-    base = tuple(prefix)
+    base = _checked(model).checked_path("prefix", prefix)
     parents: list[int] = []
     tokens: list[int] = []
     rows: dict[int, FloatArray] = {}

@@ -276,11 +276,19 @@ def _residual_rule(tree: DraftTree, node: int, p_row: FloatArray) -> NodeRule:
 # ------------------------------------------------------- public node API
 
 
+#: The most i.i.d. drafts :func:`kseq_rho` takes: every int up to it is exact as a float.
+MAX_DRAFTS = 2**53
+
+
 def _check_pair(p_row: ArrayLike, q_row: ArrayLike, k: object) -> tuple[FloatArray, FloatArray, int]:
     p, q = check_prob_row("p_row", p_row), check_prob_row("q_row", q_row)
     if p.shape != q.shape:
         raise ValueError(f"p_row has {p.shape[0]} tokens but q_row has {q.shape[0]}")
-    return p, q, check_int("k", k, minimum=1)
+    k = check_int("k", k, minimum=1)
+    if k > MAX_DRAFTS:  # the bisection reads k as a float
+        got = str(k) if k < 10**20 else f"an integer of {len(str(k))} digits"
+        raise ValueError(f"k must be at most {MAX_DRAFTS} (2**53, exact as a float), got {got}")
+    return p, q, k
 
 
 def kseq_rho(p_row: ArrayLike, q_row: ArrayLike, k: int) -> float:

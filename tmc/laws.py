@@ -69,6 +69,8 @@ def draft_outputs(draft: Draft, kernel_fn: ChainKernel | TreeKernel) -> Iterable
 
 def averaged_law(drafts: Sequence[Draft], kernel_fn: ChainKernel | TreeKernel) -> dict[Path, float]:
     """``K̄(s) = Σ_d w_d K_d(s)`` over the given drafts (chains or trees)."""
+    if not callable(kernel_fn):
+        raise ValueError(f"kernel_fn must be a kernel function, got {type(kernel_fn).__name__}")
     law: dict[Path, float] = defaultdict(float)
     for d in drafts:
         for s, prob in draft_outputs(d, kernel_fn):
@@ -105,6 +107,9 @@ def completed_law(model: ToyModel, output_law: Mapping[Path, float], length: int
     Outputs longer than ``length`` are an error (the identity needs ``L`` at
     least the longest output).
     """
+    prefix = model.checked_path("prefix", prefix)
+    for s in output_law:  # an output off the vocabulary is never reached below: it would be dropped silently
+        model.checked_path(f"output_law key {s!r}", s)
     longest = max((len(s) for s in output_law), default=0)
     if length < longest:
         raise ValueError(f"length {length} is shorter than the longest output ({longest})")

@@ -150,19 +150,29 @@ class DraftTree:
     def size(self) -> int:
         return len(self.tokens)
 
+    def _node(self, node: object) -> int:
+        """``node`` as an int; ``ValueError`` for a node the tree does not have (a negative index would otherwise
+        wrap around to another node) or a value that is not an integer."""
+        got = node if type(node) is int else check_int("node", node)
+        if not ROOT <= got < len(self.tokens):
+            raise ValueError(f"node {node!r} is not a node of this tree of {len(self.tokens)} nodes (or -1, the root)")
+        return got
+
     def children(self, node: int) -> tuple[int, ...]:
         """Children of ``node`` (``-1`` for the root) in verification order; ``ValueError`` for a node the tree
-        does not have (a negative index would otherwise wrap around to another node's children)."""
-        if not ROOT <= node < len(self.tokens):
-            raise ValueError(f"node {node!r} is not a node of this tree of {len(self.tokens)} nodes (or -1, the root)")
-        return self._kids[node + 1]
+        does not have."""
+        return self._kids[self._node(node) + 1]
 
     def node_depth(self, node: int) -> int:
-        """Number of tokens on the path to ``node`` (0 for the root)."""
+        """Number of tokens on the path to ``node`` (0 for the root); ``ValueError`` for a node the tree does
+        not have."""
+        node = self._node(node)
         return 0 if node == ROOT else self._depths[node]
 
     def path(self, node: int) -> Path:
-        """Tokens from the root down to ``node`` (``()`` for the root)."""
+        """Tokens from the root down to ``node`` (``()`` for the root); ``ValueError`` for a node the tree
+        does not have."""
+        node = self._node(node)
         out: list[int] = []
         while node != ROOT:
             out.append(self.tokens[node])

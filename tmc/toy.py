@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 import json
+import math
 from dataclasses import dataclass, field, replace
 from itertools import product
 from pathlib import Path as Path_
@@ -28,7 +29,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from tmc.validate import as_real_array, as_rng, check_int, check_prob_rows
+from tmc.validate import as_real_array, as_rng, check_int, check_prob_rows, check_tokens, real_scalar
 
 Path = tuple[int, ...]
 FloatArray = NDArray[np.float64]
@@ -39,10 +40,11 @@ def _parse_key(key: str, vocab: int, where: str) -> Path | None:
         return None
     if key == "":
         return ()
-    try:
-        path = tuple(int(t) for t in key.split(","))
-    except ValueError:
-        raise ValueError(f"{where}: prefix key {key!r} is not comma-separated token ids") from None
+    parts = key.split(",")
+    # decimal digits only, spaces around them allowed: int() also reads "1_0", "+1" and "-0"
+    if not all(p.strip().isascii() and p.strip().isdigit() for p in parts):
+        raise ValueError(f"{where}: prefix key {key!r} is not comma-separated token ids")
+    path = tuple(int(t) for t in parts)
     if any(t < 0 or t >= vocab for t in path):
         raise ValueError(f"{where}: prefix key {key!r} has a token outside [0, {vocab})")
     return path
@@ -73,6 +75,29 @@ def _rows_from_mapping(
     return table, default
 
 
+def _prefix_key(name: str, key: object, vocab: int) -> Path:
+    """A :class:`ToyModel` table key as a prefix: a tuple of token ids in ``[0, vocab)`` (``()`` for the root);
+    ``ValueError`` naming ``name`` otherwise (an int or a string key would never be looked up: the rows are
+    read by tuple)."""
+    if not isinstance(key, tuple):
+        raise ValueError(f"{name} key {key!r} is not a prefix: give a tuple of token ids (() for the root; "
+                         "ToyModel.from_dict reads comma-separated string keys)")
+    path = tuple(check_int(f"{name} key {key!r}: token", t) for t in key)
+    if any(t < 0 or t >= vocab for t in path):
+        raise ValueError(f"{name} key {key!r} has a token outside [0, {vocab})")
+    return path
+
+
+def _toy_row(label: str, row: object, vocab: int) -> FloatArray:
+    """A :class:`ToyModel` row as a float64 ``(vocab,)`` array of the values given, checked as a probability
+    row (``ValueError`` naming ``label``); not renormalised, so rows built bit-identical stay so."""
+    arr = as_real_array(label, row)
+    if arr.shape != (vocab,):
+        raise ValueError(f"{label} has shape {arr.shape}; expected ({vocab},)")
+    check_prob_rows(label, arr[None, :])
+    return arr
+
+
 def _key(path: Path) -> str:
     return ",".join(str(t) for t in path)
 
@@ -97,14 +122,13 @@ class ToyModel:
         ):
             if not isinstance(table, Mapping):
                 raise ValueError(f"{which}_rows must map prefixes to rows, got {type(table).__name__}")
-            rows = [(f"{which}_rows[{k!r}]", v) for k, v in table.items()]
+            stored: dict[Path, FloatArray] = {}
+            for key, row in table.items():
+                stored[_prefix_key(f"{which}_rows", key, vocab)] = _toy_row(f"{which}_rows[{key!r}]", row, vocab)
+            # rows kept as checked float64 arrays (a list row would reach the enumerations as a list)
+            object.__setattr__(self, f"{which}_rows", stored)
             if default is not None:
-                rows.append((f"{which}_default", default))
-            for label, row in rows:
-                arr = as_real_array(label, row)
-                if arr.shape != (vocab,):
-                    raise ValueError(f"{label} has shape {arr.shape}; expected ({vocab},)")
-                check_prob_rows(label, arr[None, :])
+                object.__setattr__(self, f"{which}_default", _toy_row(f"{which}_default", default, vocab))
 
     def q(self, prefix: Path) -> FloatArray:
         """Draft row ``q(· | prefix)``."""
@@ -114,14 +138,16 @@ class ToyModel:
         """Target row ``p(· | prefix)``."""
         return self._row("target", self.target_rows, self.target_default, prefix)
 
-    @staticmethod
     def _row(
-        which: str, rows: Mapping[Path, FloatArray], default: FloatArray | None, prefix: Path
+        self, which: str, rows: Mapping[Path, FloatArray], default: FloatArray | None, prefix: Path
     ) -> FloatArray:
-        row = rows.get(tuple(prefix), default)
-        if row is None:
+        row = rows.get(tuple(prefix))  # a listed prefix is a valid one (the keys are checked)
+        if row is not None:
+            return row
+        self.checked_path("prefix", prefix)  # else the default row would answer for a token off the vocabulary
+        if default is None:
             raise ValueError(f"toy model has no {which} row for prefix {prefix!r} and no default '*'")
-        return row
+        return default
 
     def chain_rows(self, ref: Path, prefix: Path = ()) -> tuple[FloatArray, FloatArray]:
         """``(q_rows, p_rows)`` of shapes ``(n, V)`` and ``(n + 1, V)`` along ``ref``."""
@@ -130,8 +156,19 @@ class ToyModel:
         p_rows = np.array([self.p(c) for c in ctx])
         return q_rows, p_rows
 
+    def checked_path(self, name: str, path: object) -> Path:
+        """``path`` (a prefix, an output string) as a tuple of token ids in ``[0, vocab)``; ``ValueError``
+        naming ``name`` otherwise (a token past the vocabulary would fall back to the default row, or wrap
+        around a row's end, and give a silently wrong value)."""
+        if isinstance(path, tuple) and all(type(t) is int and 0 <= t < self.vocab for t in path):
+            return path  # the common case, read without numpy
+        if isinstance(path, str | bytes):
+            raise ValueError(f"{name} must be a sequence of token ids, got {path!r}")
+        return tuple(int(t) for t in check_tokens(name, path, self.vocab))  # type: ignore[arg-type]
+
     def target_path_prob(self, path: Path, prefix: Path = ()) -> float:
         """``P(path | prefix)`` under the target: product of conditionals."""
+        path, prefix = self.checked_path("path", path), self.checked_path("prefix", prefix)
         prob = 1.0
         for i, tok in enumerate(path):
             prob *= float(self.p(tuple(prefix) + tuple(path[:i]))[tok])
@@ -188,6 +225,7 @@ class ToyModel:
         """
         vocab = check_int("vocab", vocab, minimum=1)
         depth = check_int("depth", depth, minimum=0)
+        _check_row_params(zero_prob, concentration)
         rng = as_rng(rng)
         d_rows: dict[Path, FloatArray] = {}
         t_rows: dict[Path, FloatArray] = {}
@@ -198,10 +236,21 @@ class ToyModel:
         return cls(vocab, d_rows, t_rows, name=name)
 
 
+def _check_row_params(zero_prob: object, concentration: object) -> None:
+    """``ValueError`` unless ``zero_prob`` is in ``[0, 1]`` (1: one-hot rows) and ``concentration`` is finite
+    and positive."""
+    z, c = real_scalar("zero_prob", zero_prob), real_scalar("concentration", concentration)
+    if not 0.0 <= z <= 1.0:  # NaN fails too
+        raise ValueError(f"zero_prob must be in [0, 1], got {zero_prob!r}")
+    if not (0.0 < c < math.inf):
+        raise ValueError(f"concentration must be a finite number > 0, got {concentration!r}")
+
+
 def random_row(
     vocab: int, rng: np.random.Generator, zero_prob: float = 0.2, concentration: float = 1.0
 ) -> FloatArray:
     """A random probability row with exact zeros (at least one entry positive)."""
+    _check_row_params(zero_prob, concentration)
     row = rng.dirichlet(np.full(vocab, concentration))
     zeros = rng.random(vocab) < zero_prob
     zeros[rng.integers(vocab)] = False
@@ -229,6 +278,8 @@ def _no_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def load_model(path: str | Path_) -> ToyModel:
     """Read a toy model JSON file (format in the module doc); ``ValueError`` if unreadable or malformed."""
+    if not isinstance(path, str | Path_):
+        raise ValueError(f"path must be a file path (str or pathlib.Path), got {type(path).__name__}")
     where = str(path)
     try:
         text = Path_(path).read_text(encoding="utf-8")

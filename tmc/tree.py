@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from tmc.validate import check_int
+from tmc.validate import check_int, real_scalar
 
 #: A path sigma = (sigma_1, ..., sigma_n) of token ids (Def A.1); () is the root.
 Path = tuple[int, ...]
@@ -92,20 +92,19 @@ class TreeSpace:
     max_depth: int | None = None  # nodes of this length have no children; None: no cut
 
     def __post_init__(self) -> None:
-        if self.max_depth is not None and self.max_depth < 0:
-            raise ValueError(f"max_depth must be >= 0 or None, got {self.max_depth}")
+        if not callable(self.children_fn):
+            raise ValueError(f"children_fn must be a function of a path, got {type(self.children_fn).__name__}")
+        if self.max_depth is not None:  # 1.5 would cut at depth 2, silently
+            object.__setattr__(self, "max_depth", check_int("max_depth", self.max_depth, minimum=0))
 
     @classmethod
     def full(cls, vocab: int, depth: int | None) -> TreeSpace:
         """Complete ``vocab``-ary tree cut at ``depth`` (None: infinite)."""
-        if vocab < 1:
-            raise ValueError(f"vocab must be >= 1, got {vocab}")
-        return cls(_FullChildren(vocab), depth)
+        return cls(_FullChildren(check_int("vocab", vocab, minimum=1)), depth)
 
     def truncated(self, depth: int) -> TreeSpace:
         """The same space cut at ``min(depth, max_depth)``."""
-        if depth < 0:
-            raise ValueError(f"depth must be >= 0, got {depth}")
+        depth = check_int("depth", depth, minimum=0)
         cut = depth if self.max_depth is None else min(depth, self.max_depth)
         return TreeSpace(self.children_fn, cut)
 
@@ -147,11 +146,14 @@ def _checked_row(cond: Conditionals, node: Path, kids: tuple[int, ...]) -> dict[
     """Validated nonzero child conditionals of ``node``; sum <= 1 guaranteed."""
     allowed = set(kids)
     row: dict[int, float] = {}
-    for a, v in cond(node).items():
-        a = int(a)
+    got = cond(node)
+    if not isinstance(got, Mapping):
+        raise ValueError(f"cond({node}) must return a mapping {{child: probability}}, got {type(got).__name__}")
+    for key, v in got.items():
+        a = check_int(f"cond({node}) key", key)  # 1.7 is no child (int() read it as 1)
         if a not in allowed:
             raise ValueError(f"cond({node}) gives mass to child {a}, not in Sigma({node}) = {kids}")
-        p = float(v)
+        p = real_scalar(f"cond({node})[{a}]", v)  # text and complex are not probabilities
         if not (0.0 <= p <= 1.0 + PROB_TOL):  # also rejects NaN
             raise ValueError(f"cond({node})[{a}] = {p!r} is not a probability in [0, 1]")
         if p > 0.0:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -110,13 +111,34 @@ def as_real_array_with_dtype(name: str, values: object) -> tuple[FloatArray, obj
     return arr, (own if own is not None else raw_dtype)
 
 
+def host_array(name: str, values: object) -> NDArray[Any]:
+    """``np.asarray(values)``, or a ``ValueError`` naming ``name`` where numpy cannot read it.
+
+    A tensor numpy cannot take as it is (a torch tensor in bfloat16, on a GPU, or one that requires grad) is
+    read through its own ``detach().cpu()`` and, for bfloat16, ``float()`` (exact: bfloat16 is float32 with
+    fewer mantissa bits); the caller reads the precision it came in from ``values.dtype``.  Duck-typed: this
+    module imports nothing but numpy."""
+    try:
+        return np.asarray(values)
+    except ValueError:  # numpy's "inhomogeneous shape" message names no argument
+        raise ValueError(f"{name} is ragged: its rows differ in length") from None
+    except (TypeError, RuntimeError) as err:
+        detach = getattr(values, "detach", None)
+        if callable(detach):
+            try:
+                host = detach().cpu()
+                if str(getattr(host, "dtype", "")) == "torch.bfloat16":
+                    host = host.float()
+                return np.asarray(host)
+            except (TypeError, RuntimeError, ValueError, AttributeError):
+                pass
+        raise ValueError(f"{name} cannot be read as an array ({type(values).__name__}: {err})") from None
+
+
 def _as_real(name: str, values: object) -> tuple[FloatArray, object]:
     if values is None:
         raise ValueError(f"{name} is None; expected an array of probabilities")
-    try:
-        raw = np.asarray(values)
-    except ValueError:  # numpy's "inhomogeneous shape" message names no argument
-        raise ValueError(f"{name} is ragged: its rows differ in length") from None
+    raw = host_array(name, values)
     if raw.dtype.kind in "fiu":
         _refuse_bools(name, values, "real numbers")
     if raw.dtype == np.bool_ or raw.dtype.kind not in "fiu":
@@ -238,7 +260,7 @@ def check_tokens(name: str, tokens: ArrayLike | Sequence[int], vocab: int) -> In
     """Return ``tokens`` as a 1-D int64 array with every id in ``[0, vocab)``."""
     if tokens is None:
         raise ValueError(f"{name} is None; expected a sequence of integer token ids")
-    arr = np.asarray(tokens)
+    arr = host_array(name, tokens)
     if arr.dtype.kind in "fiu":
         _refuse_bools(name, tokens, "an integer token id")
     if arr.ndim != 1:

@@ -72,6 +72,9 @@ class TreeBuilder(ABC):
     ) -> DraftTree:
         """A draft tree of at most ``budget`` nodes below the draft's context."""
         budget = check_int("budget", budget, minimum=1)
+        if not hasattr(draft, "vocab") or not callable(getattr(draft, "rows", None)):
+            raise ValueError(f"draft must be a draft model (a vocab and rows(paths)), got {type(draft).__name__}"
+                             + ("; wrap a tmc.ToyModel as spec.draft.ToyDraft(model)" if hasattr(draft, "q") else ""))
         vocab = check_int("draft.vocab", draft.vocab, minimum=1)
         grow = Growing(draft, vocab)
         self._grow(grow, budget, as_sampler(rng), self.initial_state() if state is None else state)

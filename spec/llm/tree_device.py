@@ -126,10 +126,27 @@ def walks_on_device(method: str, parents: Sequence[int], draws: DrawsLike) -> bo
     """Whether ``method`` has a device walk for trees of this shape (``draws``: one kind for every node, or one
     per node): one of :data:`DEVICE_TREE_METHODS`, and not ordered Traversal at a node with 3 or more children
     drawn ``swor`` (whose sorted laws enumerate tuples: a host rule, :func:`spec.llm.verify.check_swor_enumeration`)."""
+    par = _parent_list(parents)  # a list that is no tree has no answer (ValueError)
     if method not in DEVICE_TREE_METHODS:
         return False
-    kinds = _parse_draws(draws, len(parents))
-    return not (method == "ordered_traversal" and _wide_swor_node(parents, kinds) is not None)
+    kinds = _parse_draws(draws, len(par))
+    return not (method == "ordered_traversal" and _wide_swor_node(par, kinds) is not None)
+
+
+def _parent_list(parents: Sequence[int]) -> list[int]:
+    """``parents`` as a list of ints, each ``-1`` (the root) or an earlier node; ``ValueError`` naming the
+    entry otherwise, or for a value that is no sequence of integers."""
+    if isinstance(parents, Tensor):
+        given: object = parents
+    elif isinstance(parents, str | bytes) or not hasattr(parents, "__iter__"):
+        raise ValueError(f"parents must be a sequence of parent indices, got {parents!r}")
+    else:
+        given = list(parents)
+    par = [int(p) for p in _long_tensor("parents", given, torch.device("cpu")).tolist()]
+    for i, p in enumerate(par):
+        if not ROOT <= p < i:
+            raise ValueError(f"parents[{i}] = {p}; a parent must be -1 (root) or an earlier node")
+    return par
 
 
 def _wide_swor_node(parents: Sequence[int], kinds: Sequence[Draw]) -> int | None:
@@ -186,20 +203,21 @@ class TreePlan:
 
     @classmethod
     def of(cls, parents: Sequence[int], draws: DrawsLike, device: torch.device | str = "cpu") -> TreePlan:
-        par = [int(p) for p in _long_tensor("parents", list(parents), torch.device("cpu")).tolist()]
+        par = _parent_list(parents)
         n = len(par)
         kinds = _parse_draws(draws, n)
         kids: list[list[int]] = [[] for _ in range(n + 1)]
         depth_of = [0] * (n + 1)
         for i, p in enumerate(par):
-            if not ROOT <= p < i:
-                raise ValueError(f"parents[{i}] = {p}; a parent must be -1 (root) or an earlier node")
             kids[p + 1].append(i)
             depth_of[i + 1] = depth_of[p + 1] + 1
         for node, group in enumerate(kids, start=ROOT):
             if len({kinds[k] for k in group}) > 1:
                 raise ValueError(f"children of node {node} mix draw kinds {sorted({kinds[k].value for k in group})}")
-        dev = torch.device(device)
+        try:
+            dev = torch.device(device)
+        except (RuntimeError, TypeError) as err:
+            raise ValueError(f"device must be a torch device or its name, got {device!r} ({err})") from None
         depth = max(depth_of)
 
         def long(values: Sequence[int] | Sequence[Sequence[int]]) -> Tensor:
@@ -717,6 +735,8 @@ def verify_tree_on_device(method: str, plan: TreePlan, draft_tokens: TensorLike,
     transfer: the flag, the result and the draft tokens.  Same tokens as the host walk on the same uniforms;
     the same ``ValueError`` for bad values (found by the host checks once the flag is read).  The tokens come
     back as a host tensor.  Inputs off ``plan.device`` are moved there first."""
+    if not isinstance(plan, TreePlan):
+        raise ValueError(f"plan must be a TreePlan (TreePlan.of(parents, draws, device)), got {type(plan).__name__}")
     dev = plan.device
     args = (_long_tensor("draft_tokens", draft_tokens, dev),
             None if draft_probs is None else _prob_tensor("draft_probs", draft_probs, dev),

@@ -109,7 +109,7 @@ from spec.llm.sampling import categorical_draw as _categorical, point_rows
 from tmc.kseq import RHO_RTOL, _bisect_rho, _geometric
 from tmc.multidraft import ROOT, Draw
 from tmc.ordered_traversal import MAX_SWOR_TUPLES, _binom_terms, swor_next_weights
-from tmc.validate import ROW_SUM_TOL, ROW_SUM_TOLS, as_real_array
+from tmc.validate import ROW_SUM_TOL, ROW_SUM_TOLS, as_real_array, check_int
 
 __all__ = [
     "CHAIN_METHODS",
@@ -193,6 +193,7 @@ class Verified(NamedTuple):
 def noise_size(method: str, n: int) -> int:
     """Number of uniforms ``method`` needs for ``n`` draft tokens / nodes (1 for ASpS, else ``n + 1``)."""
     _check_method(method, CHAIN_METHODS + TREE_METHODS)
+    n = check_int("n", n, minimum=0)
     return 1 if method == "asps" else n + 1
 
 
@@ -263,6 +264,11 @@ def _long_tensor(name: str, x: object, device: torch.device) -> Tensor:
         raise ValueError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
     if t.numel() and (t.dtype == torch.bool or t.is_floating_point() or t.is_complex()):
         raise ValueError(f"{name} must hold integer ids, got dtype {t.dtype}")
+    if t.dtype == getattr(torch, "uint64", None) and t.numel():  # past 2**63 - 1 it would read as negative in int64
+        wrapped = torch.nonzero(t.cpu().view(torch.int64) < 0).flatten()
+        if wrapped.numel():
+            i = int(wrapped[0])
+            raise ValueError(f"{name}[{i}] = {t.cpu().tolist()[i]} is outside the int64 range of token ids")
     return t.to(device=device, dtype=torch.int64)
 
 

@@ -20,7 +20,7 @@ from spec.builders import (
     make_builder,
 )
 from spec.cli import BUILDER_NAMES
-from spec.draft import HashedDraft, ToyDraft
+from spec.draft import HashedDraft, ToyDraft, draft_rows
 from spec.randomness import ScriptedSampler, TooManyRuns, enumerate_runs
 from tmc.drafts import chain_drafts, tree_drafts
 from tmc.multidraft import ROOT, DraftTree, Draw, proposal_laws
@@ -827,3 +827,24 @@ def test_hashed_draft_rows_differ_from_prefix_to_prefix() -> None:
 def test_hashed_draft_refuses_bad_settings(kwargs, match) -> None:
     with pytest.raises(ValueError, match=match):
         HashedDraft(**{"vocab_size": 5, **kwargs})
+
+
+@pytest.mark.parametrize("name", BUILDER_NAMES)
+def test_a_draft_that_is_no_draft_model_is_refused_by_every_builder(name: str) -> None:
+    """A ToyModel passed where its ToyDraft belongs, or None, was a bare AttributeError from deep inside."""
+    model = ToyModel(3, {}, {}, np.full(3, 1 / 3), np.full(3, 1 / 3))
+    builder = make_builder(name)
+    with pytest.raises(ValueError, match=r"^draft must be a draft model .*got ToyModel; wrap a tmc.ToyModel as "
+                                         r"spec.draft.ToyDraft\(model\)"):
+        builder.build(model, 4, 0)
+    with pytest.raises(ValueError, match=r"^draft must be a draft model .*got NoneType$"):
+        builder.build(None, 4, 0)
+    assert builder.build(ToyDraft(model), 4, 0).size >= 1
+
+
+def test_a_toy_draft_refuses_paths_off_the_vocabulary() -> None:
+    """``ToyDraft`` answered a path holding token 5 on V = 3 with the default row."""
+    draft = ToyDraft(ToyModel(3, {}, {}, np.full(3, 1 / 3), np.full(3, 1 / 3)))
+    for path in [(5,), (-1,), (0, 3)]:
+        with pytest.raises(ValueError, match=r"outside the vocabulary \[0, 3\)"):
+            draft_rows(draft, [path])

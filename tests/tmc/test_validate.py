@@ -400,3 +400,190 @@ def test_a_boolean_among_numbers_is_refused(call, where):
     passed the checks that refuse a boolean array; it is refused where it stands."""
     with pytest.raises(ValueError, match=where + r" is a boolean"):
         call()
+
+
+# --- entry points around the verifiers (an audit's findings, each a wrong answer or a bare error before) -----------
+
+
+def test_rows_given_as_torch_tensors_numpy_cannot_read_are_read_through_the_tensor():
+    """bfloat16, a tensor that requires grad: numpy cannot take them as they are (torch's TypeError and
+    RuntimeError came out of the core); they are read as the values they hold, at their precision's tolerance."""
+    torch = pytest.importorskip("torch")
+    from tmc import DraftTree, kseq_rho, multidraft_kernel
+
+    q, p = [[0.5, 0.5]], [[0.5, 0.5], [0.3, 0.7]]
+    want = sps_kernel([1], q, np.array(p))
+    for given in (torch.tensor(p, dtype=torch.float64, requires_grad=True), torch.tensor(p, dtype=torch.bfloat16)):
+        got = sps_kernel([1], q, given)
+        np.testing.assert_allclose(got, want, atol=2e-3)  # bfloat16 holds 0.3 as 0.30078125
+        assert got.sum() == pytest.approx(1.0)
+    tree = DraftTree((-1,), (1,), ("iid",), {-1: torch.tensor([0.5, 0.5], dtype=torch.bfloat16)}, 2)
+    assert tree.q_rows[-1].tolist() == [0.5, 0.5]
+    assert multidraft_kernel(tree, torch.tensor(p, dtype=torch.bfloat16)).sum() == pytest.approx(1.0)
+    assert kseq_rho(torch.tensor([0.5, 0.5], dtype=torch.bfloat16), [0.5, 0.5], 2) == pytest.approx(1.0, abs=1e-6)
+
+
+def test_a_value_numpy_cannot_read_is_a_value_error_naming_the_argument():
+    class Unreadable:
+        def __array__(self, *args, **kwargs):
+            raise TypeError("no array here")
+
+    with pytest.raises(ValueError, match=r"^p_rows cannot be read as an array \(Unreadable: no array here\)"):
+        sps_kernel([1], [[0.5, 0.5]], Unreadable())
+
+
+@pytest.mark.parametrize("node", [-2, -3, 2, 5, 1.5, "0", None])
+@pytest.mark.parametrize("method", ["children", "node_depth", "path"])
+def test_draft_tree_node_lookups_refuse_nodes_it_does_not_have(method, node):
+    """``path(-2)`` gave node 0's path and ``node_depth(-2)`` its depth (a negative index wrapped around)."""
+    from tmc import DraftTree
+
+    tree = DraftTree((-1, 0), (1, 0), ("iid", "iid"), {-1: [0.5, 0.5], 0: [0.5, 0.5]}, 2)
+    with pytest.raises(ValueError, match=r"^node"):
+        getattr(tree, method)(node)
+    assert (tree.path(1), tree.node_depth(1), tree.children(-1)) == ((1, 0), 2, (0,))
+
+
+def test_toy_model_rows_given_as_lists_are_stored_as_arrays():
+    """A list row passed validation and then reached the swor enumeration as a list (AttributeError)."""
+    from tmc import Draw, ToyModel, tree_output_law
+    from tmc.multidraft import multidraft_kernel
+
+    model = ToyModel(2, {(): [0.5, 0.5]}, {}, [0.5, 0.5], [0.2, 0.8])
+    assert isinstance(model.q(()), np.ndarray) and isinstance(model.p((1,)), np.ndarray)
+    law = tree_output_law(model, [2], Draw.SWOR, multidraft_kernel)
+    assert law.completion_error < 1e-12
+
+
+@pytest.mark.parametrize(
+    ("rows", "match"),
+    [
+        ({"0": [0.9, 0.1]}, r"draft_rows key '0' is not a prefix"),  # never looked up: rows are read by tuple
+        ({0: [0.9, 0.1]}, r"draft_rows key 0 is not a prefix"),
+        ({(5,): [0.9, 0.1]}, r"draft_rows key \(5,\) has a token outside \[0, 2\)"),
+        ({(0, -1): [0.9, 0.1]}, r"draft_rows key \(0, -1\) has a token outside"),
+        ({(1.5,): [0.9, 0.1]}, r"draft_rows key \(1.5,\): token must be an integer"),
+    ],
+)
+def test_toy_model_refuses_table_keys_that_are_no_prefix(rows, match):
+    from tmc import ToyModel
+
+    with pytest.raises(ValueError, match=match):
+        ToyModel(2, rows, {}, [0.5, 0.5], [0.5, 0.5])
+
+
+@pytest.mark.parametrize("prefix", [(7,), (-1,), "ab", 0, (0.5,)])
+def test_a_prefix_off_the_vocabulary_is_refused(prefix):
+    """A prefix token past the vocabulary fell back to the default row: an output law for a context that
+    cannot exist (``chain_output_law(prefix=(7,))`` on V = 3 summed to 1)."""
+    from tmc import Draw, ToyModel, chain_drafts, chain_output_law, tree_output_law
+    from tmc.multidraft import multidraft_kernel
+
+    model = ToyModel(3, {}, {}, np.full(3, 1 / 3), np.array([0.2, 0.3, 0.5]))
+    with pytest.raises(ValueError, match=r"^prefix"):
+        chain_output_law(model, 1, sps_kernel, prefix)
+    with pytest.raises(ValueError, match=r"^prefix"):
+        tree_output_law(model, [2], Draw.IID, multidraft_kernel, prefix)
+    with pytest.raises(ValueError, match=r"^prefix"):
+        chain_drafts(model, 1, prefix)
+    with pytest.raises(ValueError, match=r"^prefix"):
+        model.q(prefix if isinstance(prefix, tuple) else (9,))
+
+
+def test_target_path_probabilities_and_completion_refuse_tokens_off_the_vocabulary():
+    """``target_path_prob((-1,))`` read token 2's probability (a wrapped index)."""
+    from tmc import ToyModel
+    from tmc.laws import completion_error
+
+    model = ToyModel(3, {}, {}, np.full(3, 1 / 3), np.array([0.2, 0.3, 0.5]))
+    assert model.target_path_prob((2, 0)) == pytest.approx(0.5 * 0.2)
+    for path in [(-1,), (3,)]:
+        with pytest.raises(ValueError, match=r"^path\[0\] = -?\d is outside the vocabulary \[0, 3\)"):
+            model.target_path_prob(path)
+    with pytest.raises(ValueError, match=r"^output_law key \(3,\)"):
+        completion_error(model, {(0,): 0.3, (1,): 0.4, (3,): 0.3}, 1)
+
+
+def test_child_options_checks_its_width():
+    """``width = -1`` with topk returned the whole ranking (a slice to -1)."""
+    from tmc import ToyModel
+    from tmc.drafts import child_options
+
+    model = ToyModel(3, {}, {}, np.array([0.5, 0.3, 0.2]), np.full(3, 1 / 3))
+    assert child_options(model, (), 0, "swor") == [((), 1.0)]
+    assert child_options(model, (), 2, "topk") == [((0, 1), 1.0)]
+    for width, match in [(-1, "width must be >= 0"), (1.5, "width must be an integer")]:
+        for draw in ("topk", "iid", "swor"):
+            with pytest.raises(ValueError, match=match):
+                child_options(model, (), width, draw)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"concentration": 0.0}, "concentration must be a finite number > 0"),
+        ({"concentration": -1.0}, "concentration must be a finite number > 0"),
+        ({"concentration": np.nan}, "concentration"),
+        ({"zero_prob": 2.0}, r"zero_prob must be in \[0, 1\]"),
+        ({"zero_prob": np.nan}, "zero_prob"),
+        ({"zero_prob": "0.2"}, "zero_prob has a non-numeric entry"),
+    ],
+)
+def test_random_toy_models_check_their_parameters(kwargs, match):
+    """``zero_prob = 2`` made every row one-hot silently; ``concentration = 0`` was reported as NaN rows."""
+    from tmc import ToyModel
+
+    with pytest.raises(ValueError, match=match):
+        ToyModel.random(3, 1, 0, **kwargs)
+
+
+def test_random_toy_model_with_every_entry_zeroed_keeps_one_positive_entry_a_row():
+    from tmc import ToyModel
+
+    model = ToyModel.random(3, 1, 0, zero_prob=1.0)
+    assert all(np.count_nonzero(row) == 1 for row in model.draft_rows.values())
+
+
+@pytest.mark.parametrize("key", ["1_0", "-0", "+1", "0,+1", "１"])
+def test_toy_model_file_keys_are_decimal_ids(key):
+    """``int()`` read "1_0" as 10, "-0" as 0 and "+1" as 1: another prefix's row, silently."""
+    from tmc import ToyModel
+
+    obj = {"vocab": 12, "draft": {key: [1 / 12] * 12, "*": [1 / 12] * 12}, "target": {"*": [1 / 12] * 12}}
+    with pytest.raises(ValueError, match="is not comma-separated token ids"):
+        ToyModel.from_dict(obj)
+    obj["draft"] = {" 1, 0": [1 / 12] * 12, "*": [1 / 12] * 12}  # spaces around the ids are read
+    assert (1, 0) in ToyModel.from_dict(obj).draft_rows
+
+
+def test_more_core_arguments_of_the_wrong_kind_are_value_errors(tmp_path):
+    from tmc import ToyModel, chain_drafts, kseq_rho, load_model
+    from tmc.laws import output_law
+
+    model = ToyModel(2, {}, {}, np.array([0.5, 0.5]), np.array([0.5, 0.5]))
+    with pytest.raises(ValueError, match="model must be a tmc.ToyModel, got NoneType"):
+        chain_drafts(None, 1)
+    with pytest.raises(ValueError, match="kernel_fn must be a kernel function, got NoneType"):
+        output_law(model, chain_drafts(model, 1), None)
+    with pytest.raises(ValueError, match="path must be a file path"):
+        load_model(None)
+    with pytest.raises(ValueError, match=r"k must be at most 9007199254740992 .*got an integer of 401 digits"):
+        kseq_rho([0.5, 0.5], [0.5, 0.5], 10**400)
+
+
+def test_tree_spaces_and_conditionals_check_their_numbers():
+    """``depth = 1.5`` cut at 2; a conditional keyed 1.7 gave child 1 its mass; "0.5" was read as 0.5."""
+    from tmc.tree import TreeDistribution, TreeSpace
+
+    for args, match in [((2, 1.5), "max_depth must be an integer"), ((np.nan, 1), "vocab must be an integer"),
+                        (("3", 1), "vocab must be an integer"), ((1.5, 1), "vocab must be an integer")]:
+        with pytest.raises(ValueError, match=match):
+            TreeSpace.full(*args)
+    space = TreeSpace.full(2, 1)
+    for cond, match in [({1.7: 0.5, 0: 0.5}, r"cond\(\(\)\) key must be an integer, got 1.7"),
+                        ({0: "0.5"}, r"cond\(\(\)\)\[0\] has a non-numeric entry"),
+                        ([0.5, 0.5], r"cond\(\(\)\) must return a mapping")]:
+        with pytest.raises(ValueError, match=match):
+            TreeDistribution.from_conditionals(space, lambda node, c=cond: c)
+    dist = TreeDistribution.from_conditionals(space, lambda node: {0: 0.25, 1: 0.75})
+    assert dist.masses == {(0,): 0.25, (1,): 0.75}

@@ -643,3 +643,34 @@ def test_device_walks_beside_a_shared_entry_near_one_equal_numpy():
             for method in DEVICE_TREE_METHODS:
                 got = run(method, tree, np.vstack([q, np.full(q.shape[1], 1 / q.shape[1])]), p, u, "cpu")
                 assert got == NUMPY_TREE[method](tree, p, u), (method, ref, u0)
+
+
+@pytest.mark.parametrize(("parents", "match"), [
+    (None, r"^parents must be a sequence of parent indices, got None"),
+    (3, r"^parents must be a sequence of parent indices, got 3"),
+    ("-1", r"^parents must be a sequence"),
+    ([0], r"^parents\[0\] = 0; a parent must be -1 \(root\) or an earlier node"),
+    ([5, -7], r"^parents\[0\] = 5"),
+    ([-1, -2], r"^parents\[1\] = -2"),
+])
+def test_a_parent_list_that_is_no_tree_is_refused_by_the_planning_entry_points(parents, match):
+    """``walks_on_device`` answered True for ``[0]`` (a node its own parent); ``TreePlan.of(None)`` was a bare
+    TypeError."""
+    with pytest.raises(ValueError, match=match):
+        walks_on_device("multidraft", parents, "iid")
+    with pytest.raises(ValueError, match=match):
+        walks_on_device("sps", parents, "iid")  # a verifier with no device walk gets the same answer to a non-tree
+    with pytest.raises(ValueError, match=match):
+        TreePlan.of(parents, "iid")
+    assert walks_on_device("multidraft", [-1, 0, -1], "iid") and walks_on_device("multidraft", [], "iid")
+
+
+def test_a_plan_and_its_device_are_checked():
+    with pytest.raises(ValueError, match=r"^device must be a torch device or its name, got 'nodevice'"):
+        TreePlan.of([-1], "iid", device="nodevice")
+    p = torch.tensor([[0.5, 0.5], [0.5, 0.5]], dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"^plan must be a TreePlan"):
+        verify_tree_on_device("multidraft", [-1], torch.tensor([0]), p, p, torch.tensor([0.5, 0.5]))
+    got = verify_tree_on_device("multidraft", TreePlan.of([-1], "iid"), torch.tensor([0]), p, p,
+                                torch.tensor([0.5, 0.5], dtype=torch.float64))
+    assert got.n_accepted == 1  # p = q accepts

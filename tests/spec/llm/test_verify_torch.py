@@ -767,3 +767,24 @@ def test_ports_beside_a_shared_entry_near_one_equal_numpy(device):
                 got = verify_tree(method, list(tree.tokens), list(tree.parents), tree.draws, as_tensor(q_tree, device),
                                   as_tensor(p, device), as_tensor(u, device))
                 assert got.tokens.tolist() == want, (method, ref, u0)
+
+
+@pytest.mark.parametrize(("n", "match"), [(-3, "n must be >= 0, got -3"), (1.5, "n must be an integer, got 1.5"),
+                                          (True, "n must be an integer, got True"), ("3", "n must be an integer")])
+def test_noise_size_checks_its_count(n, match):
+    """``noise_size('sps', -3)`` was -2 and ``noise_size('sps', 1.5)`` 2.5."""
+    with pytest.raises(ValueError, match=match):
+        noise_size("sps", n)
+    assert (noise_size("sps", 0), noise_size("kseq", 3), noise_size("asps", 3)) == (1, 4, 1)
+
+
+def test_a_uint64_token_past_int64_is_reported_as_given():
+    """The int64 cast came first: ``2**64 - 1`` was reported as ``draft_tokens[0] = -1``."""
+    tok = np.array([2**64 - 1], dtype=np.uint64)
+    p = torch.full((2, 2), 0.5, dtype=torch.float64)
+    u = torch.full((2,), 0.5, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"^draft_tokens\[0\] = 18446744073709551615 is outside the int64 range"):
+        verify_chain("sps", tok, p[:1], p, u)
+    with pytest.raises(ValueError, match=r"^draft_tokens\[0\] = 18446744073709551615 is outside the int64 range"):
+        verify_tree("multidraft", tok, [-1], "iid", p[:1], p, u)
+    assert verify_chain("sps", np.array([1], dtype=np.uint64), p[:1], p, u).n_accepted == 1
