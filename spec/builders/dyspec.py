@@ -10,6 +10,9 @@ position of value ``v`` creates two positions (Alg. 1 lines 8–15):
 * the first child of ``y``, value ``v · R[y]`` (tested if ``y`` is accepted);
 * the next sibling of ``y``, value ``v · (1 − R[y])`` (tested if ``y`` is rejected).
 
+The paper leaves equal values unordered; here the position made first goes first (the next sibling is made
+before the first child drawn with it).
+
 The value of a position is fixed before its token is drawn, so which tokens
 are kept never depends on the token drawn (the paper's App. A.1 remark): the
 tree's random structure is draft randomness only, and residual verification

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -19,6 +20,7 @@ from spec.builders import (
     WetapBuilder,
     make_builder,
 )
+from spec.builders.base import TreeBuilder
 from spec.cli import BUILDER_NAMES
 from spec.draft import HashedDraft, ToyDraft, draft_rows
 from spec.randomness import ScriptedSampler, TooManyRuns, enumerate_runs
@@ -848,3 +850,212 @@ def test_a_toy_draft_refuses_paths_off_the_vocabulary() -> None:
     for path in [(5,), (-1,), (0, 3)]:
         with pytest.raises(ValueError, match=r"outside the vocabulary \[0, 3\)"):
             draft_rows(draft, [path])
+
+
+# --- exact trees the builders must give (a mutation audit: each rule below could change unnoticed before) ------
+
+
+def _dyspec_reference(model: ToyModel, budget: int, *, threshold: float | None = None,
+                      max_depth: int | None = None) -> dict[tuple[tuple[int, ...], tuple[int, ...]], float]:
+    """DySpec's tree law by enumeration over every draw, written from seed 000's algorithms (not from the
+    builder): Alg. 1 (``threshold=None``) expands the position of largest value; Alg. 2 serves a layer's
+    positions of value ``>= threshold`` in decreasing value, then the next layer.  Drawing ``y`` at a position
+    of value ``v`` (from ``R``, the node's row without its children drawn so far, renormalised) makes the
+    next-sibling position, value ``v (1 - R[y])``, and ``y``'s first-child position, value ``v R[y]``, in that
+    order; equal values go to the position made first.  ``max_depth`` caps the depth of the tree."""
+    law: dict[tuple[tuple[int, ...], tuple[int, ...]], float] = {}
+
+    def record(nodes: list[tuple[int, int]], prob: float) -> None:
+        key = (tuple(p for p, _ in nodes), tuple(t for _, t in nodes))
+        law[key] = law.get(key, 0.0) + prob
+
+    def path(nodes: list[tuple[int, int]], node: int) -> tuple[int, ...]:
+        out: list[int] = []
+        while node != ROOT:
+            out.append(nodes[node][1])
+            node = nodes[node][0]
+        return tuple(reversed(out))
+
+    def options(nodes: list[tuple[int, int]], removed: dict[int, tuple[int, ...]], node: int) -> list[tuple[int, float]]:
+        row = model.q(path(nodes, node))
+        left = [t for t in range(model.vocab) if row[t] > 0.0 and t not in removed.get(node, ())]
+        mass = sum(float(row[t]) for t in left)
+        return [(t, float(row[t]) / mass) for t in left]
+
+    def draw(nodes, removed, made, position, t, r):  # type: ignore[no-untyped-def]
+        v, _, node = position
+        kids = nodes + [(node, t)]
+        gone = {**removed, node: removed.get(node, ()) + (t,)}
+        sibling = [(v * (1.0 - r), made, node)] if v * (1.0 - r) > 0.0 else []
+        made += len(sibling)
+        child = (v * r, made, len(nodes))
+        return kids, gone, made + 1, sibling, child
+
+    def best(positions):  # type: ignore[no-untyped-def]
+        return max(positions, key=lambda p: (p[0], -p[1]))
+
+    def alg1(nodes, positions, removed, made, prob):  # type: ignore[no-untyped-def]
+        if len(nodes) == budget or not positions:
+            return record(nodes, prob)
+        pos = best(positions)
+        rest = [p for p in positions if p is not pos]
+        opts = options(nodes, removed, pos[2])
+        if not opts:
+            return alg1(nodes, rest, removed, made, prob)
+        for t, r in opts:
+            kids, gone, m, sibling, child = draw(nodes, removed, made, pos, t, r)
+            deep_ok = max_depth is None or len(path(kids, child[2])) < max_depth
+            alg1(kids, rest + sibling + ([child] if deep_ok else []), gone, m, prob * r)
+
+    def alg2(nodes, layer, nxt, removed, made, prob, depth):  # type: ignore[no-untyped-def]
+        assert threshold is not None
+        if len(nodes) == budget:
+            return record(nodes, prob)
+        if layer and best(layer)[0] >= threshold:
+            pos = best(layer)
+            rest = [p for p in layer if p is not pos]
+            opts = options(nodes, removed, pos[2])
+            if not opts:
+                return alg2(nodes, rest, nxt, removed, made, prob, depth)
+            for t, r in opts:
+                kids, gone, m, sibling, child = draw(nodes, removed, made, pos, t, r)
+                alg2(kids, rest + sibling, nxt + [child], gone, m, prob * r, depth)
+            return None
+        if not nxt or (max_depth is not None and depth + 1 >= max_depth):
+            return record(nodes, prob)
+        return alg2(nodes, nxt, [], removed, made, prob, depth + 1)
+
+    if threshold is None:
+        alg1([], [(1.0, 0, ROOT)], {}, 1, 1.0)
+    else:
+        alg2([], [(1.0, 0, ROOT)], [], {}, 1, 1.0, 0)
+    return {k: v for k, v in law.items() if v > 0.0}
+
+
+def _law_of(model: ToyModel, builder: TreeBuilder, budget: int) -> dict[tuple[tuple[int, ...], tuple[int, ...]], float]:
+    return {(d.tree.parents, d.tree.tokens): d.weight for d in builder_drafts(model, builder, budget)}
+
+
+def _same_law(got: dict[Any, float], want: dict[Any, float]) -> None:
+    assert got.keys() == want.keys()
+    assert all(math.isclose(got[k], want[k], rel_tol=1e-9, abs_tol=1e-15) for k in want)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_dyspec_tree_laws_are_the_algorithms_of_the_paper(seed: int) -> None:
+    """Alg. 1 and Alg. 2 against :func:`_dyspec_reference` on random V = 3 drafts (exact zeros included), budgets
+    1-5, with and without ``max_depth``: the whole law of trees.  Budget 2 at V = 2 (the hand case) never gives
+    a second sibling a child; these do, so the first child's value ``v R[y]`` (not ``v q(y)``) is pinned, and
+    the depth cap of both algorithms (not one level more)."""
+    model = ToyModel.random(3, 5, seed, zero_prob=0.2)
+    for budget in range(1, 6):
+        for max_depth in (None, 1, 2):
+            _same_law(_law_of(model, DySpecBuilder(max_depth=max_depth), budget),
+                      _dyspec_reference(model, budget, max_depth=max_depth))
+            for threshold in (None, 0.3):
+                want = _dyspec_reference(model, budget, threshold=1.0 / budget if threshold is None else threshold,
+                                         max_depth=max_depth)
+                _same_law(_law_of(model, DySpecThresholdBuilder(threshold=threshold, max_depth=max_depth), budget),
+                          want)
+        assert max(len(tree.paths()[-1]) for tree in (d.tree for d in builder_drafts(
+            model, DySpecBuilder(max_depth=2), budget))) <= 2
+
+
+def test_dyspec_values_on_the_threshold_and_ties() -> None:
+    """A uniform V = 2 draft gives values exactly 1/2, 1/4 ...: Alg. 2 expands a position whose value equals the
+    threshold (``v >= t``), and Alg. 1's equal values go to the position made first (a sibling before the
+    child made with it).  By hand, threshold 1/2: the root position (value 1) draws y; its sibling (1/2) draws
+    the other token; the next layer's two first-child positions (1/2 each) draw one child each: 4 nodes; at
+    threshold 1 only the root position qualifies: one node."""
+    half = np.array([0.5, 0.5])
+    model = ToyModel(2, {}, {}, half, half)
+    for threshold, size in ((0.5, 4), (1.0, 1)):
+        law = _law_of(model, DySpecThresholdBuilder(threshold=threshold), 10)
+        assert {len(parents) for parents, _ in law} == {size}
+        _same_law(law, _dyspec_reference(model, 10, threshold=threshold))
+    for budget in range(1, 5):
+        _same_law(_law_of(model, DySpecBuilder(), budget), _dyspec_reference(model, budget))
+    # Alg. 1, budget 3, by hand: the root position draws y (1/2 each); its sibling (value 1/2, made first) beats
+    # y's first child (1/2) and draws the other token; then the first children of the two (1/2 each: 1 x 1/2 and
+    # 1/2 x 1): y's, made before, draws the third node
+    assert set(_law_of(model, DySpecBuilder(), 3)) == {((-1, -1, 0), (0, 1, 0)), ((-1, -1, 0), (1, 0, 0)),
+                                                       ((-1, -1, 0), (0, 1, 1)), ((-1, -1, 0), (1, 0, 1))}
+    # uniform V = 4, budget 4: the root's siblings (3/4, 1/2) draw two more tokens; then four positions of 1/4:
+    # the first child of the first token is the one made first (the root's fourth sibling is made last)
+    quarter = ToyModel(4, {}, {}, np.full(4, 0.25), np.full(4, 0.25))
+    law = _law_of(quarter, DySpecBuilder(), 4)
+    assert {parents for parents, _ in law} == {(-1, -1, -1, 0)}
+    _same_law(law, _dyspec_reference(quarter, 4))
+
+
+def test_dynatree_rules_on_their_boundaries() -> None:
+    """§3.3's rules read on exact dyadic probabilities, rows (1/2, 1/4, 1/4) everywhere, B_mid = 2 children
+    (c = 1/2), D_max = 3:
+
+    * no pruning, the depth gate alone (D_0 = 2, ρ_deep = 0.3): node (0) at depth 1 < D_0 expands to (0, 0)
+      p = 1/4 and (0, 1) p = 1/8; at depth 2 = D_0 only p >= ρ_deep expands, and neither does: 3 nodes.
+      With ρ_deep = 1/4, (0, 0) (p = 1/4 >= 1/4) expands: + (0, 0, 0) 1/8, (0, 0, 1) 1/16.
+    * ρ_stop = 1/4 with D_max = 4 and D_0 = 3 (no depth-2 node is gated by ρ_deep): (0, 0) has p = 1/4 >=
+      ρ_stop and expands; (0, 1) (1/8) does not, nor the depth-3 nodes (1/8, 1/16).
+    * prune τ = 1/8 there: the leaves of p = 1/8 stay ("p < τ" is pruned), (0, 0, 1) at 1/16 goes.
+    """
+    row = np.array([0.5, 0.25, 0.25])
+    draft = ToyDraft(ToyModel(3, {}, {}, row, row))
+
+    def paths(**kw: float) -> list[tuple[int, ...]]:
+        tree = DynaTreeBuilder(**kw).build(draft, 50)  # type: ignore[arg-type]
+        return sorted(tree.paths()[1:])
+
+    gate = {"max_depth": 3, "base_depth": 2, "rho_stop": 0.01, "prune": 0.0}
+    assert paths(**gate, rho_deep=0.3) == [(0,), (0, 0), (0, 1)]
+    assert paths(**gate, rho_deep=0.25) == [(0,), (0, 0), (0, 0, 0), (0, 0, 1), (0, 1)]
+    stop = {"max_depth": 4, "base_depth": 3, "rho_deep": 0.5, "rho_stop": 0.25}
+    assert paths(**stop, prune=0.0) == [(0,), (0, 0), (0, 0, 0), (0, 0, 1), (0, 1)]
+    assert paths(**stop, prune=0.125) == [(0,), (0, 0), (0, 0, 0), (0, 1)]
+    # the gate d(u) < D_0 with nothing pruned: the hand model of test_dynatree_rules_by_hand at τ = 0 keeps
+    # (0, 1) a leaf (depth 2 = D_0, p = 0.14 < ρ_deep)
+    flat = ToyDraft(ToyModel(3, {}, {}, np.array([0.7, 0.2, 0.1]), np.array([0.7, 0.2, 0.1])))
+    tree = DynaTreeBuilder(base_depth=2, max_depth=3, rho_stop=0.05, rho_deep=0.3, prune=0.0).build(flat, 50)
+    assert sorted(tree.paths()[1:]) == [(0,), (0, 0), (0, 0, 0), (0, 0, 1), (0, 1)]
+
+
+def test_wetap_prunes_by_the_papers_score_and_leaf_rule() -> None:
+    """Two hand cases of seed 004 §3.2.2 / eq. 7, α = 0.6, L = 2 (``score = α p̂ + (1 − α) d / L``):
+
+    1. Every row (0.5, 0.3, 0.2), W = 2, budget 3.  Layer 1: 0 (f 0.5), 1 (0.3); layer 2: (0, 0) 0.25, then
+       0.15 twice, (0, 1) before (1, 0) (ties by parent, then token).  p̂ = (f − 0.15) / 0.35: 1, 3/7, 2/7, 0;
+       scores 0.8, 0.457, 0.571, 0.4: kept (0), (0, 0), (1).  (Without f_min, p̂ = f / 0.5 gives (0, 1)
+       0.58 > (1) 0.56.)
+    2. Root (0.5, 0.3, 0.2), after 0 (0.7, 0.2, 0.1), after 1 (0.4, 0.35, 0.25), after 2 (0.7, 0.2, 0.1), W = 3,
+       budget 4.  Layer 1: 0, 1, 2; layer 2: (0, 0) 0.35, (2, 0) 0.14, (1, 0) 0.12.  p̂ = (f − 0.12) / 0.38;
+       scores (0) 0.8, (1) 0.484, (2) 0.326, (0, 0) 0.763, (2, 0) 0.432, (1, 0) 0.4.  The best 4 are (0), (0, 0),
+       (1), (2, 0); repair adds (2): 5 nodes.  The leaves are (1), (0, 0), (2, 0); a leaf of a shallower layer than
+       the deepest goes first: (1), although (2, 0) has the lower f.  Kept (0), (2), (0, 0), (2, 0).
+    """
+    first = ToyModel(3, {}, {}, np.array([0.5, 0.3, 0.2]), np.full(3, 1 / 3))
+    tree = WetapBuilder(length=2, w_min=2, w_max=2, alpha=0.6).build(ToyDraft(first), 3)
+    assert sorted(tree.paths()[1:]) == [(0,), (0, 0), (1,)]
+    second = ToyModel(3, {(): np.array([0.5, 0.3, 0.2]), (1,): np.array([0.4, 0.35, 0.25])}, {},
+                      np.array([0.7, 0.2, 0.1]), np.full(3, 1 / 3))
+    tree = WetapBuilder(length=2, w_min=3, w_max=3, alpha=0.6).build(ToyDraft(second), 4)
+    assert sorted(tree.paths()[1:]) == [(0,), (0, 0), (2,), (2, 0)]
+
+
+def test_wetap_breaks_ties_by_parent_then_token() -> None:
+    """A uniform V = 4 draft, W = 2, no pruning (budget = the 4 scratch nodes): layer 1 keeps tokens 0, 1 of
+    four equal ones; layer 2's eight candidates all have f = 1/16: (0, 0), (0, 1) (lowest parent, then token)."""
+    uniform = ToyModel(4, {}, {}, np.full(4, 0.25), np.full(4, 0.25))
+    tree = WetapBuilder(length=2, w_min=2, w_max=2).build(ToyDraft(uniform), 4)
+    assert sorted(tree.paths()[1:]) == [(0,), (0, 0), (0, 1), (1,)]
+
+
+def test_draw_without_counts_a_removed_token_once() -> None:
+    """The mass left is the row's minus each removed token's once: (0.5, 0.3, 0.2) without [1, 1] leaves 0.7,
+    and 0 and 2 are drawn with 5/7 and 2/7."""
+    from spec.builders.base import draw_without
+
+    row = np.array([0.5, 0.3, 0.2])
+    runs = enumerate_runs(lambda s: draw_without(s, row, [1, 1], np.cumsum(row)))
+    got = {out[0]: (out[1], weight) for out, weight, _ in runs}
+    assert got.keys() == {0, 2}
+    assert got[0] == (pytest.approx(0.7), pytest.approx(5 / 7)) and got[2] == (pytest.approx(0.7), pytest.approx(2 / 7))

@@ -416,3 +416,83 @@ def test_kl_sample_size_and_detectable_tv_are_inverse():
 def test_kl_bad_arguments(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+# --- exact values the statistics must give (a mutation audit: each of these could change unnoticed before) -------
+
+
+@pytest.mark.parametrize(("cells", "tv", "alpha", "beta"), [(2, 0.1, 1e-3, 1e-3), (5, 0.05, 1e-6, 1e-3),
+                                                            (16, 0.2, 0.01, 0.1), (60, 0.1, 1e-9, 1e-3)])
+def test_kl_required_samples_is_the_least_size_of_the_module_docs_power_proof(cells, tv, alpha, beta):
+    """From the module doc, recomputed here: ``s`` solves Agrawal's ``exp(−s) (e s / (k − 1))^(k − 1) = alpha``
+    (scipy's brentq on the log form), and ``N`` is the least size with ``√N tv > √(s/2) + (√k + √(2 ln(1/β))) / 2``
+    (Pinsker, then the Cauchy–Schwarz and McDiarmid bounds on ``‖p̂ − p'‖₁``)."""
+    import math
+
+    from scipy import optimize
+
+    k = cells
+    s = optimize.brentq(lambda x: -x + (k - 1) * (1 + math.log(x / (k - 1))) - math.log(alpha), k - 1 + 1e-9, 1e4)
+
+    def powered(n: int) -> bool:
+        return math.sqrt(n) * tv > math.sqrt(s / 2) + (math.sqrt(k) + math.sqrt(2 * math.log(1 / beta))) / 2
+
+    n = kl_required_samples(cells, tv, alpha, beta)
+    assert powered(n) and not powered(n - 1)
+
+
+def test_a_simulated_p_value_counts_the_observed_sample_among_the_simulated():
+    """``(1 + #{simulated >= observed}) / (M + 1)``: a sample no simulation reaches (all 100 draws of a fair coin
+    on one side; probability 2^-99 a draw) gets exactly ``1 / (M + 1)``, not 0; the expected counts (statistic 0,
+    which every simulation reaches) get exactly 1."""
+    half = np.array([0.5, 0.5])
+    for statistic in ("pearson", "g"):
+        far = chi_square_check(np.array([100, 0]), half, 0.01, statistic=statistic, simulate=999)
+        assert far.p_value == 1 / 1000 and not far.passed
+        even = chi_square_check(np.array([50, 50]), half, 0.01, statistic=statistic, simulate=999)
+        assert even.p_value == 1.0 and even.passed
+
+
+def _least_size_by_scan(probs, tv, alpha, beta, cover, top=5000):
+    """:func:`chi_square_samples` by brute force: the first ``N`` at which the check's merged bins (two at least)
+    have the power of ``required_samples`` for ``tv`` (``cover="bins"``) or for ``tv − m``, ``m`` the mass of the
+    bins holding several cells (``"cells"``)."""
+    pos = np.asarray(probs, dtype=np.float64)
+    pos = pos[pos > 0]
+    for n in range(1, top):
+        labels = merge_bins(pos, n)
+        bins = int(labels.max()) + 1
+        if bins < 2:
+            continue
+        sizes = np.bincount(labels)
+        merged = float(sum(pos[labels == b].sum() for b in range(bins) if sizes[b] > 1))
+        want = tv if cover == "bins" else tv - merged
+        if want > 0 and required_samples(bins, want, alpha, beta) <= n:
+            return n
+    raise AssertionError("no size found")
+
+
+@pytest.mark.parametrize("probs", [[0.75, 0.125, 0.125], [0.5, 0.25, 0.125, 0.125], [0.875, 0.0625, 0.0625],
+                                   [0.6, 0.2, 0.1, 0.05, 0.05]])
+@pytest.mark.parametrize("cover", ["bins", "cells"])
+def test_chi_square_samples_is_the_least_size_a_scan_finds(probs, cover):
+    """The search jumps between the sizes at which the merging changes; a scan of every size agrees (the audit's
+    case: (0.75, 0.125, 0.125) at tv 0.4 is 20 on the bins, the first size with two bins and enough power)."""
+    for tv, alpha, beta in ((0.4, 0.1, 0.1), (0.3, 0.05, 0.05), (0.5, 0.01, 0.1)):
+        try:
+            got = chi_square_samples(probs, tv, alpha, beta, cover=cover)
+        except ValueError:
+            with pytest.raises(AssertionError):
+                _least_size_by_scan(probs, tv, alpha, beta, cover)
+            continue
+        assert got == _least_size_by_scan(probs, tv, alpha, beta, cover), (tv, alpha, beta)
+    assert chi_square_samples([0.75, 0.125, 0.125], 0.4, 0.1, 0.1, cover="bins") == 20
+
+
+def test_bonferroni_and_holm_on_their_cut_offs():
+    """Bonferroni splits the rate evenly (0.05 over 4: 0.0125); Holm rejects ``p_(i) < alpha / (m − i)``, strictly:
+    0.025 against 0.05 / 2 is kept (and everything after it), 0.0249 is rejected, then 0.04 < 0.05 / 1 too."""
+    assert bonferroni(0.05, 4) == 0.0125 and bonferroni(1e-3, 1) == 1e-3
+    assert holm([0.025, 0.5], 0.05) == [False, False]
+    assert holm([0.5, 0.0249], 0.05) == [False, True]
+    assert holm([0.04, 0.0249], 0.05) == [True, True]

@@ -15,7 +15,7 @@ from tmc.drafts import chain_drafts
 from tmc.laws import output_law
 from tmc.toy import paper_toy_model
 from tmc.multidraft import Draw
-from verification.calibrated import kl_required_samples
+from verification.calibrated import chi_square_samples, kl_required_samples
 from verification.examples import ASPS, BLOCK, MULTIDRAFT, ChainVerifier
 from verification.suite import (
     EXACT_CHECK,
@@ -204,6 +204,18 @@ def test_statistical_check_sizes_each_test_for_its_own_guarantee():
     chi2 = statistical_check(job, drafts, law, 1e-9, 0.1, 5, "chi2")
     cells = sum(1 for v in law.output_law.values() if v > 0)
     assert kl.samples == kl_required_samples(cells, 0.1, 1e-9, POWER_MISS) > chi2.samples
+    # the chi-square is sized on the bins it merges the cells into (the module doc), with the extra cell of "any
+    # other output" (probability 0) beside the law's
+    probs = [law.output_law[s] for s in sorted(law.output_law)] + [0.0]
+    assert chi2.samples == chi_square_samples(probs, 0.1, 1e-9, POWER_MISS, cover="bins")
+    # a law with cells of 1e-12, merged at every size within reach: there the two covers differ (2552 vs 3034)
+    job = Job(BLOCK, suite._tiny_rows(3, 3, np.random.default_rng(0)), 1)
+    drafts = job_drafts(job)
+    law = exact_law(job, drafts)
+    probs = [law.output_law[s] for s in sorted(law.output_law)] + [0.0]
+    bins = chi_square_samples(probs, 0.1, 1e-9, POWER_MISS, cover="bins")
+    assert statistical_check(job, drafts, law, 1e-9, 0.1, 5, "chi2").samples == bins
+    assert bins < chi_square_samples(probs, 0.1, 1e-9, POWER_MISS, cover="cells")
     assert kl.passed and chi2.passed
     with pytest.raises(ValueError, match="test must be one of"):
         statistical_check(job, drafts, law, 1e-9, 0.1, 5, "pearson")
