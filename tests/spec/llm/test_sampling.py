@@ -65,6 +65,10 @@ HAND = [
     ([5.0, 3.0, 9.0], 0.0, 1, 0.1, [0, 0, 1]),
     ([1.0, 2.0, 2.0, 2.0], 1.0, 2, None, [0, 0.5, 0.5, 0]),  # top-k ties to the lowest ids
     ([0.0, 0.0, 0.0], 1.0, None, 0.5, [0.5, 0.5, 0]),  # top-p ties to the lowest ids
+    # the mass before a token must be below top_p: before the third of four ties it is exactly 0.5, so it goes
+    ([0.0, 0.0, 0.0, 0.0], 1.0, None, 0.5, [0.5, 0.5, 0, 0]),
+    # 64 ties cut to 3 by top-k: the lowest ids (a sort that is not stable on such rows kept [33, 34, 48])
+    (np.zeros(64), 1.0, 3, None, [1 / 3] * 3 + [0] * 61),
     ([-math.inf, 0.0, 0.0], 1.0, None, None, [0, 0.5, 0.5]),  # banned token
 ]
 

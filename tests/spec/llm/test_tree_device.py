@@ -674,3 +674,61 @@ def test_a_plan_and_its_device_are_checked():
     got = verify_tree_on_device("multidraft", TreePlan.of([-1], "iid"), torch.tensor([0]), p, p,
                                 torch.tensor([0.5, 0.5], dtype=torch.float64))
     assert got.n_accepted == 1  # p = q accepts
+
+
+# Inputs on which a mutation audit found a port's rule could change unnoticed: each puts a uniform, a row sum or
+# a value on the edge one rule decides, so only the rule as numpy has it gives numpy's tokens.
+_ONE_BELOW = math.nextafter(1.0, 0.0)
+_QUARTER = [0.25] * 4
+_RAW_ROW = [0.7758038732521195, 0.07557556470194833, 0.14862056204593227]  # a second division by its sum moves it
+_EDGE_TREES = {
+    # p = q on a row whose first swor child's law must be the stored row: accepted at u one ulp below 1
+    "swor first child, multidraft": ("multidraft", [-1, -1], [1, 2], "swor", [_RAW_ROW] * 3, [_RAW_ROW] * 3,
+                                     [_ONE_BELOW, 0.5, 0.5], [1, 0]),
+    "swor first child, traversal": ("traversal", [-1, -1], [1, 2], "swor", [_RAW_ROW] * 3, [_RAW_ROW] * 3,
+                                    [_ONE_BELOW, 0.5, 0.5], [1, 0]),
+    # ordered Traversal's law of the second of two sorted swor children (q(x) (1/(1 − q(y)) + ...)), k = 2
+    "ordered second swor law": (
+        "ordered_traversal", [-1, -1], [2, 1], "swor",
+        [[0.14652654891777658, 0.23263686907083103, 0.28545186211342544, 0.33538471989796675], _QUARTER, _QUARTER],
+        [[0.5162589338392383, 0.027096518733070413, 0.2584327618248082, 0.19821178560288305], _QUARTER, _QUARTER],
+        [0.9, 0.32, 0.5], [0]),
+    # p(x) < q(x) as floats, equal by the rests (difference 0): accepted (>= 0), at u one ulp below 1
+    "rests equal": ("multidraft", [-1], [0], "iid", [[0.6198145214696259, 0.38018547853037415]] * 2,
+                    [[0.6198145214696258, 0.38018547853037415]] * 2, [_ONE_BELOW, 0.5], [0, 0]),
+    # Traversal: the root gives node 0 the value a = 1/2 exactly, where the near-one form of the excess starts
+    "value one half": (
+        "traversal", [-1, 0], [0, 1], "iid",
+        [[0.5, 0.5, 0.0, 0.0], [0.010537359099573887, 0.44724470867207433, 0.0003687799414563416, 0.5418491522868953],
+         _QUARTER],
+        [[0.25, 0.75, 0.0, 0.0], [0.2869740662214923, 0.09423109477281243, 0.21511458139928363, 0.4036802576064117],
+         _QUARTER],
+        [0.3244504738587291, _ONE_BELOW, 0.3], [0, 0]),
+    # K-SEQ: 1 − c/ρ is 2.2e-16 (rounding) and snaps to 0: tokens 0 and 2 keep no residual mass, u = 0 draws 1
+    "kseq factor snap": (
+        "kseq", [-1, -1], [0, 0], "iid",
+        [[0.5421839917211866, 0.0028045065124043317, 0.42632985733261936, 0.02868164443378962]] * 3,
+        [[0.5863756353052958, 0.08124544157627767, 0.27175514654150723, 0.060623776576919336]] * 3,
+        [_ONE_BELOW, _ONE_BELOW, 0.0], [1]),
+    # K-SEQ with one i.i.d. child: c = 1 exactly (not β / β rounded)
+    "kseq one child": (
+        "kseq", [-1], [0], "iid",
+        [[0.8462373066190084, 0.08256604777431258, 0.018640406798118462, 0.052556238808560564]] * 2,
+        [[0.09354000811301685, 0.1794052228693369, 0.28402245626781397, 0.4430323127498322]] * 2,
+        [_ONE_BELOW, 0.12865620122091284], [2]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_EDGE_TREES))
+def test_ports_equal_numpy_where_one_rule_decides(case):
+    """numpy's tokens (the expected ones, also asserted as computed by hand-picked inputs) = the host walk's = the
+    device walk's."""
+    method, parents, tokens, draws, q, p, u, want = _EDGE_TREES[case]
+    q_rows, p_rows, u = np.array(q), np.array(p), np.array(u)
+    tree = DraftTree.build(parents, tokens, draws, {-1: q_rows[0], **{i: q_rows[i + 1] for i in range(len(tokens))}},
+                           q_rows.shape[1])
+    assert NUMPY_TREE[method](tree, p_rows, u) == want
+    host = verify_tree(method, tokens, parents, draws, as_tensor(q_rows, "cpu"), as_tensor(p_rows, "cpu"),
+                       as_tensor(u, "cpu"))
+    assert host.tokens.tolist() == want
+    assert run(method, tree, q_rows, p_rows, u, "cpu") == want

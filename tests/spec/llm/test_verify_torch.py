@@ -788,3 +788,18 @@ def test_a_uint64_token_past_int64_is_reported_as_given():
     with pytest.raises(ValueError, match=r"^draft_tokens\[0\] = 18446744073709551615 is outside the int64 range"):
         verify_tree("multidraft", tok, [-1], "iid", p[:1], p, u)
     assert verify_chain("sps", np.array([1], dtype=np.uint64), p[:1], p, u).n_accepted == 1
+
+
+def test_block_ports_where_a_drafted_ratio_lies_between_two_and_four():
+    """Block verification with drafts whose second ratio p/q is 2.1 (after a first below 1): the log ratio is
+    ``log p − log q`` there (``log1p`` only where ``q/2 <= p <= 2q``, as ``tmc.chain._log_ratio``), and at this
+    uniform the two forms give different tokens (a mutation audit's case)."""
+    q = np.array([[0.4133736580843336, 0.28453625827326273, 0.30209008364240364],
+                  [0.31484650075707715, 0.0006172379403217016, 0.6845362613026013]])
+    p = np.array([[0.10634645300274843, 0.13879161876986973, 0.7548619282273817],
+                  [0.6661462017997217, 0.14728133016451606, 0.18657246803576227],
+                  [0.11753332907993211, 0.7292289583672279, 0.15323771255284008]])
+    u = np.array([0.999, 0.5443157442482136, 0.5])
+    want = block_sample_from_uniforms([0, 0], q, p, u)
+    assert want == [0, 0, 1]
+    assert verify_chain("block", [0, 0], torch.as_tensor(q), torch.as_tensor(p), torch.as_tensor(u)).tokens.tolist() == want
