@@ -579,6 +579,11 @@ def test_tree_spaces_and_conditionals_check_their_numbers():
                         (("3", 1), "vocab must be an integer"), ((1.5, 1), "vocab must be an integer")]:
         with pytest.raises(ValueError, match=match):
             TreeSpace.full(*args)
+    with pytest.raises(ValueError, match="children_fn must be a function of a path, got NoneType"):
+        TreeSpace(None)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="depth must be an integer, got 1.5"):
+        TreeSpace.full(2, None).truncated(1.5)  # type: ignore[arg-type]
+    assert TreeSpace.full(2, 3).truncated(2.0).max_depth == 2  # an integral float is an integer (check_int)
     space = TreeSpace.full(2, 1)
     for cond, match in [({1.7: 0.5, 0: 0.5}, r"cond\(\(\)\) key must be an integer, got 1.7"),
                         ({0: "0.5"}, r"cond\(\(\)\)\[0\] has a non-numeric entry"),
