@@ -41,6 +41,8 @@ from dataclasses import dataclass
 
 import torch
 
+from tmc.validate import check_int
+
 __all__ = ["Sampling", "categorical_draw", "check_sampling", "logits_fault", "logits_of", "nonfinite",
            "point_rows", "process_logits", "ranked_tokens", "step_fault", "swor_draws"]
 
@@ -58,9 +60,11 @@ def check_sampling(
         raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature!r}")
-    if top_k is not None:
-        if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or top_k < 1:
-            raise ValueError(f"top_k must be None or an integer >= 1, got {top_k!r}")
+    if top_k is not None:  # check_int's rule, as for max_new_tokens and budgets: 4 and 4.0, not 4.5 or True
+        try:
+            top_k = check_int("top_k", top_k, minimum=1)
+        except ValueError:
+            raise ValueError(f"top_k must be None or an integer >= 1, got {top_k!r}") from None
     if top_p is not None:
         if isinstance(top_p, bool) or not isinstance(top_p, numbers.Real) or not 0 < top_p <= 1:
             raise ValueError(f"top_p must be None or a number in (0, 1], got {top_p!r}")

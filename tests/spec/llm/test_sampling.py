@@ -239,10 +239,23 @@ BAD_SETTINGS = [
     (1.0, 0, None, "top_k"),
     (1.0, 1.5, None, "top_k"),
     (1.0, True, None, "top_k"),
+    (1.0, 0.0, None, "top_k"),
+    (1.0, math.inf, None, "top_k"),
+    (1.0, "3", None, "top_k"),
     (1.0, None, 0.0, "top_p"),
     (1.0, None, 1.1, "top_p"),
     (1.0, None, math.nan, "top_p"),
 ]
+
+
+@pytest.mark.parametrize("top_k", [3.0, np.float64(3.0), np.int64(3), Fraction(6, 2)])
+def test_top_k_takes_integral_numbers_as_the_other_counts_do(top_k):
+    """``top_k`` follows :func:`tmc.validate.check_int` like ``max_new_tokens`` and the budgets: ``3.0`` is 3
+    (it was refused while ``max_new_tokens=3.0`` passed); the rows equal those of ``top_k=3``."""
+    logits = torch.randn(2, 7, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    cfg = Sampling(1.0, top_k)
+    assert type(cfg.top_k) is int and cfg.top_k == 3
+    assert torch.equal(process_logits(logits, 1.0, top_k), process_logits(logits, 1.0, 3))
 
 
 @pytest.mark.parametrize("temperature, top_k, top_p, name", BAD_SETTINGS)
