@@ -15,7 +15,8 @@ Pipeline (one function per stage; ``python -m spec.llm.train --help`` lists ever
    order, skipping those that would pass the cap).  Every 50th file (``--val-every``) is held
    out for validation: the held-out files sample the whole tree, not the alphabetically last
    packages (a corpus of fewer files holds out its largest); a training file with the exact
-   text of a held-out one (a vendored copy) is dropped, so validation text is unseen.
+   text of a held-out one, or half its runs of 8 lines (a vendored copy, perhaps a few lines apart),
+   is dropped, so validation text is unseen.
 2. ``train_tokenizer``: byte-level BPE (``tokenizers``) on the training files, ``--vocab``
    entries at most (fewer on a tiny corpus), special tokens ``<|bos|>`` (id 0) and ``<|eos|>``
    (id 1; also the pad token); encoding prepends ``<|bos|>``.  Wrapped as a
@@ -144,6 +145,7 @@ SIZES: dict[str, ModelSize] = {
     "small": ModelSize(hidden=128, layers=6, heads=4, intermediate=344, lr=2e-3),
     "base": ModelSize(hidden=768, layers=12, heads=12, intermediate=2048, lr=6e-4),
 }
+SEED_LIMIT = 2**62  # 2 * seed + 1 stays within torch.manual_seed's 64 bits
 ORDER = ("pico", "nano", "small", "micro", "base")  # increasing parameter count at every vocabulary size
 DEFAULT_DRAFT = {"micro": "nano", "small": "nano", "base": "micro"}
 
@@ -233,25 +235,72 @@ def collect_corpus(roots: Sequence[str], max_chars: int | None = None) -> list[D
 
 
 def split_corpus(docs: Sequence[Document], val_every: int) -> tuple[list[Document], list[Document]]:
-    """(train, validation): every ``val_every``-th file held out, and no training file with the text of a
-    held-out one.
+    """(train, validation): every ``val_every``-th file held out, and no training file that copies a held-out
+    one, exactly or nearly.
 
     A corpus of fewer than ``val_every`` files (a small ``max_chars``) holds out its largest
     file instead, the one most likely to give a few validation windows.  Copies of a held-out
     file elsewhere in the tree (``site-packages`` vendors packages: pip's and setuptools' copies
-    of ``packaging`` and ``rich``) are dropped from training, so validation measures text the
-    models did not train on (files that differ in a line are kept).
+    of ``packaging`` and ``rich``, often a few lines apart) are dropped from training, so
+    validation measures text the models did not train on: the rule is :class:`_NearCopies`'.
     """
     if val_every < 2:
         raise ValueError(f"val_every must be at least 2, got {val_every}")
     if len(docs) < 2:
-        raise ValueError(f"the corpus needs at least 2 files, got {len(docs)} (raise max_chars)")
+        raise ValueError(f"the corpus needs at least 2 files, got {len(docs)}: no readable non-blank *.py file"
+                         if not docs else f"the corpus needs at least 2 files, got 1 ({docs[0].name}): raise "
+                         "max_chars or give a root with more files")
     largest = max(range(len(docs)), key=lambda i: len(docs[i].text))
     held = {i for i in range(len(docs)) if i % val_every == val_every - 1} or {largest}
     val = [d for i, d in enumerate(docs) if i in held]
-    held_texts = {d.text for d in val}
-    train = [d for i, d in enumerate(docs) if i not in held and d.text not in held_texts]
+    near = _NearCopies(val)
+    train = [d for i, d in enumerate(docs) if i not in held and not near.of(d.text)]
+    if not train:
+        raise ValueError(f"no training file is left: each of the {len(docs) - len(val)} not held out copies a "
+                         "held-out file, exactly or nearly (give a corpus of more distinct files)")
     return train, val
+
+
+NEAR_LINES = 8  # a run: this many consecutive non-blank lines, trailing whitespace stripped
+NEAR_SHARE = 0.5  # a near copy shares at least this share of one side's runs
+
+
+def _lines(text: str) -> list[str]:
+    return [line for line in (raw.rstrip() for raw in text.splitlines()) if line]
+
+
+def _runs(lines: Sequence[str]) -> set[tuple[str, ...]]:
+    return {tuple(lines[i : i + NEAR_LINES]) for i in range(len(lines) - NEAR_LINES + 1)}
+
+
+class _NearCopies:
+    """Which texts are copies or near copies of the held-out files (:func:`split_corpus`).
+
+    A text is one when its non-blank lines, trailing whitespace stripped, are those of a held-out file, or
+    when it shares with one held-out file at least :data:`NEAR_SHARE` of that file's runs of
+    :data:`NEAR_LINES` lines or of its own (a vendored copy a few lines apart, a file holding a held-out
+    one, a file a held-out one holds).  A licence header or a common idiom is a few runs of a file, so
+    files that merely share one stay."""
+
+    def __init__(self, held: Sequence[Document]) -> None:
+        lines = [_lines(d.text) for d in held]
+        self._texts = {"\n".join(ls) for ls in lines}
+        self._sizes = [len(_runs(ls)) for ls in lines]
+        self._owners: dict[tuple[str, ...], list[int]] = {}
+        for j, ls in enumerate(lines):
+            for run in _runs(ls):
+                self._owners.setdefault(run, []).append(j)
+
+    def of(self, text: str) -> bool:
+        lines = _lines(text)
+        if "\n".join(lines) in self._texts:
+            return True
+        runs = _runs(lines)
+        shared: dict[int, int] = {}
+        for run in runs:
+            for j in self._owners.get(run, ()):
+                shared[j] = shared.get(j, 0) + 1
+        return any(n >= NEAR_SHARE * min(self._sizes[j], len(runs)) for j, n in shared.items())
 
 
 # --- 2-3. tokenizer and token streams ------------------------------------------------------
@@ -279,16 +328,25 @@ def train_tokenizer(texts: Sequence[str], vocab: int, max_positions: int) -> Pre
 
 
 def encode_corpus(tokenizer: PreTrainedTokenizerFast, docs: Sequence[Document]) -> torch.Tensor:
-    """One int64 stream, ``<|bos|> ids <|eos|>`` per document, in order.  Shape (N,)."""
+    """One int64 stream, ``<|bos|> ids <|eos|>`` per document, in order.  Shape (N,).
+
+    A document's own text is encoded as text throughout: a source file that spells ``<|eos|>`` (a string
+    literal) gets the tokens of those characters, not the special id, so the stream's only ``<|bos|>`` and
+    ``<|eos|>`` are those that bound the documents."""
     backend = tokenizer.backend_tokenizer
     texts = [d.text for d in docs]
     # encode_batch_fast skips offsets (twice as fast); older tokenizers only have encode_batch
     encode = getattr(backend, "encode_batch_fast", backend.encode_batch)
     eos = tokenizer.eos_token_id
     ids: list[int] = []
-    for enc in encode(texts):
-        ids.extend(enc.ids)
-        ids.append(eos)
+    before = backend.encode_special_tokens
+    backend.encode_special_tokens = True  # the post-processor still prepends <|bos|>
+    try:
+        for enc in encode(texts):
+            ids.extend(enc.ids)
+            ids.append(eos)
+    finally:
+        backend.encode_special_tokens = before
     return torch.tensor(ids, dtype=torch.int64)
 
 
@@ -439,6 +497,9 @@ def train_model(
     seconds = time.perf_counter() - start
     tokens = step * cfg.batch * cfg.seq_len
     log(f"[{name}] trained {step} steps, {tokens:,} tokens in {seconds:.0f} s")
+    if plan.steps is None and plan.seconds <= 0.0:
+        log(f"[{name}] warning: its time budget was spent before it began (the stages before it took the "
+            f"--minutes given): it took the one step always taken and is barely trained; raise --minutes")
     return {
         "steps": step,
         "tokens_seen": tokens,
@@ -571,7 +632,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     train_docs, val_docs = split_corpus(docs, cfg.val_every)
     t = lap("corpus", t)
     dropped = len(docs) - len(train_docs) - len(val_docs)
-    log(f"corpus: {len(train_docs)} + {len(val_docs)} files ({dropped} copies of held-out files dropped), "
+    log(f"corpus: {len(train_docs)} + {len(val_docs)} files ({dropped} copies or near copies of held-out files dropped), "
         f"{sum(len(d.text) for d in docs):,} characters")
 
     if loaded is None:
@@ -636,7 +697,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
             "roots": list(cfg.roots),
             "files_train": len(train_docs),
             "files_val": len(val_docs),
-            "files_dropped": len(docs) - len(train_docs) - len(val_docs),  # copies of held-out files
+            "files_dropped": len(docs) - len(train_docs) - len(val_docs),  # copies or near copies of held-out files
             "chars_train": sum(len(d.text) for d in train_docs),
             "chars_val": sum(len(d.text) for d in val_docs),
             "tokens_train": train_stream.numel(),
@@ -707,6 +768,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
             raise ValueError(f"{flag} must be at least {low}, got {value}")
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be positive, got {args.threads}")
+    if not 0 <= args.seed < SEED_LIMIT:  # the models' seeds are seed, seed + 1, 2 seed and 2 seed + 1
+        raise ValueError(f"--seed must lie in [0, 2**62), got {args.seed}")
     if not 0.0 < args.warmup < 1.0:
         raise ValueError(f"--warmup must lie in (0, 1), got {args.warmup}")
     if not (math.isfinite(args.minutes) and args.minutes > 0):  # inf trained forever, nan one step a model

@@ -271,6 +271,21 @@ def test_fixed_step_training_is_a_function_of_the_seed():
     assert not _same_weights(trained(1), trained(2))
 
 
+def test_a_budget_spent_before_training_is_said():
+    """``--minutes 0.001`` exited 0 with one step a model and no word of it (the corpus stages had taken the
+    budget): the forced step now comes with a warning line; a budget of time or steps gives none."""
+    cfg = train.TrainConfig(out="unused", seq_len=8, batch=2, log_every=1e9)
+    stream = torch.randint(0, VOCAB, (500,), generator=torch.Generator().manual_seed(0))
+    size = train.ModelSize(hidden=16, layers=1, heads=2, intermediate=32, lr=1e-2)
+    for plan, warned in ((train.Plan(seconds=0.0), True), (train.Plan(seconds=0.05), False),
+                         (train.Plan(seconds=0.0, steps=1), False)):
+        lines: list[str] = []
+        model = tiny_llama(VOCAB, hidden_size=16, layers=1, heads=2, intermediate=32, seed=0)
+        stats = train.train_model(model, stream, plan, size, cfg, 0, lines.append, "m")
+        assert (stats["steps"] == 1) >= warned
+        assert any("warning: its time budget was spent before it began" in line for line in lines) is warned, plan
+
+
 def test_vocab_floor_is_the_byte_alphabet_and_two_specials():
     """``--vocab`` is refused below ``VOCAB_MIN`` before any training; ``train_tokenizer`` needs that many."""
     from tokenizers import pre_tokenizers
@@ -289,6 +304,20 @@ def test_tokenizer_is_deterministic_byte_level_with_bos():
     assert ids[0] == 0 and a.decode(ids, skip_special_tokens=True) == "héllo wörld\t"
     stream = train.encode_corpus(a, [train.Document("x", "import os")])
     assert stream[0].item() == 0 and stream[-1].item() == 1
+
+
+def test_corpus_text_that_spells_a_special_token_stays_text():
+    """A source file with the literal ``'<|eos|>'`` put the special id inside the training stream (a false end
+    of document; decoding with ``skip_special_tokens`` lost the characters): each document now has exactly one
+    ``<|bos|>`` first and one ``<|eos|>`` last, and its middle decodes to its text."""
+    tok = train.train_tokenizer(["def f(x):\n    return x + 1\n" * 20], 300, 64)
+    texts = ["END = '<|eos|>'\nSTART = '<|bos|>'\n", "x = '<|bos|><|eos|>'"]
+    stream = train.encode_corpus(tok, [train.Document(f"d{i}", t) for i, t in enumerate(texts)]).tolist()
+    assert stream.count(0) == 2 and stream.count(1) == 2
+    cut = stream.index(1)
+    assert stream[0] == 0 and stream[cut + 1] == 0 and stream[-1] == 1
+    assert [tok.decode(part) for part in (stream[1:cut], stream[cut + 2 : -1])] == texts
+    assert tok.backend_tokenizer.encode_special_tokens is False  # the tokenizer handed back as it was
 
 
 def test_bad_options_are_reported_by_name(capsys, tmp_path):
@@ -316,6 +345,10 @@ def test_bad_options_are_reported_by_name(capsys, tmp_path):
         (["--max-chars", "0"], "--max-chars must be at least 1, got 0"),
         (["--val-every", "1"], "--val-every must be at least 2, got 1"),
         (["--target-share", "1"], "--target-share must lie in (0, 1), got 1"),
+        # torch.manual_seed's "Overflow when unpacking long long" after the corpus and tokenizer stages
+        (["--seed", str(10**20)], "--seed must lie in [0, 2**62), got 100000000000000000000"),
+        (["--seed", str(2**62)], "--seed must lie in [0, 2**62)"),
+        (["--seed", "-1"], "--seed must lie in [0, 2**62), got -1"),
     ):
         with pytest.raises(SystemExit):
             train.main(["--out", str(tmp_path / "out"), *argv])
@@ -353,10 +386,49 @@ def test_split_drops_training_copies_of_held_out_files():
     """A vendored copy of a held-out file elsewhere in the tree would be validation text seen in training."""
     docs = [train.Document(f"f{i}", f"text {i}") for i in range(8)]
     docs[1] = train.Document("vendored/f3", "text 3")  # the same text as f3, held out at val_every = 4
-    docs[5] = train.Document("other/f3", "text 3 ")  # one character more: kept
+    docs[5] = train.Document("other/f3", "text 3 more")  # a short file that differs in its line: kept
+    docs[6] = train.Document("spaced/f7", "\ntext 7  \r\n\n")  # f7 but for blank lines and trailing space
     tr, val = train.split_corpus(docs, val_every=4)
     assert [d.name for d in val] == ["f3", "f7"]
-    assert [d.name for d in tr] == ["f0", "f2", "f4", "other/f3", "f6"]
+    assert [d.name for d in tr] == ["f0", "f2", "f4", "other/f3"]
+
+
+def _source(tag: str, n: int) -> str:
+    """``n`` distinct non-blank lines (trailing spaces, a blank line after every third)."""
+    return "".join(f"{tag}_{i} = {i}  \n" + ("\n" if i % 3 == 0 else "") for i in range(n))
+
+
+def test_split_drops_near_copies_of_held_out_files_and_keeps_shared_headers():
+    """``site-packages`` vendors files a few lines apart from their originals (pip's copy of ``rich/align.py``:
+    97% of its text in identical runs): exact-text matching kept them, so validation text was trained on.  A
+    training file sharing with a held-out file at least half of the smaller one's runs of ``NEAR_LINES``
+    non-blank lines is dropped; one sharing a header of a few runs stays.  Counts by hand: held out at
+    ``val_every = 4`` are f3 (9 header lines + a0..a29: 39 lines, 32 runs) and f7 (b0..b29: 23 runs);
+    ``_source``'s 4 physical lines hold 3 of its lines, so ``[:20]`` ends at a14 and ``[:24]`` at a17."""
+    assert train.NEAR_LINES == 8 and train.NEAR_SHARE == 0.5
+    body3, body7 = _source("a", 30), _source("b", 30)
+    header = "".join(f"# licence line {i}\n" for i in range(9))
+    lines3, lines7 = body3.splitlines(keepends=True), body7.splitlines(keepends=True)
+    docs = [
+        # a0..a14, x, a15..a29: 24 runs; the 16 all-a runs that skip x are f3's: 16 >= 24 / 2
+        train.Document("edited", "".join(lines3[:20]) + "x = 1\n" + "".join(lines3[20:])),
+        train.Document("holds", _source("d", 200) + body7),  # all 23 of f7's runs inside 223
+        train.Document("held", "".join(lines7[:12])),  # b0..b8: 2 runs, both in f7
+        train.Document("f3", header + body3),
+        train.Document("header", header + _source("e", 40)),  # 42 runs, 2 of them f3's (the header): 2 < 16
+        train.Document("part", "".join(lines3[:20]) + _source("g", 10)),  # a0..a14 + 10: 18 runs, 8 f3's: 8 < 9
+        train.Document("more", "".join(lines3[:24]) + _source("h", 11)),  # a0..a17 + 11: 22 runs, 11 f3's: 11 >= 11
+        train.Document("f7", body7),
+    ]
+    tr, val = train.split_corpus(docs, val_every=4)
+    assert [d.name for d in val] == ["f3", "f7"]
+    assert [d.name for d in tr] == ["header", "part"]
+    with pytest.raises(ValueError, match="no training file is left: each of the 1 not held out copies"):
+        train.split_corpus([train.Document("a", "x = 1\n"), train.Document("b", "x = 1\n\n")], val_every=4)
+    with pytest.raises(ValueError, match="got 0: no readable non-blank"):
+        train.split_corpus([], val_every=4)
+    with pytest.raises(ValueError, match=r"got 1 \(a\): raise max_chars"):
+        train.split_corpus([train.Document("a", "x = 1\n")], val_every=4)
 
 
 def test_stop_token_ids_reads_the_generation_config_and_the_tokenizer() -> None:
