@@ -178,8 +178,9 @@ def betting_interval(values: NDArray[np.float64], low: float, high: float, rate:
     Ville's inequality it ever reaches ``1 / rate`` with probability at most ``rate``; the interval is every ``m``
     where neither wealth did (the larger of the two halves stayed below ``1 / rate``).  That set is an
     interval (one wealth falls in ``m``, the other rises); it is found on a grid, coarse then fine, and widened
-    by one grid step at each end, so it contains the exact set.  Widths measured: 1.2–1.3 times the normal
-    interval's at 2000 values.
+    by one grid step at each end, so it contains the exact set.  Widths measured: mostly 1.2–1.3 times the
+    normal interval's at 2000 values, but not always wider (narrower in 56 of 1500 sets of 2000 tree lengths
+    drawn from one pool, a statistics audit of 2026-11-28).
     """
     if not (0.0 < rate < 1.0 and math.isfinite(low) and math.isfinite(high) and low < high):
         raise ValueError(f"a betting interval needs 0 < rate < 1 and finite low < high, got {rate}, {low}, {high}")
