@@ -402,11 +402,20 @@ def greedy_match_kernel(ref: ArrayLike | Sequence[int], q_rows: ArrayLike, p_row
 def greedy_match_sample(ref: ArrayLike | Sequence[int], q_rows: ArrayLike, p_rows: ArrayLike, rng: Rng) -> list[int]:
     """One exact-match step (uses no noise).  BIASED when the target is sampled at temperature > 0.
 
-    ``rng`` (a ``numpy.random.Generator`` or an integer seed) is checked but not used.
+    ``rng`` (a ``numpy.random.Generator`` or an integer seed) is checked but not used.  The rule is walked
+    here directly, not read off :func:`greedy_match_kernel`, so the suite's sampler-vs-kernel row compares two
+    implementations (until 2026-11-28 this was the kernel's argmax, and a kernel emitting a wrong token still
+    passed that row: a statistics audit).
     """
     as_rng(rng)
-    k, b = divmod(int(np.argmax(greedy_match_kernel(ref, q_rows, p_rows))), np.asarray(p_rows).shape[-1])
-    return [int(t) for t in np.asarray(ref).reshape(-1)[:k]] + [b]
+    toks, _, p = check_chain(ref, q_rows, p_rows)
+    out: list[int] = []
+    for k, tok in enumerate(toks):
+        best = int(np.argmax(p[k]))  # ties: the lowest id
+        if int(tok) != best:
+            return [*out, best]
+        out.append(best)
+    return [*out, int(np.argmax(p[len(toks)]))]
 
 
 # -------------------------------------- BIASED: i.i.d. rule, wrong pairing

@@ -239,6 +239,22 @@ def test_greedy_match_sampler_is_its_deterministic_kernel():
     np.testing.assert_array_equal(greedy_match_kernel([0, 0], q, p), [[0, 0], [0, 1], [0, 0]])
 
 
+def test_greedy_match_sampler_and_kernel_agree_on_every_draft():
+    """The sampler walks the rule itself (it was the kernel's argmax, so the suite's sampler-vs-kernel row could
+    not fail): on every draft of length 0-3 over V = 3, with tied target rows (ties: the lowest id), the
+    sampler's output is the one cell of the kernel's law."""
+    import itertools
+
+    rows = np.array([[0.2, 0.4, 0.4], [0.5, 0.1, 0.4], [1 / 3, 1 / 3, 1 / 3], [0.1, 0.2, 0.7]])
+    for n in range(4):
+        for ref in itertools.product(range(3), repeat=n):
+            q, p = np.full((n, 3), 1 / 3), rows[: n + 1]
+            kernel = greedy_match_kernel(list(ref), q, p)
+            (cell,) = zip(*np.nonzero(kernel))
+            k, tok = int(cell[0]), int(cell[1])
+            assert greedy_match_sample(list(ref), q, p, 0) == [*ref[:k], tok], ref
+
+
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_greedy_match_is_lossless_for_one_hot_targets(n):
     model = ToyModel.random(3, 3, np.random.default_rng(n))

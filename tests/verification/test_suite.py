@@ -195,8 +195,9 @@ def test_cli_refuses_a_rate_that_rounds_to_zero_before_any_job(capsys):
 def test_statistical_check_sizes_each_test_for_its_own_guarantee():
     """The KL-bound test draws more samples than the chi-square for the same TV and rate (its guarantees
     are finite-sample bounds); both pass a lossless verifier, and an unknown test is refused.  False-fail
-    rate of the two passes: at most 1e-9 each (the KL bound's is a bound, the chi-square's asymptotic; the
-    seed is fixed, so the outcome does not vary between runs)."""
+    rate of the two passes: at most 1e-9 for the KL bound's (a bound) and 1.3e-9 for the chi-square's (its
+    asymptotic 1e-9 is 1.27e-9 in truth on this law, a statistics audit of 2026-11-28; on the tiny-rows law
+    below, which is only sized here, 1.1e-8); the seed is fixed, so the outcome does not vary between runs."""
     job = Job(BLOCK, paper_toy_model(), 1)
     drafts = job_drafts(job)
     law = exact_law(job, drafts)
