@@ -666,13 +666,7 @@ def run_decode_bench(
         raise ValueError("prompts must hold at least one prompt")
     if new_tokens < 1:
         raise ValueError(f"new_tokens must be >= 1, got {new_tokens}")
-    if not methods:
-        raise ValueError("methods must name at least one method")
-    # rows are keyed by (temperature, label): a repeat would overwrite a row and compare it with itself
-    for what, values in (("methods", [m.label for m in methods]), ("temperatures", [str(float(t)) for t in temperatures])):
-        repeated = sorted({v for v in values if values.count(v) > 1})
-        if repeated:
-            raise ValueError(f"{what} repeat {', '.join(repeated)}: each may appear once (rows are keyed by it)")
+    check_rows(methods, temperatures)
     if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 1:
         raise ValueError(f"rounds must be a positive integer, got {rounds!r}")
     if order not in RUN_ORDERS:
@@ -878,6 +872,17 @@ def _floats(text: str) -> list[float]:
     return vals
 
 
+def check_rows(methods: Sequence[Method], temperatures: Sequence[float]) -> None:
+    """``ValueError`` unless ``methods`` names a method and neither it nor ``temperatures`` repeats one: rows
+    are keyed by (temperature, label), so a repeat would overwrite a row and compare it with itself."""
+    if not methods:
+        raise ValueError("methods must name at least one method")
+    for what, values in (("methods", [m.label for m in methods]), ("temperatures", [str(float(t)) for t in temperatures])):
+        repeated = sorted({v for v in values if values.count(v) > 1})
+        if repeated:
+            raise ValueError(f"{what} repeat {', '.join(repeated)}: each may appear once (rows are keyed by it)")
+
+
 def bench(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     """``tmc bench decode``: load the pair, pick held-out prompts, run, print; save JSON and PNG with --save."""
     from tmc.cli import fail
@@ -903,6 +908,7 @@ def bench(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     try:
         temps = _floats(args.temperatures)
         methods = [parse_method(m, args.budget, args.chain_budget) for m in args.methods.split(",") if m.strip()]
+        check_rows(methods, temps)  # before either model loads (a large pair takes minutes)
     except ValueError as err:
         fail(str(err))
     if args.save:  # made before the run, so a path that cannot be a folder fails now, not after it

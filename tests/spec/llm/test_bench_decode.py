@@ -353,6 +353,26 @@ def test_plot_writes_a_png(pair: tuple[object, object], tmp_path: Path) -> None:
     assert (tmp_path / "d.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_rows_that_cannot_be_run_are_refused_before_any_model_loads(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """No method, a repeated method or a repeated temperature were refused only after both models had loaded
+    (a CLI audit of 2026-11-28; minutes for a large pair), though README promises such checks first."""
+    import spec.llm.models
+
+    def never(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(spec.llm.models, "load_for_decoding", never)
+    for d in ("target", "draft"):
+        (tmp_path / d).mkdir()
+    for extra, said in ((["--methods", ","], "methods must name at least one method"),
+                        (["--methods", "ar,ar"], "methods repeat ar: each may appear once"),
+                        (["--methods", "ar", "--temperatures", "0,0"], "temperatures repeat 0.0: each may appear once")):
+        assert main(["--pair", str(tmp_path), "--device", "cpu", *extra]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and said in err[0], err
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
