@@ -1,5 +1,7 @@
 """Checks of the TMC paper's Appendix B and §2-§6: SpS and ASpS as neighbour distributions.
 
+``p`` is the target's law and ``q`` the draft's (DESIGN.md §3); ``p_rows`` / ``q_rows`` hold their rows.
+
 Lemma B.5, B.6, B.7 (the neighbour distributions average correctly over the
 next reference token and over the whole reference subtree), Thm B.8 / 5.5
 (ASpS accepts the reference path at least as often as SpS), Thm B.9 / 5.6

@@ -731,9 +731,11 @@ def run_decode_bench(
                 per_round = [] if b is None or r[key] is None else [
                     x / y for x, y in zip(r["tokens_per_s_rounds"], b["tokens_per_s_rounds"])]
                 r[key + "_range"] = [min(per_round), max(per_round)] if per_round else None
+    from tmc.commands.bench import cpu_name
+
     env = {"torch": torch.__version__, "threads": torch.get_num_threads(),
            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "transformers": transformers.__version__, "python": platform.python_version(),
-           "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+           "device": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name(),  # CPU model, cores
            "dtype": str(next(target.parameters()).dtype).replace("torch.", ""), "cache": cache,
            "target_params": sum(p.numel() for p in target.parameters()),
            "draft_params": sum(p.numel() for p in draft.parameters())}

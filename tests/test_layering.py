@@ -105,3 +105,19 @@ def test_other_packages_register_through_entry_points():
 
     names = {ep.name for ep in registered_commands()}
     assert {"verification", "proofs_check"} <= names, f"{COMMAND_GROUP} entry points: {names}"
+
+
+def test_modules_with_probability_rows_say_which_is_the_target():
+    """DESIGN.md §3: ``p`` is the target, ``q`` the draft; "say so in each module docstring".  Every module that
+    handles ``p_rows`` or ``q_rows`` does (a DESIGN audit of 2026-11-28 found seven that did not)."""
+    target = re.compile(r"``p``[^.]*\btarget|\btarget\b[^.]*``p[`(]")
+    draft = re.compile(r"``q``[^.]*\bdraft|\bdraft\b[^.]*``q[`(]")
+    silent = []
+    for package in OURS:
+        for path in _sources(package):
+            source = path.read_text(encoding="utf-8")
+            if re.search(r"\b[pq]_rows\b", source):
+                doc = ast.get_docstring(ast.parse(source)) or ""
+                if not (target.search(doc) and draft.search(doc)):
+                    silent.append(str(path.relative_to(ROOT)))
+    assert not silent, silent

@@ -1,5 +1,7 @@
 """Benchmark of the batch samplers against the scalar ones (printed, never asserted).
 
+``p`` is the target's law and ``q`` the draft's (DESIGN.md §3); ``p_rows`` / ``q_rows`` hold their rows.
+
 DESIGN.md §5 asks for ≥ 10^5 verification steps per second per verifier on
 ``V <= 8`` on one core.  For each verifier (SpS, ASpS, block, multi-draft
 trees of every draw kind) and each vocabulary size and draft shape, this

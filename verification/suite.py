@@ -1,5 +1,7 @@
 """The statistical correctness suite behind ``tmc suite`` (DESIGN.md §5).
 
+``p`` is the target's law and ``q`` the draft's (DESIGN.md §3); ``p_rows`` / ``q_rows`` hold their rows.
+
 For every verifier × a fixed table of toy models and draft shapes it runs
 
 * an **exact** check: the completion identity of the verifier's averaged

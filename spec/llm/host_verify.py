@@ -1,5 +1,7 @@
 """The numpy reference verifiers behind the torch interface, for rows that sit on the host.
 
+``p`` is the target's law and ``q`` the draft's (DESIGN.md §3); ``p_rows`` / ``q_rows`` hold their rows.
+
 :mod:`spec.llm.verify` ports every :mod:`tmc` sampler to torch, operation for
 operation, and is tested equal to it on identical noise.  On the CPU the two
 give the same tokens, and the numpy code is about 3x faster: a verification step

@@ -1,5 +1,7 @@
 """A whole fixed-tree step as one fixed-shape piece of device work, captured as ONE CUDA graph (DESIGN.md §8).
 
+``p`` is the target's law and ``q`` the draft's (DESIGN.md §3); ``p_rows`` / ``q_rows`` hold their rows.
+
 :class:`spec.llm.step_graph.ChainStepGraph` does this for a chain verified by
 a chain verifier.  :class:`TreeStepGraph` does it for a tree of a shape known
 before the step (a ``fixed`` tree or a fixed chain, given as ``parents``

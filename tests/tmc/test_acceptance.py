@@ -134,6 +134,29 @@ def test_bench_gap_table_and_json(capsys):
     assert report["model_seeds"] == [0, 1]
 
 
+def test_benchmarks_name_the_processor_and_its_cores(monkeypatch):
+    """``platform.processor()`` is empty on Linux, so reports said "x86_64 cpu" (and ``tmc bench decode`` just
+    "cpu"): the model name comes from ``/proc/cpuinfo`` where there is one (a DESIGN §9 audit of 2026-11-28)."""
+    import os
+    import platform
+
+    from tmc.commands import bench
+
+    cores = f", {os.cpu_count()} cores"
+    name = bench.cpu_name()
+    assert name.endswith(cores) and bench.hardware().startswith(f"{platform.machine()} {name}, python ")
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            model = [line.split(":", 1)[1].strip() for line in info if line.startswith("model name")]
+    except OSError:
+        model = []
+    if model and model[0]:
+        assert name == model[0] + cores
+    monkeypatch.setattr(bench, "open", lambda *a, **k: (_ for _ in ()).throw(OSError("no such file")), raising=False)
+    monkeypatch.setattr(platform, "processor", lambda: "")
+    assert bench.cpu_name() == (platform.machine() or "cpu") + cores
+
+
 def test_bench_gap_follows_the_seed(capsys):
     """``--seed`` picks the models (seeds ``seed .. seed + models - 1``); it was ignored."""
     outs = []

@@ -1,5 +1,7 @@
 """Exact acceptance lengths of verifiers against the LP limit (``tmc acceptance``).
 
+``p`` is the target's law and ``q`` the draft's (DESIGN.md §3); ``p_rows`` / ``q_rows`` hold their rows.
+
 For a toy model and a draft shape (a chain of ``n`` tokens, or a fixed tree
 ``widths`` with a draw kind) this computes, by exhaustive enumeration, each
 applicable verifier's expected number of tokens per step and its worst

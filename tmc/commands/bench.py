@@ -39,9 +39,21 @@ def _inputs(n: int, vocab: int, rng: np.random.Generator) -> tuple[Any, FloatArr
     return ref, q, p
 
 
+def cpu_name() -> str:
+    """The processor and its core count, e.g. ``"AMD EPYC, 2 cores"``: Linux's ``/proc/cpuinfo`` model name where
+    there is one (``platform.processor()`` is empty on Linux), else ``platform.processor()`` or the machine type."""
+    name = ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
+            name = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), "")
+    except OSError:
+        pass
+    return f"{name or platform.processor() or platform.machine() or 'cpu'}, {os.cpu_count()} cores"
+
+
 def hardware() -> str:
     """One line naming the machine the figures were taken on."""
-    return f"{platform.machine()} {platform.processor() or 'cpu'}, {os.cpu_count()} cores, python {platform.python_version()}, numpy {np.__version__}"
+    return f"{platform.machine()} {cpu_name()}, python {platform.python_version()}, numpy {np.__version__}"
 
 
 def run_kernel_bench(

@@ -1,5 +1,7 @@
 """``tmc audit``: the bias audit on the command line.
 
+``p`` is the target's law and ``q`` the draft's (DESIGN.md §3); ``p_rows`` / ``q_rows`` hold their rows.
+
 :func:`register` adds the subcommand to the ``tmc`` front door
 (:mod:`tmc.cli`; called by :mod:`verification.cli`); :func:`cli_main` runs the
 same parser standalone (``python -m verification.audit``, tests).  Options are

@@ -422,6 +422,8 @@ def test_command_on_a_saved_pair(saved_pair: SavedPair, tmp_path: Path, capsys: 
     assert {r["method"] for r in report["rows"]} == {"ar", "chain+sps@2", "dyspec+traversal@4"}
     assert report["prompt_tokens"] == [8, 8]
     assert report["environment"]["threads"] == 1
+    from tmc.commands.bench import cpu_name
+    assert report["environment"]["device"] == cpu_name()  # the processor and its cores, not "cpu"
     assert (tmp_path / "out" / "decode.png").is_file()
 
 
