@@ -8,6 +8,8 @@ References as in ``test_adapter.py``: one full-sequence forward of
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -20,7 +22,7 @@ from spec.llm.adapter import LLMDraft, cache_length, forward_masked, select_cach
 from spec.llm.generate import VERIFIERS, ar_generate, generate  # noqa: E402
 from spec.llm.models import tiny_llama  # noqa: E402
 from spec.llm.sampling import Sampling, process_logits  # noqa: E402
-from spec.llm.static_cache import StaticTreeCache, shared_static_cache  # noqa: E402
+from spec.llm.static_cache import StaticTreeCache, cache_keyword, shared_static_cache  # noqa: E402
 from spec.tree import bfs_order, dfs_order, keep_indices, random_tree  # noqa: E402
 from tmc.multidraft import DraftTree  # noqa: E402
 
@@ -233,6 +235,66 @@ def test_bad_input(model: LlamaForCausalLM) -> None:
     cfg.layer_types = ["full_attention", "linear_attention"]
     with pytest.raises(ValueError, match=r"full-attention and sliding-window layers only.*linear_attention"):
         StaticTreeCache(LlamaForCausalLM(cfg), 64)
+
+
+def test_refusals_no_other_test_reached(model: LlamaForCausalLM) -> None:
+    """A mutation audit (2026-11-28) removed each of these checks and no test failed: ``trim`` past the held
+    length (it "kept" slots never written: the next token's logits moved 0.032), a mask of one row for three
+    tokens (broadcast to every query: 0.049 off plain decoding, on either cache), and a crop that reads another
+    convention (``trim_cache`` kept 2 positions when asked for 7)."""
+    from transformers import DynamicCache
+
+    cache = StaticTreeCache(model, 64)
+    causal(model, cache, context(5))
+    with pytest.raises(ValueError, match="length 8 exceeds the 5 positions the cache holds"):
+        cache.trim(8)
+    dynamic = DynamicCache()
+    with torch.no_grad():
+        model(torch.tensor([context(4)]), use_cache=True, **{cache_keyword(model): dynamic})
+    for held in (dynamic, StaticTreeCache(model, 64)):
+        if isinstance(held, StaticTreeCache):
+            causal(model, held, context(4))
+        with pytest.raises(ValueError, match=r"allowed has shape \(1, 7\); expected \(3, 7\) for 3 tokens after 4"):
+            forward_masked(model, held, [17, 19, 23], [4, 5, 6], np.ones((1, 7), dtype=bool))
+    mirrored = DynamicCache()
+    with torch.no_grad():
+        model(torch.tensor([context(9)]), use_cache=True, **{cache_keyword(model): mirrored})
+    crop = mirrored.crop
+    mirrored.crop = lambda n: crop(-(cache_length(mirrored) + n))  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match=r"cache.crop\(-2\) left 2 positions, expected 7"):
+        trim_cache(mirrored, 7)
+
+
+def test_a_padded_forward_that_ends_at_capacity_equals_plain_decoding(model: LlamaForCausalLM) -> None:
+    """Padding rounds a forward's length up (to 4 here) but never writes past the capacity: 3 tokens after 61 in a
+    64-slot padded cache fill it exactly (a mutation audit: without the bound, slot 64 was written, IndexError)."""
+    ctx = context(64, seed=3)
+    cache = StaticTreeCache(model, 64, pad=True)
+    causal(model, cache, ctx[:61])
+    got = causal(model, cache, ctx[61:])[-1]
+    assert cache.capacity == 64 and cache.length == 64
+    torch.testing.assert_close(got, plain(model, ctx), atol=ATOL, rtol=0)
+
+
+def test_head_dim_is_read_from_the_config_where_it_is_set() -> None:
+    """Qwen3 and others set ``head_dim`` apart from ``hidden_size // heads`` (16 here against 32 // 4 = 8); sized
+    by the quotient, the static cache refused the model (a mutation audit: the architecture tests all had equal
+    values).  Greedy on the static cache = plain greedy decoding."""
+    import transformers
+
+    def tiny(seed: int) -> Any:
+        torch.manual_seed(seed)
+        cfg = transformers.Qwen3Config(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                       num_key_value_heads=2, head_dim=16, intermediate_size=64,
+                                       max_position_embeddings=256)
+        cfg._attn_implementation = "sdpa"
+        return transformers.Qwen3ForCausalLM(cfg).eval()
+
+    target, draft = tiny(0), tiny(1)
+    want = ar_generate(target, [3, 1, 4], temperature=0, max_new_tokens=8, cache="dynamic").tokens
+    got = generate(target, draft, [3, 1, 4], "dyspec", "traversal", temperature=0, max_new_tokens=8, budget=4,
+                   cache="static")
+    assert got.tokens == want
 
 
 def test_keys_of_another_shape_than_the_config_says_are_named() -> None:
