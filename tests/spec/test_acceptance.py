@@ -106,7 +106,8 @@ def test_monte_carlo_fallback_interval() -> None:
     error here is 0.0145, so a bias of 0.10 tokens/step is caught with probability 0.998
     (0.05 only with probability ~0.3).  The report's ``ci95`` is the 95% betting interval of its
     lengths; its coverage is checked at a rate a test can carry: the same interval at rate 1e-6
-    holds the exact value but with probability <= 1e-6 (Ville's inequality).  Until 2026-11-28 the test
+    misses the exact value with probability at most 1e-6 (Ville's inequality), so the test's
+    false-fail rate is about 6.4e-5 in all.  Until 2026-11-28 the test
     asserted that the 95% interval held the exact value and was wider than the normal interval: over
     fresh seeds one of the two failed 94 times in 1500 (a statistics audit), a 6% false-fail rate stated
     nowhere."""
