@@ -284,11 +284,12 @@ class _NearCopies:
 
     def __init__(self, held: Sequence[Document]) -> None:
         lines = [_lines(d.text) for d in held]
+        runs = [_runs(ls) for ls in lines]
         self._texts = {"\n".join(ls) for ls in lines}
-        self._sizes = [len(_runs(ls)) for ls in lines]
+        self._sizes = [len(r) for r in runs]
         self._owners: dict[tuple[str, ...], list[int]] = {}
-        for j, ls in enumerate(lines):
-            for run in _runs(ls):
+        for j, held_runs in enumerate(runs):
+            for run in held_runs:
                 self._owners.setdefault(run, []).append(j)
 
     def of(self, text: str) -> bool:
@@ -697,7 +698,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
             "roots": list(cfg.roots),
             "files_train": len(train_docs),
             "files_val": len(val_docs),
-            "files_dropped": len(docs) - len(train_docs) - len(val_docs),  # copies or near copies of held-out files
+            "files_dropped": dropped,  # copies or near copies of held-out files
             "chars_train": sum(len(d.text) for d in train_docs),
             "chars_val": sum(len(d.text) for d in val_docs),
             "tokens_train": train_stream.numel(),
