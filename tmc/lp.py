@@ -319,6 +319,8 @@ def solve_lp(problem: LPProblem, presolve: bool = False) -> LPResult:
     one token from ``p``), but HiGHS's presolve sometimes says otherwise
     (module doc).  So presolve is off by default, and a failed solve is
     retried once with the other setting; ``solve_seconds`` covers both.
+    ``joint`` and ``output_law`` hold every nonzero value the solver returns,
+    however small (values within the solver's tolerance of 0 are not cut).
     """
     start = time.perf_counter()
     res = _linprog(problem, presolve)

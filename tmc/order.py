@@ -187,7 +187,8 @@ def check_product_form(
     support satisfy the first clause trivially (all extension probabilities
     of that distribution are 0), so only common support nodes are visited.
     ``worst_violation`` is the largest of the normalised cross-product gap
-    and ``P2(tau|s) - P1(tau|s)``.
+    and ``P2(tau|s) - P1(tau|s)``; the witness names the clause with the
+    larger violation at the worst node, the cross-product one on a tie.
     """
     _require_same_space(p1, p2)
     worst, worst_node = 0.0, None

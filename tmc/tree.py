@@ -348,7 +348,10 @@ class TreeDistribution:
 
 
 def _checked_masses(space: TreeSpace, masses: Mapping[Path, float]) -> dict[Path, float]:
-    """Validated nonzero point masses keyed by tuple-of-int paths."""
+    """Validated nonzero point masses keyed by tuple-of-int paths.
+
+    Keys that name the same path (``(0, 1)`` and ``range(2)``) add their masses.
+    """
     clean: dict[Path, float] = {}
     for key, value in masses.items():
         s = _as_path("masses key", key)

@@ -39,6 +39,18 @@ def test_order_checks_hold_to_their_default_tolerance_of_1e_12() -> None:
     assert not check_product_form(p1, p2).holds
 
 
+def test_product_form_witness_names_the_cross_product_clause_on_a_tie() -> None:
+    """[O4] At the root, P1 children 0.5 : 0.5 (no stop) and P2 stops with 0.25, children 0.625 : 0.125: the
+    cross gap |0.5 * 0.125 - 0.5 * 0.625| = 0.25 equals the stop gap 0.25 - 0 (all dyadic, so exact); the
+    witness names the children (0, 1), not the termination clause."""
+    p1 = _dist(ONE_LEVEL, {(0,): 0.5, (1,): 0.5})
+    p2 = _dist(ONE_LEVEL, {(): 0.25, (0,): 0.625, (1,): 0.125})
+    result = check_product_form(p1, p2)
+    assert not result.holds and result.worst_violation == 0.25
+    assert result.witness is not None
+    assert (result.witness.node, result.witness.children) == ((), (0, 1))
+
+
 # --- prefix samplers -------------------------------------------------------------------------------
 
 
@@ -112,6 +124,13 @@ def test_support_order_pseudo_leaves_negative_masses_and_points_off_the_space() 
             point.point_mass(path)
 
 
+def test_mass_keys_naming_the_same_path_add_up() -> None:
+    """[T20] ``(0,)`` and ``range(1)`` are different keys for the one path (0,): their masses 0.5 and 0.5 add
+    to 1 (keeping only the last would leave a total of 0.5, which is refused)."""
+    dist = _dist(ONE_LEVEL, {(0,): 0.5, range(1): 0.5})  # type: ignore[dict-item]
+    assert dict(dist.masses) == {(0,): 1.0}
+
+
 # --- drafts, laws, residual ------------------------------------------------------------------------
 
 Q_TIED = np.array([0.4, 0.2, 0.4])
@@ -170,3 +189,69 @@ def test_lp_refuses_weights_and_joints_that_are_not_laws() -> None:
         lp.build_lp(m, [lp.DraftOutcome(0.5005, ((0,),)), lp.DraftOutcome(0.5005, ((1,),))])
     with pytest.raises(ValueError):
         lp.hu_closed_form_acceptance([0.5, 0.5], {(0,): 0.5005, (1,): 0.5})
+
+
+def _three_token_model() -> ToyModel:
+    """q uniform over 3 tokens, p = (0.5, 0, 0.5) at every prefix: token 1 never occurs under the target."""
+    return ToyModel(3, {}, {}, draft_default=np.full(3, 1 / 3), target_default=[0.5, 0.0, 0.5])
+
+
+def test_lp_rows_cover_exactly_the_paths_the_target_can_produce() -> None:
+    """[LP5] The completion rows are the length-L paths with P(t) > 0: with p = (0.5, 0, 0.5) and one-token
+    chains (L = 2) they are the four paths over {0, 2}, each of probability 0.25 (enumerated here)."""
+    problem = lp.build_lp(_three_token_model(), lp.chain_outcomes(_three_token_model(), 1))
+    assert problem.length == 2
+    expected = [(a, b) for a in (0, 2) for b in (0, 2)]
+    assert sorted(problem.leaves) == expected
+    assert np.array_equal(problem.leaf_probs, np.full(4, 0.25))
+    assert all(1 not in s for s in problem.outputs)  # outputs with P(s) = 0 get no variable
+
+
+def test_lp_scalings_agree_where_the_naive_form_is_well_conditioned() -> None:
+    """[LP9] Module doc: the three forms are one LP written three ways, so on a model with no tiny
+    probabilities (the TMC paper's toy pair, chains of 2) the naive ``1 / P(s)`` rows give the unit optimum."""
+    from tmc import paper_toy_model
+
+    model = paper_toy_model()
+    outcomes = lp.chain_outcomes(model, 2)
+    values = [lp.solve_lp(lp.build_lp(model, outcomes, scaling=f)).expected_length for f in lp.SCALINGS]
+    assert max(values) - min(values) <= 1e-6
+
+
+def test_solve_lp_starts_without_presolve_retries_once_and_keeps_every_nonzero_value(monkeypatch) -> None:
+    """[LP17] presolve is off by default; [LP11] a failed solve is retried once with presolve on; [LP18] the
+    joint and output law carry every nonzero value the solver returns, however small (no threshold)."""
+    model = _three_token_model()
+    problem = lp.build_lp(model, lp.chain_outcomes(model, 1))
+    real = lp._linprog(problem, False)
+    assert real.status == 0
+    tiny = int(np.flatnonzero(real.x[: len(problem.variables)] == 0.0)[0])
+    calls: list[bool] = []
+
+    class _Failed:
+        status, message = 4, "numerical difficulties (simulated)"
+
+    class _Solved:
+        status, message, fun = 0, real.message, real.fun
+        x = real.x.copy()
+        x[tiny] = 1e-12
+
+    def fake(prob: lp.LPProblem, presolve: bool) -> object:
+        calls.append(presolve)
+        return _Failed() if len(calls) == 1 else _Solved()
+
+    monkeypatch.setattr(lp, "_linprog", fake)
+    result = lp.solve_lp(problem)
+    assert calls == [False, True]
+    d, s = problem.variables[tiny]
+    assert result.joint[d][s] == 1e-12 and result.output_law[s] >= 1e-12
+
+
+def test_hu_closed_form_takes_the_largest_documented_vocabulary() -> None:
+    """[LP14] ``V = MAX_CLOSED_FORM_VOCAB`` (22, 2^22 subsets) is solved: one draft of token 0 under a
+    uniform p accepts with Σ min(p, q) = 1/22; V = 23 is refused."""
+    vocab = lp.MAX_CLOSED_FORM_VOCAB
+    assert vocab == 22
+    assert lp.hu_closed_form_acceptance(np.full(vocab, 1 / vocab), {(0,): 1.0}) == pytest.approx(1 / vocab, abs=1e-12)
+    with pytest.raises(ValueError, match="V = 23"):
+        lp.hu_closed_form_acceptance(np.full(vocab + 1, 1 / (vocab + 1)), {(0,): 1.0})
