@@ -7,13 +7,14 @@ into ``q``; :func:`process_logits` is that one function.  The steps, in order:
 1. **temperature** ``T``: logits ``/ T``; ``T = 0`` is greedy decoding, a
    one-hot row at the argmax (ties to the lowest token id), and the two
    filters below are then moot (the argmax survives both);
-2. **top-k**: keep the ``k`` largest logits; ties at the boundary go to the
-   lowest token ids, so exactly ``min(k, V)`` tokens survive (Hugging Face's
+2. **top-k**: keep the ``k`` largest logits (ranked as given, before the
+   division by ``T``, which can round two distinct logits to one value); ties at
+   the boundary go to the lowest token ids, so exactly ``min(k, V)`` tokens survive (Hugging Face's
    ``TopKLogitsWarper`` keeps every tie instead; the two differ only on exact
    float ties);
 3. **top-p** (nucleus, Holtzman et al. 2020): of the law after top-k, keep the
    smallest set of most likely tokens whose mass is ``>= top_p``, in the same
-   order (descending, ties to the lowest id); the most likely token is always
+   order (the logits', descending, ties to the lowest id); the most likely token is always
    kept (Hugging Face's ``TopPLogitsWarper`` cuts tied tokens from the low ids
    instead: ``[0, 0, 0]`` at ``top_p = 0.5`` keeps tokens 0 and 1 here, 1 and 2
    there);
@@ -104,11 +105,16 @@ def _process(logits: torch.Tensor, temperature: float, top_k: int | None, top_p:
     k = x.shape[-1] if top_k is None else min(top_k, x.shape[-1])
     if k == x.shape[-1] and (top_p is None or top_p == 1.0):
         return torch.softmax(x, dim=-1)
-    # a stable descending sort keeps equal logits in id order: ties go to the lowest id
-    ordered, idx = torch.sort(x, dim=-1, descending=True, stable=True)  # (..., V)
+    # Ranked on the logits as given: the shift and the division by T round, and can merge two distinct
+    # logits into a tie (40, 1e-20, 2e-20 at T = 0.5: both small ones become -80), which would move the
+    # boundary by id.  A stable descending sort keeps equal logits in id order: ties go to the lowest id.
+    raw = logits.to(torch.float64)
+    ordered, idx = torch.sort(raw, dim=-1, descending=True, stable=True)  # (..., V)
     keep = torch.ones_like(ordered, dtype=torch.bool)
     keep[..., k:] = False
     if top_p is not None and top_p < 1.0:
+        if temperature != 1.0:
+            ordered = x.gather(-1, idx)  # the tempered logits, in the logits' order
         probs = torch.softmax(ordered.masked_fill(~keep, -math.inf), dim=-1)
         before = torch.cumsum(probs, dim=-1) - probs  # mass of the strictly more likely tokens
         keep &= before < top_p  # rank 0 has before = 0 < top_p: the top token always stays

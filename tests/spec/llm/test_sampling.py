@@ -28,8 +28,8 @@ def reference(logits, temperature, top_k, top_p):
     if temperature == 0:
         out[int(np.argmax(x))] = 1.0  # np.argmax: first maximum
         return out
+    ranked = sorted(range(len(x)), key=lambda i: (-x[i], i))  # the logits' order, before the division by T
     x = x / temperature
-    ranked = sorted(range(len(x)), key=lambda i: (-x[i], i))
     kept = ranked[: top_k or len(x)]
     if top_p is not None:
         w = np.exp(x[kept] - x[kept].max())
@@ -70,6 +70,10 @@ HAND = [
     # 64 ties cut to 3 by top-k: the lowest ids (a sort that is not stable on such rows kept [33, 34, 48])
     (np.zeros(64), 1.0, 3, None, [1 / 3] * 3 + [0] * 61),
     ([-math.inf, 0.0, 0.0], 1.0, None, None, [0, 0.5, 0.5]),  # banned token
+    # ranked on the logits as given: 1e-17 - 1 and 2e-17 - 1 both round to -1 (so to -2 at T = 0.5), yet
+    # 2e-17 is the larger logit and stays; top-p 0.8 needs a second token, since 1 / (1 + 2 e^-2) = 0.787
+    ([1.0, 1e-17, 2e-17], 0.5, 2, None, [1 / (1 + math.exp(-2)), 0, math.exp(-2) / (1 + math.exp(-2))]),
+    ([1.0, 1e-17, 2e-17], 0.5, None, 0.8, [1 / (1 + math.exp(-2)), 0, math.exp(-2) / (1 + math.exp(-2))]),
 ]
 
 
