@@ -109,6 +109,7 @@ class TreeBuilder(ABC):
 
     def next_state(self, state: Any, tree: DraftTree, accepted: int) -> Any:
         """State for the next step after ``accepted`` draft tokens of ``tree`` were kept."""
+        check_accepted(tree, accepted)
         return state
 
 
@@ -203,6 +204,14 @@ class Growing:
 
     def tree(self) -> DraftTree:
         return DraftTree(tuple(self.parents), tuple(self.tokens), tuple(self.draws), dict(self.kept_rows), self.vocab)
+
+
+def check_accepted(tree: DraftTree, accepted: object) -> int:
+    """``accepted`` as an int in ``[0, tree.size]`` (draft tokens of ``tree`` kept), or ValueError naming it."""
+    count = check_int("accepted", accepted, minimum=0)
+    if count > tree.size:
+        raise ValueError(f"accepted = {count} exceeds the tree's {tree.size} draft nodes")
+    return count
 
 
 def without(row: FloatArray, removed: Sequence[int]) -> FloatArray:

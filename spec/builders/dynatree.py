@@ -54,7 +54,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from spec.builders.base import Growing, TreeBuilder, check_positive, check_prob
+from spec.builders.base import Growing, TreeBuilder, check_accepted, check_positive, check_prob
 from spec.randomness import Sampler
 from tmc.multidraft import ROOT, DraftTree, Draw
 from tmc.validate import check_int
@@ -160,11 +160,9 @@ class DynaTreeBuilder(TreeBuilder):
 
     def next_state(self, state: Any, tree: DraftTree, accepted: int) -> DynaTreeState:
         st = self._checked_state(state)
+        accepted = check_accepted(tree, accepted)
         if not self.adapt or tree.size == 0:
             return st
-        accepted = check_int("accepted", accepted, minimum=0)
-        if accepted > tree.size:
-            raise ValueError(f"accepted = {accepted} exceeds the tree's {tree.size} draft nodes")
         history = (st.history + (accepted / tree.size,))[-self.window :]
         err = sum(history) / len(history) - self.target_acceptance
         depth = min(max(st.base_depth + self.eta_depth * err, 1.0), float(self.max_depth - 1))

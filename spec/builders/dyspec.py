@@ -30,9 +30,10 @@ from typing import Any, ClassVar
 import numpy as np
 from numpy.typing import NDArray
 
-from spec.builders.base import Growing, TreeBuilder, check_prob, draw_without
+from spec.builders.base import Growing, TreeBuilder, check_prob, draw_without, without
 from spec.randomness import Sampler
 from tmc.multidraft import ROOT, Draw
+from tmc.ordered_traversal import CANCELLED_MASS
 from tmc.validate import check_int
 
 
@@ -52,6 +53,8 @@ def _expand(
     """Draw at ``position`` without replacement (Alg. 1 lines 5–12).
 
     Pushes the next-sibling position, value ``v · (1 − R[y])``, onto ``heap``
+    (``1 − R[y]`` summed over the tokens left where the difference cancels, so
+    a token of ``q = 1e-20`` beside one of ``q = 1`` still gets its position)
     and returns the new child with its first-child value ``v · R[y]``;
     ``None`` when no token with ``q > 0`` is left at the position.  A node's
     cumulative row (``cdfs``) is computed at its first draw and serves all of
@@ -67,8 +70,11 @@ def _expand(
     tok, mass = drawn
     removed[node].append(tok)
     r_y, v = float(row[tok]) / mass, -neg_v
-    if v * (1.0 - r_y) > 0.0:
-        heapq.heappush(heap, (-v * (1.0 - r_y), next(counter), node))
+    rest = 1.0 - r_y  # the next sibling's share 1 − R[y]
+    if rest < CANCELLED_MASS:  # cancelled (q = (1, 1e-20) leaves 1 − 1 = 0): the tokens left, summed
+        rest = float(without(row, removed[node]).sum()) / mass
+    if v * rest > 0.0:
+        heapq.heappush(heap, (-v * rest, next(counter), node))
     return grow.add(node, tok, Draw.SWOR), v * r_y
 
 

@@ -16,7 +16,8 @@ can be), where eq. 6 read literally would give less: a uniform 10-node
 layer 1 gives ``W_2 = 128`` here and ``106`` with ``log 16`` (γ = 1.2).
 
 Pruning to the budget ``B`` (§3.2.2, App. D) when the tree has more nodes:
-keep the ``B`` nodes of largest ``score = α · p̂ + (1 − α) · d / L`` with
+keep the ``B`` nodes of largest ``score = α · p̂ + (1 − α) · d / L`` (equal
+scores: the node made first; the paper leaves ties open) with
 ``p̂ = (f − f_min) / (f_max − f_min + ε)`` over the tree; repair by adding back
 every ancestor of a kept node; while still over budget remove leaves from
 shallow to deep layers (the deepest layer excluded; ties: lower ``f`` first),

@@ -24,7 +24,7 @@ from spec.builders import BUILDERS, DynaTreeBuilder, DySpecBuilder, make_builder
 from tmc.cli import main
 from tmc.commands.acceptance import TREE_VERIFIERS
 from tmc.laws import output_law
-from tmc.multidraft import tree_kernel_outputs
+from tmc.multidraft import DraftTree, tree_kernel_outputs
 from tmc.ordered_traversal import ordered_traversal_kernel
 from tmc.toy import PAPER_TOY_FILE
 from tmc.validate import as_rng
@@ -308,7 +308,8 @@ def test_cli_builder_misuse(capsys: pytest.CaptureFixture[str], argv: list[str],
 def test_builder_state_must_not_be_needed_by_stateless_builders() -> None:
     b = DySpecBuilder()
     assert b.initial_state() is None
-    assert b.next_state(None, None, 3) is None  # type: ignore[arg-type]
+    chain = DraftTree((-1, 0, 1), (0, 0, 0), ("topk",) * 3, {}, 2)
+    assert b.next_state(None, chain, 3) is None
     assert np.isfinite(builder_report(models(2, range(1))[0], b, 2)["entries"][0]["expected_length"])
 
 
