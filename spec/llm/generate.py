@@ -1007,9 +1007,11 @@ def check_decode_options(builder: str | TreeBuilder, verifier: str, budget: int,
     """The checks of :func:`generate` that need no model: ``(builder, budget, sampling, draft sampling)``, or the
     ``ValueError`` ``generate`` would raise.  ``tmc decode`` and ``tmc bench decode`` run them before loading a
     pair, so a bad name or setting is refused at once rather than after the models load (minutes for a large
-    pair, or a hub download).  Also refused here: a chain verifier on a fixed tree that is never a chain, and a
-    verifier that needs a node's number of children fixed before they are drawn on a builder whose is not
-    (both of which :func:`generate` otherwise meets at the first step)."""
+    pair, or a hub download).  Also refused here: a chain verifier on a builder whose trees
+    are not always chains of ``iid`` or ``topk`` draws (:func:`_chain_refusal`), and a verifier that needs a
+    node's number of children fixed before they are drawn on a builder whose is not; :func:`generate` would
+    otherwise meet them at some step (for the first, after a number of steps that depends on the seed when
+    the draft only sometimes offers a second token)."""
     if builder_params is not None and not isinstance(builder_params, Mapping):
         raise ValueError(f"builder_params must be a mapping of builder parameters (e.g. {{'width': 2}}), got "
                          f"{type(builder_params).__name__} {builder_params!r}")
@@ -1020,17 +1022,36 @@ def check_decode_options(builder: str | TreeBuilder, verifier: str, budget: int,
     if budget > MAX_BUDGET:
         raise ValueError(f"budget must be <= {MAX_BUDGET:,} draft nodes a step, got {budget:,}: a step's tree pass "
                          f"holds a budget x (context + budget) attention mask")
-    if verifier in CHAIN_METHODS:
-        # a fixed tree drawn swor, or drawn iid (its full shape, every step) with a node of two children: never a
-        # chain the verifier takes (topk trees on rows of one token, a greedy draft's, are chains)
-        if isinstance(b, FixedBuilder) and (b.draw == Draw.SWOR or (
-                b.draw == Draw.IID and not _chain_parents(b.full_shape(budget)))):
-            raise ValueError(f"verifier {verifier!r} verifies chains; use a chain builder or a tree verifier")
-    else:
+    if verifier not in CHAIN_METHODS:
         verifiers_for(verifier, set(), b.adaptive_widths)
     sampling = Sampling(temperature, top_k, top_p)
     d_sampling = sampling if draft_temperature is None else _draft_sampling(draft_temperature, top_k, top_p)
+    if verifier in CHAIN_METHODS and (why := _chain_refusal(b, budget, d_sampling)) is not None:
+        raise ValueError(f"verifier {verifier!r} verifies chains; {why}: use a chain builder or a tree verifier")
     return b, budget, sampling, d_sampling
+
+
+def _chain_refusal(b: TreeBuilder, budget: int, drafting: Sampling) -> str | None:
+    """Why ``b``'s trees are not always chains a chain verifier takes (``iid`` or ``topk`` draws, one child a
+    node), or ``None`` when they are, or when ``b`` is no class of ours (a subclass may grow otherwise: its
+    trees are checked at each step).  A ``topk`` node gets one child from a row of one token with ``q > 0``,
+    so DynaTree, WETAP and ``fixed``/``topk`` grow chains from a one-hot draft (temperature 0 or top-k 1,
+    :func:`_greedy_chain`) and may branch from any other, at a step no setting foretells."""
+    one_hot = drafting.greedy or drafting.top_k == 1
+    kind = type(b)
+    if kind is FixedBuilder:
+        assert isinstance(b, FixedBuilder)
+        if b.draw == Draw.SWOR:
+            return "a fixed tree drawn swor is never one"
+        if _chain_parents(b.full_shape(budget)) or (b.draw == Draw.TOPK and one_hot):
+            return None
+        return (f"a fixed tree drawn {Draw(b.draw).value} of width {b.width} branches"
+                + ("" if b.draw == Draw.IID else " unless the draft is one-hot (draft temperature 0 or top_k 1)"))
+    if kind in (DySpecBuilder, DySpecThresholdBuilder):
+        return f"{b.name} draws swor"
+    if kind in (DynaTreeBuilder, WetapBuilder) and not one_hot:
+        return f"{b.name} branches unless the draft is one-hot (draft temperature 0 or top_k 1)"
+    return None
 
 
 def _draft_sampling(temperature: float, top_k: int | None, top_p: float | None) -> Sampling:

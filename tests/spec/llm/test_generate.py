@@ -353,6 +353,32 @@ def test_bad_input(pair: tuple[object, object], kwargs: dict[str, object], messa
         generate(target, draft, **args)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("builder, params", [("dynatree", {}), ("wetap", {}), ("fixed", {"draw": "topk"})])
+def test_a_chain_verifier_on_a_branching_builder_is_refused_before_any_step(pair: tuple[object, object], builder: str,
+                                                                            params: dict[str, object]) -> None:
+    """These builders grow ``topk`` chains from a one-hot draft only.  From a near-greedy draft (temperature 0.005)
+    the first branching tree came after 3 to 20 steps by seed, and the decode raised there, its tokens lost
+    (audit of 2026-11-28); now refused before the target runs, and decoded in full from a one-hot draft."""
+    target, draft = pair
+    calls = {"n": 0}
+    hook = target.register_forward_hook(lambda *_: calls.__setitem__("n", calls["n"] + 1))  # type: ignore[attr-defined]
+    try:
+        for seed in range(3):
+            with pytest.raises(ValueError, match=f"verifier 'sps' verifies chains; .*branches unless the draft is one-hot"):
+                generate(target, draft, [1, 2], builder, "sps", budget=4, temperature=1.0, draft_temperature=0.005,
+                         max_new_tokens=24, seed=seed, builder_params=params)
+        assert calls["n"] == 0
+    finally:
+        hook.remove()
+    want = greedy_decode(target, [1, 2], 8)
+    for one_hot in ({"temperature": 0.0}, {"temperature": 1.0, "draft_temperature": 0.0}, {"temperature": 1.0, "top_k": 1}):
+        out = generate(target, draft, [1, 2], builder, "sps", budget=4, max_new_tokens=8, seed=0, builder_params=params,
+                       **one_hot)  # type: ignore[arg-type]
+        assert len(out.tokens) == 8
+        if one_hot["temperature"] == 0.0 or "top_k" in one_hot:  # target greedy too: greedy decoding's tokens
+            assert out.tokens == want
+
+
 def test_a_prompt_as_a_numpy_or_list_row_decodes_as_the_list(pair: tuple[object, object]) -> None:
     """``return_tensors="np"`` gives a ``(1, n)`` array, refused before as ``input_ids[0] must be an integer``;
     it and ``[[1, 2]]`` now decode as ``[1, 2]``, as a ``(1, n)`` tensor did."""
