@@ -364,7 +364,7 @@ def test_a_chain_verifier_on_a_branching_builder_is_refused_before_any_step(pair
     hook = target.register_forward_hook(lambda *_: calls.__setitem__("n", calls["n"] + 1))  # type: ignore[attr-defined]
     try:
         for seed in range(3):
-            with pytest.raises(ValueError, match=f"verifier 'sps' verifies chains; .*branches unless the draft is one-hot"):
+            with pytest.raises(ValueError, match="verifier 'sps' verifies chains; .*branches unless the draft is one-hot"):
                 generate(target, draft, [1, 2], builder, "sps", budget=4, temperature=1.0, draft_temperature=0.005,
                          max_new_tokens=24, seed=seed, builder_params=params)
         assert calls["n"] == 0
