@@ -246,7 +246,9 @@ def parse_method(text: str, budget: int, chain_budget: int) -> Method:
     params = _builder_params(text, fields)
     try:  # refuse unknown or bad parameters, budgets and pairings before any model loads
         made = make_builder(builder, **dict(params))
-        check_decode_options(made, verifier, n, draft_temperature=draft_temperature)
+        # the row's temperature is not known yet: 0 (a one-hot draft) refuses only what no temperature
+        # allows; check_rows repeats the check at each row's temperature
+        check_decode_options(made, verifier, n, temperature=0.0, draft_temperature=draft_temperature)
     except ValueError as err:
         raise ValueError(f"method {text!r}: {err}") from None
     # a fixed tree or a chain of fixed length is fused at both of the bench's temperatures (generate._device_shape):
@@ -875,14 +877,29 @@ def _floats(text: str) -> list[float]:
 
 
 def check_rows(methods: Sequence[Method], temperatures: Sequence[float]) -> None:
-    """``ValueError`` unless ``methods`` names a method and neither it nor ``temperatures`` repeats one: rows
-    are keyed by (temperature, label), so a repeat would overwrite a row and compare it with itself."""
+    """``ValueError`` unless ``methods`` names a method and neither it nor ``temperatures`` repeats one (rows
+    are keyed by (temperature, label), so a repeat would overwrite a row and compare it with itself), and
+    each of our methods passes :func:`spec.llm.generate.check_decode_options` at every temperature (a chain
+    verifier on a ``topk`` tree takes only a one-hot draft: ``fixed/draw=topk:sps`` at temperature 0 or with
+    ``dtemp=0``)."""
+    from spec.builders import make_builder
+    from spec.llm.generate import check_decode_options
+
     if not methods:
         raise ValueError("methods must name at least one method")
     for what, values in (("methods", [m.label for m in methods]), ("temperatures", [str(float(t)) for t in temperatures])):
         repeated = sorted({v for v in values if values.count(v) > 1})
         if repeated:
             raise ValueError(f"{what} repeat {', '.join(repeated)}: each may appear once (rows are keyed by it)")
+    for m in methods:
+        if m.builder is None or m.verifier is None or m.budget is None:
+            continue
+        for temp in temperatures:
+            try:
+                check_decode_options(make_builder(m.builder, **dict(m.params)), m.verifier, m.budget,
+                                     temperature=float(temp), draft_temperature=m.draft_temperature)
+            except ValueError as err:
+                raise ValueError(f"method {m.name!r} at temperature {float(temp):g}: {err}") from None
 
 
 def bench(args: argparse.Namespace) -> tuple[dict[str, Any], str]:

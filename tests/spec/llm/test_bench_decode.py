@@ -16,7 +16,7 @@ transformers = pytest.importorskip("transformers")
 
 from importlib.metadata import entry_points  # noqa: E402
 
-from spec.bench_decode import BASELINES, DEFAULT_METHODS, Method, main, parse_method, plot, render, run_decode_bench  # noqa: E402
+from spec.bench_decode import BASELINES, DEFAULT_METHODS, Method, check_rows, main, parse_method, plot, render, run_decode_bench  # noqa: E402
 from spec.llm.generate import ar_generate  # noqa: E402
 from spec.llm.models import tiny_pair  # noqa: E402
 from tests.spec.llm.conftest import SavedPair  # noqa: E402
@@ -101,6 +101,13 @@ def test_parse_method() -> None:
         with pytest.raises(ValueError, match=f"method {bad!r}: .*{message}"):
             parse_method(bad, 16, 4)
     assert parse_method("fixed/draw=topk:sps", 16, 4).verifier == "sps"  # a chain on a greedy draft's rows
+    # ... so only rows whose draft is one-hot take it: at temperature 0, or with dtemp=0 at any temperature
+    check_rows([parse_method("fixed/draw=topk:sps", 16, 4)], [0.0])
+    check_rows([parse_method("fixed/draw=topk:sps:dtemp=0", 16, 4)], [0.0, 1.0])
+    with pytest.raises(ValueError, match="at temperature 1: verifier 'sps' verifies chains; a fixed tree drawn topk"):
+        check_rows([parse_method("fixed/draw=topk:sps", 16, 4)], [0.0, 1.0])
+    with pytest.raises(ValueError, match="verifies chains; dynatree branches unless the draft is one-hot"):
+        parse_method("dynatree:sps:dtemp=0.005", 16, 4)
 
 
 def test_parse_method_builder_parameters() -> None:
@@ -367,7 +374,11 @@ def test_rows_that_cannot_be_run_are_refused_before_any_model_loads(
         (tmp_path / d).mkdir()
     for extra, said in ((["--methods", ","], "methods must name at least one method"),
                         (["--methods", "ar,ar"], "methods repeat ar: each may appear once"),
-                        (["--methods", "ar", "--temperatures", "0,0"], "temperatures repeat 0.0: each may appear once")):
+                        (["--methods", "ar", "--temperatures", "0,0"], "temperatures repeat 0.0: each may appear once"),
+                        # a topk tree branches from a draft above temperature 0: a chain verifier's row at T = 1 would
+                        # raise at its first branching step, after the earlier rows ran
+                        (["--methods", "fixed/draw=topk:sps"],
+                         "method 'fixed/draw=topk:sps' at temperature 1: verifier 'sps' verifies chains")):
         assert main(["--pair", str(tmp_path), "--device", "cpu", *extra]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and said in err[0], err
