@@ -1034,24 +1034,23 @@ def check_decode_options(builder: str | TreeBuilder, verifier: str, budget: int,
 def _chain_refusal(b: TreeBuilder, budget: int, drafting: Sampling) -> str | None:
     """Why ``b``'s trees are not always chains a chain verifier takes (``iid`` or ``topk`` draws, one child a
     node), or ``None`` when they are, or when ``b`` is no class of ours (a subclass may grow otherwise: its
-    trees are checked at each step).  A ``topk`` node gets one child from a row of one token with ``q > 0``,
-    so DynaTree, WETAP and ``fixed``/``topk`` grow chains from a one-hot draft (temperature 0 or top-k 1,
-    :func:`_greedy_chain`) and may branch from any other, at a step no setting foretells."""
-    one_hot = drafting.greedy or drafting.top_k == 1
-    kind = type(b)
-    if kind is FixedBuilder:
-        assert isinstance(b, FixedBuilder)
-        if b.draw == Draw.SWOR:
-            return "a fixed tree drawn swor is never one"
-        if _chain_parents(b.full_shape(budget)) or (b.draw == Draw.TOPK and one_hot):
-            return None
-        return (f"a fixed tree drawn {Draw(b.draw).value} of width {b.width} branches"
-                + ("" if b.draw == Draw.IID else " unless the draft is one-hot (draft temperature 0 or top_k 1)"))
-    if kind in (DySpecBuilder, DySpecThresholdBuilder):
+    trees are checked at each step).  The builders of :func:`_greedy_chain` grow chains from a one-hot draft
+    (temperature 0 or top-k 1): drawn swor, never one a chain verifier takes; drawn ``topk``, one it takes
+    there, and from any other draft a tree that may branch, at a step no setting foretells."""
+    fixed = b if type(b) is FixedBuilder else None
+    if fixed is not None and fixed.draw != Draw.SWOR and _chain_parents(fixed.full_shape(budget)):
+        return None
+    if fixed is not None and fixed.draw == Draw.IID:
+        return f"a fixed tree drawn iid of width {fixed.width} branches"
+    grown = _greedy_chain(b, budget)
+    if grown is None:  # the chain builder, or a class not ours
+        return None
+    if grown[1] == Draw.SWOR:
         return f"{b.name} draws swor"
-    if kind in (DynaTreeBuilder, WetapBuilder) and not one_hot:
-        return f"{b.name} branches unless the draft is one-hot (draft temperature 0 or top_k 1)"
-    return None
+    if drafting.greedy or drafting.top_k == 1:
+        return None
+    what = b.name if fixed is None else f"a fixed tree drawn topk of width {fixed.width}"
+    return f"{what} branches unless the draft is one-hot (draft temperature 0 or top_k 1)"
 
 
 def _draft_sampling(temperature: float, top_k: int | None, top_p: float | None) -> Sampling:

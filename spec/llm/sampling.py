@@ -97,7 +97,7 @@ def _process(logits: torch.Tensor, temperature: float, top_k: int | None, top_p:
         # torch.argmax returns the first maximal index: ties go to the lowest token id.  Widening to
         # float64 is exact and keeps the order, so the argmax is taken on the logits as they are.
         return point_rows(logits.argmax(dim=-1, keepdim=True), logits.shape[-1])
-    x = logits.to(torch.float64)
+    x = raw = logits.to(torch.float64)  # raw: the logits as given, which top-k and top-p rank
     if temperature < 1.0:  # shifted first, so a tiny T cannot overflow x / T to inf (and softmax to NaN)
         x = (x - x.amax(dim=-1, keepdim=True)) / temperature
     elif temperature != 1.0:
@@ -108,7 +108,6 @@ def _process(logits: torch.Tensor, temperature: float, top_k: int | None, top_p:
     # Ranked on the logits as given: the shift and the division by T round, and can merge two distinct
     # logits into a tie (40, 1e-20, 2e-20 at T = 0.5: both small ones become -80), which would move the
     # boundary by id.  A stable descending sort keeps equal logits in id order: ties go to the lowest id.
-    raw = logits.to(torch.float64)
     ordered, idx = torch.sort(raw, dim=-1, descending=True, stable=True)  # (..., V)
     keep = torch.ones_like(ordered, dtype=torch.bool)
     keep[..., k:] = False
