@@ -701,8 +701,11 @@ def test_samplers_and_the_enumeration_refuse_laws_they_cannot_draw_from() -> Non
                          (np.ones((2, 2)), "non-empty 1-D"), ([0.2, 0.8], "numpy array, got list")):
         with pytest.raises(ValueError, match=message):
             rng.draw(law)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="script.0. = 5 is outside a law of 2 tokens"):
-        ScriptedSampler((5,)).draw(np.array([0.5, 0.5]))
+    for tok in (5, 2, -1):  # 2: one past the last token (not an IndexError); -1: not a wrap to the last one
+        scripted = ScriptedSampler((tok,))
+        with pytest.raises(ValueError, match=f"script.0. = {tok} is outside a law of 2 tokens"):
+            scripted.draw(np.array([0.5, 0.5]))
+        assert scripted.draws == [] and scripted.weight == 1.0
     for bad in (np.zeros(2), np.array([np.nan, 1.0])):
         with pytest.raises(ValueError, match="finite positive sum"):
             ScriptedSampler((0,)).draw(bad)

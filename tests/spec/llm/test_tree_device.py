@@ -147,6 +147,34 @@ def test_device_walks_equal_numpy_and_the_host_walk_at_vocabulary_4096(shape, ki
     assert accepted > 0  # the cases reach past the root
 
 
+
+@pytest.mark.parametrize(("root_kind", "kid_kind"), [(Draw.SWOR, Draw.IID), (Draw.IID, Draw.SWOR),
+                                                     (Draw.TOPK, Draw.IID), (Draw.SWOR, Draw.TOPK)])
+def test_two_siblings_sets_of_different_draw_kinds_walk_as_numpy(root_kind, kid_kind):
+    """The root's 2 children drawn one way, its first child's 2 another: the multidraft and K-SEQ walks then
+    batch both kinds at rank 1, where their laws differ (the random trees above seldom build this; a walk that
+    applied one kind's law to both gave other tokens in 32 of 900 such cases)."""
+    rng = np.random.default_rng(0)
+    parents, vocab = (-1, -1, 0, 0), 3
+    draws = (root_kind, root_kind, kid_kind, kid_kind)
+    for _ in range(60):
+        q, p = rng.dirichlet(np.ones(vocab), size=5), rng.dirichlet(np.ones(vocab), size=5)
+        tokens = []
+        for row, kind in ((q[0], root_kind), (q[1], kid_kind)):
+            if kind == Draw.TOPK:
+                tokens += [int(t) for t in np.argsort(-row, kind="stable")[:2]]
+            else:
+                tokens += [int(t) for t in rng.choice(vocab, size=2, replace=kind == Draw.IID, p=row)]
+        rows = {par: q[par + 1] for par, kind in ((-1, root_kind), (0, kid_kind)) if kind != Draw.TOPK}
+        tree = DraftTree(parents, tuple(tokens), draws, rows, vocab)
+        u = rng.random(5)
+        for method in DEVICE_TREE_METHODS:
+            got = run(method, tree, q, p, u, "cpu")
+            assert got == NUMPY_TREE[method](tree, p, u), (method, tokens, q, p, u)
+            host = verify_tree(method, tokens, list(parents), list(draws), q, p, u)
+            plan = TreePlan.of(parents, draws)
+            assert verify_tree_on_device(method, plan, tokens, q, p, u).nodes == host.nodes
+
 def test_plan_orders_tests_as_tmc_and_records_each_path():
     """The traversal order and the root-down paths come from the shape alone: tmc's own walk (its order
     does not depend on the rows) and ``DraftTree.path`` give them independently."""

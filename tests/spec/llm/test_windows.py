@@ -407,6 +407,16 @@ def test_attention_chunks_reads_the_config_as_the_model_code_does() -> None:
     check_span(tiny_llama4(0, 6, 8192), "target", 10_000_000, steps_capped=True)
 
 
+@pytest.mark.parametrize("cls", ["Gemma2ForCausalLM", "Qwen2ForCausalLM", "Llama4ForCausalLM"])
+def test_chunks_count_only_where_masks_come_by_layer_kind_and_chunked_ones_are_built(cls: str) -> None:
+    """Both conditions are needed: Gemma 2 and Qwen2 take their masks by layer kind but build no chunked mask,
+    so chunks in their config change nothing and ``attention_chunks`` is ``None``; Llama 4 does both.  (A
+    stand-in object in the model's module, no weights: only the module's code is read.)"""
+    stand_in = type("StandIn", (), {"__module__": getattr(transformers, cls).__module__})()
+    stand_in.config = SimpleNamespace(attention_chunk_size=6, layer_types=["chunked_attention", "full_attention"])
+    assert attention_chunks(stand_in) == (6 if cls == "Llama4ForCausalLM" else None)
+
+
 def test_auto_cache_is_static_for_a_windowed_pair_on_cuda_and_dynamic_for_other_layer_kinds(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """``auto`` means the static cache on CUDA, which holds full-attention and sliding-window layers: a pair with
