@@ -313,6 +313,7 @@ def test_bad_stop_ids_are_named(pair: tuple[object, object], value: object, mess
     [
         ({"input_ids": []}, "at least one"),
         ({"input_ids": [99]}, "outside the vocabulary"),
+        ({"input_ids": [5, 13]}, r"outside the vocabulary \[0, 13\): \[13\]"),  # the first id past it
         ({"verifier": "nope"}, "unknown verifier"),
         ({"builder": "nope"}, "unknown builder"),
         ({"builder": "dyspec", "verifier": "sps"}, "chains"),

@@ -228,8 +228,15 @@ def test_step_graph_needs_a_fixed_chain_on_the_static_cache(pair: tuple[Any, Any
     target, draft = pair
     args: dict[str, Any] = dict(builder="chain", verifier="sps", cache="static", step_graph=True, max_new_tokens=4)
     args.update(kwargs)
-    with pytest.raises(ValueError, match=match):
-        generate(target, draft, [1, 2], **args)
+    calls = {"n": 0}
+    hooks = [m.register_forward_hook(lambda *_: calls.__setitem__("n", calls["n"] + 1)) for m in (target, draft)]
+    try:
+        with pytest.raises(ValueError, match=match):
+            generate(target, draft, [1, 2], **args)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert calls["n"] == 0  # refused before any forward (the prompt's included)
 
 
 def test_auto_fuses_only_where_both_caches_capture_graphs_and_nothing_refuses() -> None:
