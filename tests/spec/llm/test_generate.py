@@ -372,7 +372,9 @@ def test_a_chain_verifier_on_a_branching_builder_is_refused_before_any_step(pair
     finally:
         hook.remove()
     want = greedy_decode(target, [1, 2], 8)
-    for one_hot in ({"temperature": 0.0}, {"temperature": 1.0, "draft_temperature": 0.0}, {"temperature": 1.0, "top_k": 1}):
+    # the last: the draft at its own temperature keeps top_k (and top_p), so top_k 1 still makes it one-hot
+    for one_hot in ({"temperature": 0.0}, {"temperature": 1.0, "draft_temperature": 0.0}, {"temperature": 1.0, "top_k": 1},
+                    {"temperature": 1.0, "top_k": 1, "draft_temperature": 0.7}):
         out = generate(target, draft, [1, 2], builder, "sps", budget=4, max_new_tokens=8, seed=0, builder_params=params,
                        **one_hot)  # type: ignore[arg-type]
         assert len(out.tokens) == 8
@@ -697,6 +699,28 @@ def test_auto_backend_is_torch_only_for_a_chain_verifier_on_a_gpu_drafted_chain_
         generate(target, draft, [1, 2], builder, verifier, max_new_tokens=2, budget=3, chain_on_device=on_device)
     assert seen == [(True, 4 * vocab), (False, 4 * vocab), (False, 4 * vocab), (False, 4 * vocab)]
 
+
+
+def test_a_stateful_builder_is_told_how_many_tokens_each_step_accepted(pair: tuple[object, object]) -> None:
+    """DynaTree's history adaptation reads each step's accepted count from ``next_state``: the decode passes the
+    verifier's count, the ``accepted`` of the step's statistics (the last step's may be cut by the length).  The
+    target drafts for itself, so most drafts are accepted and a count of 0 would show."""
+    from spec.builders import DynaTreeBuilder
+
+    seen: list[tuple[int, int]] = []
+
+    class Recording(DynaTreeBuilder):  # a subclass: the host path, where the host builder keeps the state
+        def next_state(self, state: Any, tree: Any, accepted: int) -> Any:
+            seen.append((tree.size, accepted))
+            return super().next_state(state, tree, accepted)
+
+    target, _ = pair
+    out = generate(target, target, [1, 2, 3], Recording(), "traversal", budget=6, max_new_tokens=60, seed=0)
+    told, stats = [a for _, a in seen], [s.accepted for s in out.steps]
+    assert len(told) == len(stats) and sum(told) > len(told)
+    assert told[:-1] == stats[:-1] and told[-1] >= stats[-1]
+    assert [n for n, _ in seen] == [s.tree_size for s in out.steps]
+    assert sum(s.emitted for s in out.steps) == len(out.tokens) == 60
 
 def test_one_token_vocabulary() -> None:
     """V = 1: every builder with every verifier it takes, both verifier backends, T = 0 and 1.
