@@ -317,6 +317,8 @@ def test_bad_stop_ids_are_named(pair: tuple[object, object], value: object, mess
         ({"verifier": "nope"}, "unknown verifier"),
         ({"builder": "nope"}, "unknown builder"),
         ({"builder": "dyspec", "verifier": "sps"}, "chains"),
+        # a one-wide swor tree is a chain, refused up front by its draw (not at its first step's verification)
+        ({"builder": "fixed", "verifier": "sps", "builder_params": {"width": 1, "draw": "swor"}}, "fixed draws swor"),
         ({"builder": "dyspec", "verifier": "ordered_traversal"}, "number of children"),
         ({"temperature": -1.0}, "temperature"),
         ({"top_p": 0.0}, "top_p"),
@@ -1391,3 +1393,20 @@ def test_budget_is_bounded(pair: tuple[object, object]) -> None:
 
     with pytest.raises(ValueError, match=f"budget must be <= {MAX_BUDGET:,} draft nodes a step, got 100,000"):
         generate(pair[0], pair[1], [1, 2], "dyspec", "traversal", budget=100_000, max_new_tokens=2)
+    with pytest.raises(ValueError, match=f"got {MAX_BUDGET + 1:,}"):
+        generate(pair[0], pair[1], [1, 2], "chain", "sps", budget=MAX_BUDGET + 1, max_new_tokens=0)
+    assert generate(pair[0], pair[1], [1, 2], "chain", "sps", budget=MAX_BUDGET, max_new_tokens=0).tokens == []
+
+
+def test_summary_reads_the_step_statistics(pair: tuple[object, object]) -> None:
+    """``GenerateOutput.summary()`` (what ``tmc decode --json`` and the bench print) against its steps, summed or
+    averaged here: a DynaTree decode, whose trees differ in size from step to step and from what they accept."""
+    out = generate(pair[0], pair[1], [1, 2, 3], "dynatree", "traversal", budget=6, max_new_tokens=20, seed=1)
+    s, steps = out.summary(), out.steps
+    sizes = [x.tree_size for x in steps]
+    assert len(set(sizes)) > 1 and sizes != [x.accepted for x in steps]
+    assert s["new_tokens"] == len(out.tokens) == 20 and s["steps"] == len(steps)
+    assert s["tokens_per_step"] == 20 / len(steps) and s["mean_tree_size"] == sum(sizes) / len(steps)
+    for key in ("build_s", "draft_s", "target_s", "verify_s", "graph_s", "loop_s"):
+        assert s[key] == pytest.approx(sum(getattr(x, key) for x in steps), rel=1e-12, abs=0.0)
+    assert s["total_s"] == out.total_s and s["tokens_per_s"] == pytest.approx(20 / out.total_s, rel=1e-12)
