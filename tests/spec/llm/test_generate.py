@@ -702,7 +702,6 @@ def test_auto_backend_is_torch_only_for_a_chain_verifier_on_a_gpu_drafted_chain_
     assert seen == [(True, 4 * vocab), (False, 4 * vocab), (False, 4 * vocab), (False, 4 * vocab)]
 
 
-
 def test_a_stateful_builder_is_told_how_many_tokens_each_step_accepted(pair: tuple[object, object]) -> None:
     """DynaTree's history adaptation reads each step's accepted count from ``next_state``: the decode passes the
     verifier's count, the ``accepted`` of the step's statistics (the last step's may be cut by the length).  The
@@ -723,6 +722,7 @@ def test_a_stateful_builder_is_told_how_many_tokens_each_step_accepted(pair: tup
     assert told[:-1] == stats[:-1] and told[-1] >= stats[-1]
     assert [n for n, _ in seen] == [s.tree_size for s in out.steps]
     assert sum(s.emitted for s in out.steps) == len(out.tokens) == 60
+
 
 def test_one_token_vocabulary() -> None:
     """V = 1: every builder with every verifier it takes, both verifier backends, T = 0 and 1.
